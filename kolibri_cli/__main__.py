@@ -1,0 +1,3 @@
+from kolibri_cli.cli import app
+
+app(prog_name="kolibri")
