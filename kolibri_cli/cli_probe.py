@@ -1,0 +1,181 @@
+"""`kolibri probe`: would n-gram speculation pay off on these goldens, with which k and window?
+
+Parses options (on top of an optional PROBE.toml), simulates, renders, gates. Heavy modules
+(numba, the simulation, rich rendering) are imported inside the command so `kolibri --help`
+stays fast.
+"""
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import typer
+
+from kolibri_cli.errors import KolibriError
+
+
+def probe(
+    config: Path | None = typer.Argument(
+        None,
+        metavar="PROBE.toml",
+        help="PROBE.toml with saved options (paths in it are relative to it).",
+    ),
+    goldens: list[Path] | None = typer.Option(
+        None,
+        "--goldens",
+        "-g",
+        metavar="PATH",
+        help="Golden JSONL file or folder (repeatable). [default: goldens/]",
+    ),
+    k: str | None = typer.Option(
+        None,
+        "--k",
+        metavar="K[,K...]",
+        help="Draft tokens per pass, or a sweep: 1,2,3,5,8. [default: 5]",
+    ),
+    window: str | None = typer.Option(
+        None,
+        "--window",
+        metavar="MIN-MAX[,...]",
+        help="n-gram lengths MIN-MAX or N, or a sweep: 1-4,2-4,3-5. [default: 1-4]",
+    ),
+    proposer: str | None = typer.Option(
+        None, "--proposer", metavar="NAME", help="Draft proposer. [default: ngram]"
+    ),
+    category: str | None = typer.Option(
+        None,
+        "--category",
+        metavar="NAME[,...]",
+        help="Only goldens of these categories (comma-separated).",
+    ),
+    limit: int | None = typer.Option(None, "--limit", metavar="N", help="At most N goldens."),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", metavar="N", help="Use only the first N output ids of each golden."
+    ),
+    by_category: bool | None = typer.Option(
+        None, "--by-category/--no-by-category", help="Also show counts per category."
+    ),
+    min_ratio: float | None = typer.Option(
+        None, "--min-ratio", metavar="X", help="Gate: exit 1 if a run's ratio is below this."
+    ),
+    min_acceptance: float | None = typer.Option(
+        None,
+        "--min-acceptance",
+        metavar="Y",
+        help="Gate: exit 1 if a run's acceptance rate is below this (0-1).",
+    ),
+    min_speedup: float | None = typer.Option(
+        None,
+        "--min-speedup",
+        metavar="Z",
+        help="Gate: exit 1 if a measured speedup is below this (needs --measure).",
+    ),
+    markdown: Path | None = typer.Option(
+        None, "--markdown", metavar="FILE", help="Write a Markdown report to FILE."
+    ),
+    json_out: bool | None = typer.Option(
+        None, "--json/--no-json", help="Print one JSON object on stdout instead of tables."
+    ),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE.png",
+        help="Write a PNG (sweep + per-position acceptance); needs matplotlib.",
+    ),
+    measure: bool | None = typer.Option(
+        None,
+        "--measure/--no-measure",
+        help="Also run the model, plain and spec (not available yet).",
+    ),
+    bench: bool | None = typer.Option(
+        None, "--bench/--no-bench", help="Add the bench chain (not available yet)."
+    ),
+    allow_model_mismatch: bool | None = typer.Option(
+        None,
+        "--allow-model-mismatch/--no-allow-model-mismatch",
+        help="Measure goldens recorded for another model.",
+    ),
+) -> None:
+    """Simulate n-gram speculation over golden chains: exact counts, no model needed."""
+    overrides = dict(locals())  # option name -> value; None = not given (PROBE.toml decides)
+    overrides.pop("config")
+    overrides["json"] = overrides.pop("json_out")
+    from kolibri_cli.probe.config import load_config
+
+    run_probe(load_config(config, overrides))
+
+
+def run_probe(cfg) -> None:
+    """Simulate, write the requested files, print, then apply the gates."""
+    from kolibri_cli.probe.config import select_goldens
+    from kolibri_cli.probe.report import build_report, check_gates, render_markdown
+    from kolibri_cli.probe.simulate import sweep
+    from kolibri_cli.render_probe import render_probe, require_matplotlib, write_plot
+
+    _refuse_unavailable(cfg)
+    if cfg.plot:
+        require_matplotlib()
+    runs = sweep(select_goldens(cfg), cfg.k, cfg.window, cfg.proposer)
+    if cfg.plot:
+        write_plot(cfg.plot, runs)
+    if cfg.markdown:
+        _write_markdown(cfg, render_markdown(cfg, runs, _command(cfg), plot=_plot_link(cfg)))
+    if cfg.json:
+        typer.echo(json.dumps(build_report(cfg, runs)))
+    else:
+        render_probe(runs, cfg.by_category)
+    failures = check_gates(runs, cfg.min_ratio, cfg.min_acceptance, cfg.min_speedup)
+    if failures:
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        raise KolibriError("gate failed: " + "; ".join(failures[:3]) + more)
+
+
+def _refuse_unavailable(cfg) -> None:
+    if cfg.min_speedup is not None and not cfg.measure:
+        raise KolibriError("--min-speedup gates the measured speedup: add --measure")
+    later = {"--measure": cfg.measure, "--bench": cfg.bench}
+    later["--allow-model-mismatch"] = cfg.allow_model_mismatch
+    for flag, on in later.items():
+        if on:
+            raise KolibriError(f"{flag} is not available yet: run the simulation without it")
+
+
+def _write_markdown(cfg, text: str) -> None:
+    from kolibri_cli.atomic import write_text_atomic
+
+    write_text_atomic(cfg.markdown, text)
+    typer.echo(f"wrote {cfg.markdown}", err=True)
+
+
+def _plot_link(cfg) -> Path | None:
+    if not (cfg.plot and cfg.markdown):
+        return None
+    return Path(os.path.relpath(cfg.plot.resolve(), cfg.markdown.resolve().parent))
+
+
+def _command(cfg) -> str:
+    """The command that regenerates this report (for the Markdown header)."""
+    if cfg.source:
+        return f"kolibri probe {_rel(cfg.source)}"
+    args = ["kolibri", "probe"]
+    for path in cfg.goldens:
+        args += ["--goldens", _rel(path)]
+    args += ["--k", ",".join(map(str, cfg.k))]
+    args += ["--window", ",".join(f"{lo}-{hi}" for lo, hi in cfg.window)]
+    optional = {"--category": cfg.category and ",".join(cfg.category), "--limit": cfg.limit}
+    optional["--max-tokens"] = cfg.max_tokens
+    for flag, value in optional.items():
+        if value:
+            args += [flag, str(value)]
+    args += ["--markdown", _rel(cfg.markdown)]
+    if cfg.plot:
+        args += ["--plot", _rel(cfg.plot)]
+    return shlex.join(args)
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,52 @@
+"""What `kolibri model info` reports about a model folder, from headers only (no weights read)."""
+
+from dataclasses import asdict, dataclass
+from math import prod
+from pathlib import Path
+
+from kolibri_cli import loader, store
+from kolibri_cli.config import ModelConfig
+from kolibri_cli.tokenizer import Tokenizer
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    path: str
+    architecture: str
+    parameters: int
+    bytes_per_token: int  # float32 weights one decode step reads (the embedding lookup excluded)
+    dtypes: list[str]  # as stored on disk; kolibri holds every tensor as float32
+    context_length: int
+    layers: int
+    hidden_size: int
+    heads: int
+    kv_heads: int
+    vocab_size: int
+    tied_head: bool
+    chat_template: bool
+    source: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def model_info(spec: str | None) -> ModelInfo:
+    path = loader.check_folder(store.resolve(spec))
+    config = ModelConfig.from_file(path / "config.json")
+    index = loader.tensor_index(path)
+    params = sum(prod(shape) for name, (_, shape) in index.items() if name != "lm_head.weight"
+                 or not config.tie_word_embeddings)
+    embed = config.vocab_size * config.hidden_size
+    read = params - (0 if config.tie_word_embeddings else embed)  # untied: embedding not read
+    meta = store.provenance(path)
+    return ModelInfo(
+        name=meta.get("name") or spec or store.DEFAULT_MODEL, path=str(path),
+        architecture=config.architecture, parameters=params, bytes_per_token=4 * read,
+        dtypes=sorted({dtype for dtype, _ in index.values()}),
+        context_length=config.max_position_embeddings, layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size, heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads, vocab_size=config.vocab_size,
+        tied_head=config.tie_word_embeddings, chat_template=bool(Tokenizer(Path(path)).chat_template),
+        source=meta,
+    )

@@ -1,0 +1,187 @@
+"""PROBE.toml: a saved `kolibri probe` invocation. Keys mirror the command-line options.
+
+Scope: reading and validating the file (unknown keys are errors that name them), resolving its
+paths relative to the file, merging it with the command line (the command line wins), and
+selecting the goldens the config asks for. Keys: docs/probe.md.
+"""
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.goldens import Golden, find_golden_files, load_goldens
+from kolibri_cli.proposers import (
+    DEFAULT_K,
+    DEFAULT_WINDOW,
+    PROPOSERS,
+    format_window,
+    parse_k_list,
+    parse_window_list,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_GOLDENS = REPO_ROOT / "goldens"
+
+
+@dataclass
+class ProbeConfig:
+    """Everything one probe run needs; defaults are the command's defaults."""
+
+    goldens: list[Path] = field(default_factory=list)  # files or folders (*.jsonl under them)
+    k: list[int] = field(default_factory=lambda: [DEFAULT_K])  # one value, or a sweep
+    window: list[tuple[int, int]] = field(default_factory=lambda: [DEFAULT_WINDOW])
+    proposer: str = "ngram"
+    category: list[str] | None = None  # keep only goldens of these categories
+    limit: int | None = None  # at most this many goldens (after the category filter)
+    max_tokens: int | None = None  # simulate only the first N output ids of each golden
+    by_category: bool = False  # also report counts per golden category
+    measure: bool = False  # run the model too (plain and spec): not available yet
+    bench: bool = False  # add the speculative issue's bench chain: not available yet
+    allow_model_mismatch: bool = False  # measure goldens recorded for another model
+    min_ratio: float | None = None  # gate: every run's total ratio >= this
+    min_acceptance: float | None = None  # gate: every run's acceptance rate >= this
+    min_speedup: float | None = None  # gate: every run's measured speedup >= this
+    markdown: Path | None = None  # write the Markdown report here
+    json: bool = False  # print the JSON document on stdout instead of tables
+    plot: Path | None = None  # write a PNG (sweep + per-position acceptance); needs matplotlib
+    source: Path | None = None  # the PROBE.toml this came from, if any
+
+    def to_json(self) -> dict:
+        """The `config` section of the JSON report."""
+        return {
+            "source": _str_or_none(self.source),
+            "goldens": [str(p) for p in self.goldens],
+            "proposer": self.proposer,
+            "k": self.k,
+            "window": [format_window(w) for w in self.window],
+            "category": self.category,
+            "limit": self.limit,
+            "max_tokens": self.max_tokens,
+            "measure": self.measure,
+            "min_ratio": self.min_ratio,
+            "min_acceptance": self.min_acceptance,
+            "min_speedup": self.min_speedup,
+        }
+
+
+FIELDS = [f.name for f in dataclasses.fields(ProbeConfig) if f.name != "source"]
+PATH_KEYS = ("markdown", "plot")
+
+
+def load_config(toml_path: Path | None, overrides: dict) -> ProbeConfig:
+    """The PROBE.toml at `toml_path` (if any) with `overrides` (command-line values; None = not
+    given) on top, validated."""
+    raw = read_probe_toml(toml_path) if toml_path else {}
+    raw.update({key: value for key, value in overrides.items() if value is not None})
+    config = ProbeConfig(
+        source=toml_path, **{key: _parse(key, value) for key, value in raw.items()}
+    )
+    if not config.goldens:
+        config.goldens = [DEFAULT_GOLDENS]
+    return config
+
+
+def read_probe_toml(path: Path) -> dict:
+    """The file's keys, with paths made relative to the file's folder."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise KolibriError(f"{path}: probe config not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise KolibriError(f"{path}: not valid TOML: {e}") from None
+    unknown = sorted(set(raw) - set(FIELDS))
+    if unknown:
+        raise KolibriError(
+            f"{path}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(FIELDS)}"
+        )
+    return _relative_to(raw, path.parent)
+
+
+def _relative_to(raw: dict, folder: Path) -> dict:
+    raw = dict(raw)
+    if "goldens" in raw:
+        raw["goldens"] = [str(folder / p) for p in _as_list(raw["goldens"], "goldens", str)]
+    for key in PATH_KEYS:
+        if key in raw:
+            raw[key] = str(folder / _expect(raw[key], key, str))
+    return raw
+
+
+def _parse(key: str, value):
+    """One config value from TOML or the command line -> its ProbeConfig type."""
+    if key == "goldens":
+        return [Path(p) for p in _as_list(value, key, str | Path)]
+    if key == "k":
+        return parse_k_list(value)
+    if key == "window":
+        return parse_window_list(value)
+    if key == "proposer":
+        if value not in PROPOSERS:
+            raise KolibriError(f"unknown proposer {value!r}; available: {', '.join(PROPOSERS)}")
+        return value
+    if key == "category":
+        items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
+        return [c.strip() for c in items if c.strip()]
+    if key in ("limit", "max_tokens"):
+        return _positive_int(value, key)
+    if key in ("min_ratio", "min_acceptance", "min_speedup"):
+        return _threshold(value, key)
+    if key in PATH_KEYS:
+        return Path(_expect(value, key, str | Path))
+    return _expect(value, key, bool)
+
+
+def select_goldens(config: ProbeConfig) -> list[Golden]:
+    """The goldens the config names, filtered by category, limited, truncated to max_tokens."""
+    files = find_golden_files(config.goldens)
+    if not files:
+        where = ", ".join(str(p) for p in config.goldens)
+        raise KolibriError(f"no golden files (*.jsonl) found in {where}; pass --goldens FILE")
+    goldens = [g for path in files for g in load_goldens(path)]
+    if config.category:
+        goldens = [g for g in goldens if g.category in config.category]
+        if not goldens:
+            raise KolibriError(f"no goldens of category {', '.join(config.category)}")
+    goldens = goldens[: config.limit]
+    if config.max_tokens:
+        goldens = [
+            dataclasses.replace(g, output_ids=g.output_ids[: config.max_tokens]) for g in goldens
+        ]
+    return goldens
+
+
+def _positive_int(value, key: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or isinstance(value, float) or number < 1:
+        raise KolibriError(f"{key} must be a whole number >= 1, got {value!r}")
+    return number
+
+
+def _threshold(value, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise KolibriError(f"{key} must be a number >= 0, got {value!r}")
+    if key == "min_acceptance" and value > 1:
+        raise KolibriError(f"min_acceptance is a fraction between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def _expect(value, key: str, kind):
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        what = "true or false" if kind is bool else "a string"
+        raise KolibriError(f"{key} must be {what}, got {value!r}")
+    return value
+
+
+def _as_list(value, key: str, kind) -> list:
+    items = value if isinstance(value, list) else [value]
+    return [_expect(item, key, kind) for item in items]
+
+
+def _str_or_none(path: Path | None) -> str | None:
+    return None if path is None else str(path)

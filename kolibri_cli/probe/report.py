@@ -1,0 +1,269 @@
+"""The probe's outputs: the JSON document (stable schema), the Markdown report, and CI gates.
+
+Scope: turning simulation results (and, once measuring exists, `Measured`) into JSON/Markdown
+and gate verdicts. Non-goals: terminal rendering (render_probe.py), computing the figures.
+Schema: docs/probe.md. Bump SCHEMA_VERSION on any incompatible change.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kolibri_cli.probe.config import ProbeConfig
+from kolibri_cli.probe.simulate import Counts, SimRun, best_run
+from kolibri_cli.proposers import format_window
+
+SCHEMA_VERSION = 1
+RunKey = tuple[int, tuple[int, int]]  # (k, window)
+
+
+@dataclass
+class MeasuredGolden:
+    """One golden run with the model, plain and speculative (filled by the measuring probe)."""
+
+    id: str | int
+    plain_tokens_per_s: float  # decode tok/s, prefill excluded
+    spec_tokens_per_s: float
+    speedup: float  # spec_tokens_per_s / plain_tokens_per_s
+    predicted_speedup: float | None  # cost model over this golden's simulated draft lengths
+    spec_equals_plain: bool  # spec output ids == plain output ids
+    first_divergence: int | None  # first index where the model's plain ids differ from the golden
+    counts_match_simulation: bool  # verify passes, drafts proposed/accepted == simulated
+    verify_passes: int  # of the real spec run
+    drafts_proposed: int
+    drafts_accepted: int
+
+
+@dataclass
+class Measured:
+    """A configuration run with the model over every golden (filled by the measuring probe)."""
+
+    plain_tokens_per_s: float  # over all goldens: new tokens / decode seconds
+    spec_tokens_per_s: float
+    speedup: float  # spec / plain
+    predicted_speedup: float | None  # cost model over all goldens
+    costs: dict[int, float]  # c(n) = time(n-token forward) / time(1-token forward), n = 1..k+1
+    proposer_s_per_pass: float  # measured proposer time per verify pass
+    spec_equals_plain: bool  # on every golden
+    counts_match_simulation: bool  # on every golden
+    goldens: list[MeasuredGolden] = field(default_factory=list)
+
+    @property
+    def prediction_error(self) -> float | None:
+        """predicted / measured - 1 (0.1 = the cost model promised 10% too much)."""
+        if self.predicted_speedup is None or not self.speedup:
+            return None
+        return self.predicted_speedup / self.speedup - 1.0
+
+    def to_json(self) -> dict:
+        doc = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        doc["costs"] = {str(n): c for n, c in sorted(self.costs.items())}
+        doc["prediction_error"] = self.prediction_error
+        doc["goldens"] = [vars(g).copy() for g in self.goldens]
+        return doc
+
+
+# ---- JSON ---------------------------------------------------------------------------------
+
+
+def counts_json(counts: Counts, per_pass: bool = False) -> dict:
+    """The counts block shared by totals, categories and goldens."""
+    doc = {
+        "plain_steps": counts.plain_steps,
+        "verify_passes": counts.verify_passes,
+        "ratio": counts.ratio,
+        "drafts_proposed": counts.drafts_proposed,
+        "drafts_accepted": counts.drafts_accepted,
+        "passes_with_drafts": counts.passes_with_drafts,
+        "acceptance_rate": counts.acceptance_rate,
+        "mean_acceptance_length": counts.mean_acceptance_length,
+        "drafted_at": counts.drafted_at,
+        "accepted_at": counts.accepted_at,
+        "accepted_per_position": counts.accepted_per_position,
+    }
+    if per_pass:
+        doc["draft_lengths"] = counts.draft_lengths
+        doc["accepted_lengths"] = counts.accepted_lengths
+    return doc
+
+
+def run_json(run: SimRun, best: bool, measured: Measured | None) -> dict:
+    return {
+        "proposer": run.proposer,
+        "k": run.k,
+        "window": list(run.window),
+        "best": best,
+        "total": counts_json(run.total),
+        "categories": {name: counts_json(c) for name, c in run.by_category().items()},
+        "goldens": [
+            {"id": g.id, "category": g.category, **counts_json(g.counts, per_pass=True)}
+            for g in run.goldens
+        ],
+        "measured": None if measured is None else measured.to_json(),
+    }
+
+
+def build_report(
+    config: ProbeConfig, runs: list[SimRun], measured: dict[RunKey, Measured] | None = None
+) -> dict:
+    """The whole JSON document: {"schema_version", "config", "best", "runs": [...]}."""
+    measured = measured or {}
+    best = best_run(runs)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "config": config.to_json(),
+        "best": {"k": best.k, "window": list(best.window), "ratio": best.total.ratio},
+        "runs": [run_json(r, r is best, measured.get((r.k, r.window))) for r in runs],
+    }
+
+
+# ---- gates --------------------------------------------------------------------------------
+
+
+def check_gates(
+    runs: list[SimRun],
+    min_ratio: float | None = None,
+    min_acceptance: float | None = None,
+    min_speedup: float | None = None,
+    measured: dict[RunKey, Measured] | None = None,
+) -> list[str]:
+    """One line per failed gate, naming the figure, its value, the threshold and the run.
+
+    Every run must pass every gate (a sweep gates each configuration)."""
+    failures = []
+    for run in runs:
+        m = (measured or {}).get((run.k, run.window))
+        figures = [
+            ("ratio", run.total.ratio, min_ratio, "min-ratio"),
+            ("acceptance rate", run.total.acceptance_rate, min_acceptance, "min-acceptance"),
+            ("measured speedup", m and m.speedup, min_speedup, "min-speedup"),
+        ]
+        for name, value, threshold, option in figures:
+            if threshold is not None and (value is None or value < threshold):
+                shown = "n/a" if value is None else f"{value:.3f}"
+                failures.append(f"{name} {shown} < {option} {threshold:g} ({run.label})")
+    return failures
+
+
+# ---- shared formatting --------------------------------------------------------------------
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def fmt_pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def fmt_num(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def sweep_grid(runs: list[SimRun]) -> tuple[list[int], list[tuple[int, int]], dict[RunKey, SimRun]]:
+    """The sweep as a k x window grid: (ks, windows, {(k, window): run}), in run order."""
+    ks = list(dict.fromkeys(r.k for r in runs))
+    windows = list(dict.fromkeys(r.window for r in runs))
+    return ks, windows, {(r.k, r.window): r for r in runs}
+
+
+COUNT_COLUMNS = ["plain steps", "verify passes", "ratio", "drafts", "accepted", "acceptance"]
+COUNT_COLUMNS += ["mean acc. len"]
+
+
+def count_cells(c: Counts) -> list[str]:
+    """The COUNT_COLUMNS cells of one counts row (terminal and Markdown tables share them)."""
+    return [
+        str(c.plain_steps), str(c.verify_passes), fmt_ratio(c.ratio), str(c.drafts_proposed),
+        str(c.drafts_accepted), fmt_pct(c.acceptance_rate), fmt_num(c.mean_acceptance_length),
+    ]  # fmt: skip
+
+
+# ---- Markdown -----------------------------------------------------------------------------
+
+
+def render_markdown(
+    config: ProbeConfig,
+    runs: list[SimRun],
+    command: str,
+    measured: dict[RunKey, Measured] | None = None,
+    plot: Path | None = None,
+) -> str:
+    """A report fit for a PR comment or docs/: the sweep, the best run's details, the command."""
+    best = best_run(runs)
+    n_goldens = len(best.goldens)
+    parts = [
+        "# kolibri probe: n-gram speculation, simulated\n",
+        f"Regenerate with `{command}`.\n",
+        f"{n_goldens} golden chain(s) from {', '.join(str(p) for p in config.goldens)}; "
+        f"proposer `{best.proposer}`; counts are exact for greedy decoding (docs/probe.md).\n",
+    ]
+    if len(runs) > 1:
+        parts.append(_md_sweep(runs, best))
+    parts += [
+        _md_counts_table(f"Totals ({best.label})", [("all", best.total)], "goldens"),
+        _md_positions(best.total),
+        _md_counts_table("Per category", list(best.by_category().items()), "category"),
+        _md_counts_table(
+            "Per golden", [(f"{g.id} ({g.category})", g.counts) for g in best.goldens], "golden"
+        ),
+    ]
+    m = (measured or {}).get((best.k, best.window))
+    if m is not None:
+        parts.append(_md_measured(m))
+    if plot is not None:
+        parts.append(f"![sweep and per-position acceptance]({plot})\n")
+    return "\n".join(parts)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _md_sweep(runs: list[SimRun], best: SimRun) -> str:
+    ks, windows, grid = sweep_grid(runs)
+    rows = []
+    for k in ks:
+        cells = []
+        for w in windows:
+            run = grid.get((k, w))
+            cell = "" if run is None else fmt_ratio(run.total.ratio)
+            cells.append(f"**{cell}** (best)" if run is best else cell)
+        rows.append([f"k={k}", *cells])
+    header = [
+        "ratio (plain steps / verify passes)",
+        *(f"window {format_window(w)}" for w in windows),
+    ]
+    return "## Sweep\n\n" + _md_table(header, rows)
+
+
+def _md_counts_table(title: str, rows: list[tuple[str, Counts]], first: str) -> str:
+    body = [[name, *count_cells(c)] for name, c in rows]
+    return f"## {title}\n\n" + _md_table([first, *COUNT_COLUMNS], body)
+
+
+def _md_positions(c: Counts) -> str:
+    rows = [
+        [str(i + 1), str(d), str(a), fmt_pct(rate)]
+        for i, (d, a, rate) in enumerate(
+            zip(c.drafted_at, c.accepted_at, c.accepted_per_position, strict=True)
+        )
+    ]
+    return "## Acceptance per draft position\n\n" + _md_table(
+        ["position", "drafted", "accepted", "rate"], rows
+    )
+
+
+def _md_measured(m: Measured) -> str:
+    rows = [
+        ["plain tok/s", fmt_num(m.plain_tokens_per_s)],
+        ["spec tok/s", fmt_num(m.spec_tokens_per_s)],
+        ["measured speedup", fmt_ratio(m.speedup)],
+        ["predicted speedup", fmt_ratio(m.predicted_speedup)],
+        ["prediction error", fmt_pct(m.prediction_error)],
+        ["spec ids == plain ids", "yes" if m.spec_equals_plain else "NO"],
+        ["simulated counts == real counts", "yes" if m.counts_match_simulation else "NO"],
+        ["c(n)", ", ".join(f"c({n})={c:.2f}" for n, c in sorted(m.costs.items()))],
+    ]
+    return "## Measured\n\n" + _md_table(["figure", "value"], rows)

@@ -1,0 +1,62 @@
+"""The float32 reference engine: transformers + torch over the same HF-layout folder.
+
+A manual greedy loop (transformers' `generate()` was seen to flip near-ties) that also records,
+per step, the margin between the top-2 logits — what explains a divergence when one occurs.
+Needs the optional extra `kolibri[reference]`; `kolibri generate` never imports this module.
+"""
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from kolibri_cli.errors import KolibriError
+
+
+@dataclass
+class ReferenceChain:
+    output_ids: list[int]
+    top2_margins: list[float]  # logit[top1] - logit[top2] at each step
+    engine_version: str
+
+
+def load(folder: Path):
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        raise KolibriError(
+            "the transformers engine needs torch and transformers: pip install 'kolibri[reference]'"
+        ) from None
+    torch.set_grad_enabled(False)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager"
+    )
+    return model.eval()
+
+
+def greedy(model, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, ...]) -> ReferenceChain:
+    import torch
+    import transformers
+
+    out, margins = [], []
+    r = model(torch.tensor([prompt_ids]), use_cache=True)
+    while True:
+        top2 = torch.topk(r.logits[0, -1].float(), 2)
+        tok = int(top2.indices[0])
+        out.append(tok)
+        margins.append(float(top2.values[0] - top2.values[1]))
+        if tok in eos_ids or len(out) >= max_tokens:
+            break
+        r = model(torch.tensor([[tok]]), past_key_values=r.past_key_values, use_cache=True)
+    version = f"transformers {transformers.__version__}, torch {torch.__version__}"
+    return ReferenceChain(out, margins, version)
+
+
+def logits(model, ids: list[int]):
+    """[L, V] float32 numpy logits of one full forward (for conformance tests)."""
+    import torch
+
+    return model(torch.tensor([ids])).logits[0].float().numpy()

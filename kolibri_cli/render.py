@@ -1,0 +1,82 @@
+"""Rendering for the CLI: rich tables, progress bars and the streaming text printer.
+
+Progress and statistics go to stderr; stdout carries only the generated text or the JSON.
+"""
+
+import sys
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+err = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def progress_bar(description: str = ""):
+    """Yield a callback (stage, done, total) that drives one bar per stage on stderr."""
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(f"{description}{stage}", total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        yield update
+
+
+class TextStreamer:
+    """Prints decoded text as ids arrive, holding back an incomplete UTF-8 sequence."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
+
+    def __call__(self, new_ids: list[int]) -> None:
+        self.ids += new_ids
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+    def finish(self) -> None:
+        text = self.tokenizer.decode(self.ids)
+        sys.stdout.write(text[self.printed :] + "\n")
+        sys.stdout.flush()
+
+
+def kv_table(title: str, rows: list[tuple[str, object]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, str(value))
+    return table
+
+
+def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="right" if c not in (columns[0],) else "left")
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    return t
+
+
+def check_table(results) -> Table:
+    rows = []
+    for r in results:
+        if r.identical:
+            rows.append([r.id, r.tokens, "identical", "", "", ""])
+        else:
+            margin = "" if r.reference_margin is None else f"{r.reference_margin:.2e}"
+            verdict = "near-tie" if r.explained else "DIVERGES"
+            rows.append([r.id, r.tokens, verdict, r.index, f"{r.ours} vs {r.reference}", margin])
+    return table("kolibri vs golden", ["id", "tokens", "result", "index", "ours vs ref",
+                                       "ref margin"], rows)

@@ -1,0 +1,164 @@
+"""Terminal and picture rendering of probe results: rich tables, bar charts, a heat table, a PNG.
+
+Scope: presentation only; every figure comes from probe.simulate / probe.report. With cli.py,
+the only module that imports rich; matplotlib is optional and imported only for --plot.
+"""
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from kolibri_cli.atomic import atomic_path
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.report import (
+    count_cells,
+    fmt_pct,
+    fmt_ratio,
+    sweep_grid,
+)
+from kolibri_cli.probe.simulate import Counts, SimRun, best_run
+from kolibri_cli.proposers import format_window
+
+SHORT_COLUMNS = ["plain", "passes", "ratio", "drafts", "acc.", "acc. %", "mean len"]
+CAPTION = (
+    "plain = plain decode steps (N-1); passes = verify passes; ratio = plain / passes; "
+    "mean len = 1 + accepted / passes with drafts"
+)
+HEAT_STYLES = ["red", "dark_orange", "yellow", "green3", "bold bright_green"]  # low -> high
+BAR_WIDTH = 30
+
+
+def render_probe(runs: list[SimRun], by_category: bool, console: Console | None = None) -> None:
+    """The default terminal report: the sweep (if any), then the best run in detail."""
+    console = console or Console()
+    best = best_run(runs)
+    if len(runs) > 1:
+        console.print(sweep_table(runs, best))
+        console.print(f"best: [bold]{best.label}[/] — ratio {fmt_ratio(best.total.ratio)}\n")
+    console.print(goldens_table(best))
+    if by_category:
+        console.print(category_table(best))
+    console.print(position_bars(best.total, best.label))
+
+
+def goldens_table(run: SimRun) -> Table:
+    table = Table(
+        title=f"per golden ({run.proposer} {run.label})", caption=CAPTION, show_footer=True
+    )
+    table.add_column("golden", footer=f"total ({len(run.goldens)})", no_wrap=True)
+    table.add_column("category", footer="")
+    for name, cell in zip(SHORT_COLUMNS, count_cells(run.total), strict=True):
+        table.add_column(name, footer=cell, justify="right")
+    for g in run.goldens:
+        table.add_row(str(g.id), g.category, *count_cells(g.counts))
+    return table
+
+
+def category_table(run: SimRun) -> Table:
+    table = Table(title=f"per category ({run.label})")
+    table.add_column("category", no_wrap=True)
+    for name in SHORT_COLUMNS:
+        table.add_column(name, justify="right")
+    for category, counts in run.by_category().items():
+        table.add_row(category, *count_cells(counts))
+    return table
+
+
+def sweep_table(runs: list[SimRun], best: SimRun) -> Table:
+    """k x window heat table of the ratio; the best cell starred."""
+    ks, windows, grid = sweep_grid(runs)
+    ratios = [r.total.ratio for r in runs if r.total.ratio is not None]
+    low, high = (min(ratios), max(ratios)) if ratios else (0.0, 0.0)
+    table = Table(title="ratio = plain steps / verify passes (acceptance rate)")
+    table.add_column("k \\ window", justify="right")
+    for w in windows:
+        table.add_column(format_window(w), justify="right")
+    for k in ks:
+        cells = [_heat_cell(grid.get((k, w)), best, low, high) for w in windows]
+        table.add_row(str(k), *cells)
+    return table
+
+
+def _heat_cell(run: SimRun | None, best: SimRun, low: float, high: float) -> Text:
+    if run is None:
+        return Text("")
+    ratio = run.total.ratio
+    star = " ★" if run is best else ""
+    text = f"{fmt_ratio(ratio)} ({fmt_pct(run.total.acceptance_rate)}){star}"
+    if ratio is None:
+        return Text(text, style="dim")
+    level = 0 if high == low else round((ratio - low) / (high - low) * (len(HEAT_STYLES) - 1))
+    return Text(text, style=HEAT_STYLES[level])
+
+
+def position_bars(counts: Counts, label: str) -> Table:
+    """Acceptance rate per draft position as terminal bars."""
+    table = Table(title=f"acceptance per draft position ({label})", box=None)
+    table.add_column("pos", justify="right")
+    table.add_column("rate", justify="left")
+    table.add_column("", justify="right")
+    table.add_column("accepted/drafted", justify="right")
+    for i, rate in enumerate(counts.accepted_per_position):
+        bar = Text(bar_string(rate or 0.0, BAR_WIDTH), style="cyan")
+        table.add_row(
+            str(i + 1), bar, fmt_pct(rate), f"{counts.accepted_at[i]}/{counts.drafted_at[i]}"
+        )
+    return table
+
+
+def bar_string(fraction: float, width: int) -> str:
+    """A bar of `width` cells filled to `fraction`, with eighth-cell resolution."""
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, part = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[part] if part else ""
+    return ("█" * full + partial).ljust(width, "·")
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise KolibriError(
+            "--plot needs matplotlib: pip install 'kolibri[plot]' (or pip install matplotlib)"
+        ) from None
+
+
+def write_plot(path: Path, runs: list[SimRun]) -> None:
+    """PNG: ratio over k per window (the sweep), and per-position acceptance of the best run."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best = best_run(runs)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    _plot_sweep(left, runs)
+    _plot_positions(right, best)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def _plot_sweep(ax, runs: list[SimRun]) -> None:
+    ks, windows, grid = sweep_grid(runs)
+    for w in windows:
+        points = [(k, grid[(k, w)].total.ratio or float("nan")) for k in ks if (k, w) in grid]
+        ax.plot(*zip(*points, strict=True), marker="o", label=f"window {format_window(w)}")
+    ax.set_xlabel("k (draft tokens per pass)")
+    ax.set_ylabel("plain steps / verify passes")
+    ax.set_title("sweep")
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def _plot_positions(ax, run: SimRun) -> None:
+    rates = [r or 0.0 for r in run.total.accepted_per_position]
+    ax.bar(range(1, len(rates) + 1), rates, color="tab:cyan")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / drafted")
+    ax.set_title(f"acceptance per position ({run.label})")

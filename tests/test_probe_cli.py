@@ -1,0 +1,213 @@
+"""`kolibri probe` through CliRunner: exit codes, the --json schema, gates, files, PROBE.toml."""
+
+import json
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from kolibri_cli.cli import app
+from kolibri_cli.probe import config as probe_config
+
+# Hand-computed at k=3 window 1-2 (tests/test_simulate.py): "mix" 7 steps in 3 passes, drafts
+# [3, 0, 2] with [2, 0, 2] accepted; "rej" 2 steps in 2 passes, 1 draft, 0 accepted.
+CHAINS = [
+    ("mix", "code", [1, 2, 3, 4, 5], [1, 2, 3, 9, 1, 2, 3, 4]),
+    ("rej", "qa", [1, 2, 3], [1, 9, 9]),
+]
+
+
+def run(*args):
+    return CliRunner().invoke(app, ["probe", *map(str, args)])
+
+
+@pytest.fixture
+def goldens(tmp_path):
+    path = tmp_path / "g.jsonl"
+    lines = [
+        {"id": gid, "category": cat, "prompt": "p", "chat": True, "prompt_ids": p,
+         "output_ids": g, "model": "m", "model_sha256": "0" * 64, "reference": {}}
+        for gid, cat, p, g in CHAINS
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def test_json_schema_and_values(goldens):
+    result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) == {"schema_version", "config", "best", "runs"}
+    assert doc["config"]["k"] == [3] and doc["config"]["window"] == ["1-2"]
+    assert doc["best"] == {"k": 3, "window": [1, 2], "ratio": 1.8}
+    (r,) = doc["runs"]
+    head = (r["proposer"], r["k"], r["window"], r["best"], r["measured"])
+    assert head == ("ngram", 3, [1, 2], True, None)
+    assert r["total"] == {
+        "plain_steps": 9, "verify_passes": 5, "ratio": 1.8, "drafts_proposed": 6,
+        "drafts_accepted": 4, "passes_with_drafts": 3, "acceptance_rate": 4 / 6,
+        "mean_acceptance_length": 1 + 4 / 3, "drafted_at": [3, 2, 1], "accepted_at": [2, 2, 0],
+        "accepted_per_position": [2 / 3, 1.0, 0.0],
+    }  # fmt: skip
+    mix, rej = r["goldens"]
+    assert (mix["id"], mix["category"], mix["verify_passes"]) == ("mix", "code", 3)
+    assert mix["ratio"] == 7 / 3
+    assert mix["draft_lengths"] == [3, 0, 2] and mix["accepted_lengths"] == [2, 0, 2]
+    assert (rej["id"], rej["drafts_proposed"], rej["drafts_accepted"]) == ("rej", 1, 0)
+    assert r["categories"]["qa"]["plain_steps"] == 2 and r["categories"]["code"]["plain_steps"] == 7
+
+
+def test_sweep_json_marks_the_best(goldens):
+    result = run("--goldens", goldens, "--k", "1,3", "--window", "1-2,3", "--json")
+    assert result.exit_code == 0, result.stderr
+    runs = json.loads(result.stdout)["runs"]
+    grid = [(r["k"], r["window"]) for r in runs]
+    assert grid == [(1, [1, 2]), (1, [3, 3]), (3, [1, 2]), (3, [3, 3])]
+    assert [r["best"] for r in runs] == [False, False, True, False]
+    assert runs[3]["total"]["verify_passes"] == 9  # no 3-gram repeats: every pass is plain
+
+
+def test_tables_by_default(goldens):
+    result = run("--goldens", goldens, "--k", "1,3", "--window", "1-2", "--by-category")
+    assert result.exit_code == 0, result.stderr
+    for text in ("per golden", "total (2)", "1.80x", "★", "per category", "acceptance per draft"):
+        assert text in result.stdout
+
+
+def test_gates(goldens):
+    ok = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-ratio", "1.5", "--json")
+    assert ok.exit_code == 0 and ok.stderr == ""
+    bad = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-ratio", "2",
+              "--min-acceptance", "0.5", "--json")  # fmt: skip
+    assert bad.exit_code == 1
+    assert json.loads(bad.stdout)["runs"][0]["total"]["ratio"] == 1.8  # the report still prints
+    assert bad.stderr == "error: gate failed: ratio 1.800 < min-ratio 2 (k=3 window=1-2)\n"
+    low = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-acceptance", "0.7")
+    assert low.exit_code == 1
+    assert "acceptance rate 0.667 < min-acceptance 0.7 (k=3 window=1-2)" in low.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--k", "0"], "k must be a whole number >= 1"),
+        (["--window", "4-1"], "window 4-1 is invalid"),
+        (["--window", "a-b"], "window 'a-b' is invalid"),
+        (["--proposer", "eagle"], "unknown proposer 'eagle'"),
+        (["--min-acceptance", "1.5"], "min_acceptance is a fraction"),
+        (["--measure"], "--measure is not available yet"),
+        (["--bench"], "--bench is not available yet"),
+        (["--allow-model-mismatch"], "--allow-model-mismatch is not available yet"),
+        (["--min-speedup", "1.2"], "--min-speedup gates the measured speedup: add --measure"),
+        (["--category", "math"], "no goldens of category math"),
+    ],
+)
+def test_bad_input_is_one_line_and_empty_stdout(goldens, args, message):
+    result = run("--goldens", goldens, *args)
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_missing_goldens_and_default_folder(tmp_path, monkeypatch):
+    result = run("--goldens", tmp_path / "nope.jsonl")
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert "nope.jsonl not found" in result.stderr
+    monkeypatch.setattr(probe_config, "DEFAULT_GOLDENS", tmp_path)
+    result = run()
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert f"no golden files (*.jsonl) found in {tmp_path}" in result.stderr
+
+
+def test_bad_golden_file_names_line(tmp_path):
+    path = tmp_path / "g.jsonl"
+    path.write_text('{"id": 1}\n')
+    result = run("--goldens", path)
+    assert result.exit_code == 1 and result.stdout == ""
+    assert f"{path}:1: missing field(s) category" in result.stderr
+
+
+def test_markdown_written(goldens, tmp_path):
+    out = tmp_path / "docs" / "report.md"
+    result = run("--goldens", goldens, "--k", "1,3", "--window", "1-2", "--markdown", out, "--json")
+    assert result.exit_code == 0, result.stderr
+    json.loads(result.stdout)  # stdout is still exactly one JSON object
+    text = out.read_text()
+    assert "Regenerate with `kolibri probe --goldens" in text
+    assert "| k=3 | **1.80x** (best) |" in text
+    assert "| all | 9 | 5 | 1.80x | 6 | 4 | 66.7% | 2.33 |" in text
+    assert "| mix (code) | 7 | 3 | 2.33x | 5 | 4 | 80.0% | 3.00 |" in text
+    assert "| 3 | 1 | 0 | 0.0% |" in text  # position 3: drafted once, never accepted
+
+
+def test_probe_toml(goldens, tmp_path):
+    toml = tmp_path / "probe.toml"
+    toml.write_text('goldens = "g.jsonl"\nk = [1, 3]\nwindow = "1-2"\nmarkdown = "out/r.md"\n')
+    result = run(toml, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [r["k"] for r in doc["runs"]] == [1, 3]
+    assert "kolibri probe" in (tmp_path / "out" / "r.md").read_text()
+    override = run(toml, "--k", "3", "--json")  # the command line wins over the file
+    assert [r["k"] for r in json.loads(override.stdout)["runs"]] == [3]
+
+
+def test_probe_toml_unknown_key(tmp_path):
+    toml = tmp_path / "probe.toml"
+    toml.write_text('goldens = "g.jsonl"\nkk = 5\nwindows = "1-4"\n')
+    result = run(toml)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert "unknown key(s) kk, windows" in result.stderr
+
+
+def test_probe_toml_bad_values(tmp_path):
+    toml = tmp_path / "probe.toml"
+    toml.write_text('k = "five"\n')
+    assert "k must be a whole number" in run(toml).stderr
+    toml.write_text("json = 1\n")
+    assert "json must be true or false, got 1" in run(toml).stderr
+    toml.write_text("k = [5\n")
+    assert "not valid TOML" in run(toml).stderr
+    assert "probe config not found" in run(tmp_path / "missing.toml").stderr
+
+
+def test_plot_without_matplotlib(goldens, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    result = run("--goldens", goldens, "--plot", tmp_path / "p.png")
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert "--plot needs matplotlib" in result.stderr
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_plot_written(goldens, tmp_path):
+    pytest.importorskip("matplotlib")
+    out, md = tmp_path / "img" / "p.png", tmp_path / "docs" / "r.md"
+    result = run("--goldens", goldens, "--k", "1,3", "--plot", out, "--markdown", md, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![sweep and per-position acceptance](../img/p.png)" in md.read_text()
+
+
+def test_measured_section_and_speedup_gate(goldens):
+    from kolibri_cli.goldens import load_goldens
+    from kolibri_cli.probe.config import ProbeConfig
+    from kolibri_cli.probe.report import Measured, MeasuredGolden, build_report, check_gates
+    from kolibri_cli.probe.simulate import simulate
+
+    run_ = simulate(load_goldens(goldens), 3, (1, 2))
+    one = MeasuredGolden("mix", 20.0, 30.0, 1.5, 1.65, True, None, True, 3, 5, 4)
+    measured = {
+        (3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0, 4: 1.2}, 1e-5, True, True, [one])
+    }
+    doc = build_report(ProbeConfig(goldens=[goldens]), [run_], measured)
+    m = doc["runs"][0]["measured"]
+    assert m["costs"] == {"1": 1.0, "4": 1.2}
+    assert m["prediction_error"] == pytest.approx(0.1)
+    assert m["goldens"][0]["first_divergence"] is None and m["goldens"][0]["speedup"] == 1.5
+    assert check_gates([run_], min_speedup=1.2, measured=measured) == []
+    assert check_gates([run_], min_speedup=1.5, measured=measured) == [
+        "measured speedup 1.300 < min-speedup 1.5 (k=3 window=1-2)"
+    ]
+    assert check_gates([run_], min_speedup=1.0) == [
+        "measured speedup n/a < min-speedup 1 (k=3 window=1-2)"
+    ]
