@@ -125,7 +125,8 @@ def generate(
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
-    proposer = _proposer(k, window) if (spec or compare) else None
+    proposer = _proposer(k, window)  # validated even when unused: a typo is still an error
+    proposer = proposer if (spec or compare) else None
     text = _read_prompt(prompt)
     m = _load(model, threads)
     ids, max_tokens = _prompt_ids(m, text, raw, max_tokens)
@@ -279,6 +280,30 @@ def goldens_check(
     if bad:
         raise KolibriError(f"{len(bad)} of {len(results)} chains diverge from the reference "
                            f"at a margin >= {golden_record.NEAR_TIE} (first: {bad[0].id})")
+
+
+@app.command()
+def bench(
+    model: ModelOpt = None,
+    k: Annotated[int, typer.Option("--k", help="Most draft tokens per verify pass.")] = 5,
+    window: Annotated[str, typer.Option("--window", help="n-gram sizes, 'MIN-MAX' or 'N'.")] = "1-4",
+    repeats: Annotated[int, typer.Option("--repeats", "-r", min=1,
+                                         help="Repeats; medians are reported.")] = 5,
+    threads: ThreadsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Plain vs spec tok/s on the bench chain, c(n), and the memory-bandwidth bound (one run)."""
+    from kolibri_cli import render
+    from kolibri_cli.bench_run import run_bench
+    from kolibri_cli.kernel import get_threads
+
+    proposer = _proposer(k, window)
+    m = _load(model, threads)
+    render.err.print(f"benchmarking {m.name}: {repeats} repeats, {get_threads()} threads ...")
+    result = run_bench(m, proposer, repeats, get_threads())
+    if as_json:
+        return _print_json(result.to_dict())
+    render.out.print(render.bench_table(result))
 
 
 from kolibri_cli.cli_probe import probe  # noqa: E402

@@ -86,10 +86,18 @@ def probe(
     measure: bool | None = typer.Option(
         None,
         "--measure/--no-measure",
-        help="Also run the model, plain and spec (not available yet).",
+        help="Also run the model, plain and spec, on every golden (for the best configuration "
+        "of a sweep): tok/s, measured vs predicted speedup, spec == plain.",
     ),
     bench: bool | None = typer.Option(
         None, "--bench/--no-bench", help="Add the bench chain (not available yet)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", "-m", metavar="NAME|PATH", help="Model for --measure. "
+        "[default: smollm2-135m-instruct]"
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", "-t", metavar="N", help="Kernel threads for --measure."
     ),
     allow_model_mismatch: bool | None = typer.Option(
         None,
@@ -116,16 +124,19 @@ def run_probe(cfg) -> None:
     _refuse_unavailable(cfg)
     if cfg.plot:
         require_matplotlib()
-    runs = sweep(select_goldens(cfg), cfg.k, cfg.window, cfg.proposer)
+    goldens = select_goldens(cfg)
+    runs = sweep(goldens, cfg.k, cfg.window, cfg.proposer)
+    measured = _measure(cfg, goldens, runs) if cfg.measure else None
     if cfg.plot:
         write_plot(cfg.plot, runs)
     if cfg.markdown:
-        _write_markdown(cfg, render_markdown(cfg, runs, _command(cfg), plot=_plot_link(cfg)))
+        text = render_markdown(cfg, runs, _command(cfg), measured=measured, plot=_plot_link(cfg))
+        _write_markdown(cfg, text)
     if cfg.json:
-        typer.echo(json.dumps(build_report(cfg, runs)))
+        typer.echo(json.dumps(build_report(cfg, runs, measured)))
     else:
-        render_probe(runs, cfg.by_category)
-    failures = check_gates(runs, cfg.min_ratio, cfg.min_acceptance, cfg.min_speedup)
+        render_probe(runs, cfg.by_category, measured)
+    failures = check_gates(runs, cfg.min_ratio, cfg.min_acceptance, cfg.min_speedup, measured)
     if failures:
         more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
         raise KolibriError("gate failed: " + "; ".join(failures[:3]) + more)
@@ -134,11 +145,29 @@ def run_probe(cfg) -> None:
 def _refuse_unavailable(cfg) -> None:
     if cfg.min_speedup is not None and not cfg.measure:
         raise KolibriError("--min-speedup gates the measured speedup: add --measure")
-    later = {"--measure": cfg.measure, "--bench": cfg.bench}
-    later["--allow-model-mismatch"] = cfg.allow_model_mismatch
-    for flag, on in later.items():
-        if on:
-            raise KolibriError(f"{flag} is not available yet: run the simulation without it")
+    if cfg.bench:
+        raise KolibriError("--bench is not available yet: use `kolibri bench` for the bench chain")
+
+
+def _measure(cfg, goldens, runs) -> dict:
+    """Run the model on every golden for the best simulated configuration (or the only one):
+    measuring a whole sweep would take minutes per configuration."""
+    from kolibri_cli import golden_record, render
+    from kolibri_cli.model import load_model
+    from kolibri_cli.probe.measure import measure_run
+    from kolibri_cli.probe.simulate import best_run
+
+    if cfg.threads:
+        from kolibri_cli.kernel import set_threads
+
+        set_threads(cfg.threads)
+    with render.progress_bar() as bar:
+        model = load_model(cfg.model, notify=render.err.print, progress=bar)
+    golden_record.check_model_matches(model, goldens, cfg.allow_model_mismatch)
+    run = best_run(runs)
+    with render.progress_bar(f"measuring {run.label} ") as bar:
+        measured = measure_run(model, goldens, run, lambda d, t: bar("", d, t))
+    return {(run.k, run.window): measured}
 
 
 def _write_markdown(cfg, text: str) -> None:

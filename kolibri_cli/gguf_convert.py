@@ -62,10 +62,17 @@ def read_config(reader) -> dict:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise KolibriError(f"GGUF architecture {arch!r} is not supported (kolibri reads 'llama')")
-    g = lambda key, default=None: _field(reader, f"llama.{key}", default)  # noqa: E731
+    def g(key: str, default=None):
+        value = _field(reader, f"llama.{key}", default)
+        if value is None:
+            raise KolibriError(f"GGUF metadata lacks llama.{key}")
+        return value
+
     n_head = int(g("attention.head_count"))
     hidden = int(g("embedding_length"))
     names = {t.name for t in reader.tensors}
+    if "tokenizer.ggml.tokens" not in reader.fields:
+        raise KolibriError("GGUF metadata lacks tokenizer.ggml.tokens (no vocabulary)")
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     return {
         "architectures": ["LlamaForCausalLM"],

@@ -32,11 +32,12 @@ class ModelInfo:
 
 
 def model_info(spec: str | None) -> ModelInfo:
-    path = loader.check_folder(store.resolve(spec))
+    path = loader.check_folder(store.resolve(spec, pull_missing=False))
     config = ModelConfig.from_file(path / "config.json")
-    index = loader.tensor_index(path)
-    params = sum(prod(shape) for name, (_, shape) in index.items() if name != "lm_head.weight"
-                 or not config.tie_word_embeddings)
+    index = {k: v for k, v in loader.tensor_index(path).items() if not k.endswith(loader.IGNORED)}
+    # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): not counted.
+    params = sum(prod(shape) for name, (_, shape) in index.items()
+                 if not (name == "lm_head.weight" and config.tie_word_embeddings))
     embed = config.vocab_size * config.hidden_size
     read = params - (0 if config.tie_word_embeddings else embed)  # untied: embedding not read
     meta = store.provenance(path)
@@ -47,6 +48,7 @@ def model_info(spec: str | None) -> ModelInfo:
         context_length=config.max_position_embeddings, layers=config.num_hidden_layers,
         hidden_size=config.hidden_size, heads=config.num_attention_heads,
         kv_heads=config.num_key_value_heads, vocab_size=config.vocab_size,
-        tied_head=config.tie_word_embeddings, chat_template=bool(Tokenizer(Path(path)).chat_template),
+        tied_head=config.tie_word_embeddings,
+        chat_template=bool(Tokenizer(Path(path)).chat_template),
         source=meta,
     )

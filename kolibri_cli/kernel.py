@@ -28,7 +28,7 @@ from kolibri_cli.errors import KolibriError
 from kolibri_cli.weights import Weights
 
 REDUCE = {"reassoc", "contract"}  # fastmath for reductions only: no nnan/ninf/afn
-R = 8  # weight rows per parallel block: R rows x K floats stay in L1 while all L input rows use them
+R = 8  # weight rows per parallel block: they stay in L1/L2 while all L input rows use them
 ONE = np.float32(1.0)
 ZERO = np.float32(0.0)
 
@@ -46,10 +46,10 @@ def set_threads(n: int) -> None:
 @njit(fastmath=REDUCE, cache=True)
 def _block(x, w, r0, out):
     """out[:, r0:r0+R] = x @ w[r0:r0+R].T   x [L, K], w [N, K], out [L, N]"""
-    for l in range(x.shape[0]):
+    for j in range(x.shape[0]):
         s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = ZERO
         for k in range(x.shape[1]):
-            xk = x[l, k]
+            xk = x[j, k]
             s0 += w[r0, k] * xk
             s1 += w[r0 + 1, k] * xk
             s2 += w[r0 + 2, k] * xk
@@ -58,18 +58,18 @@ def _block(x, w, r0, out):
             s5 += w[r0 + 5, k] * xk
             s6 += w[r0 + 6, k] * xk
             s7 += w[r0 + 7, k] * xk
-        out[l, r0], out[l, r0 + 1], out[l, r0 + 2], out[l, r0 + 3] = s0, s1, s2, s3
-        out[l, r0 + 4], out[l, r0 + 5], out[l, r0 + 6], out[l, r0 + 7] = s4, s5, s6, s7
+        out[j, r0], out[j, r0 + 1], out[j, r0 + 2], out[j, r0 + 3] = s0, s1, s2, s3
+        out[j, r0 + 4], out[j, r0 + 5], out[j, r0 + 6], out[j, r0 + 7] = s4, s5, s6, s7
 
 
 @njit(fastmath=REDUCE, cache=True)
 def _row(x, w, r, out):
     """out[:, r] = x @ w[r]   (rows left over when N % R != 0; always the same rows for a shape)"""
-    for l in range(x.shape[0]):
+    for j in range(x.shape[0]):
         s = ZERO
         for k in range(x.shape[1]):
-            s += w[r, k] * x[l, k]
-        out[l, r] = s
+            s += w[r, k] * x[j, k]
+        out[j, r] = s
 
 
 @njit(cache=True)
@@ -99,9 +99,9 @@ def _matmul_add(x, w, tmp, h):
         r0 = b * R
         n = min(R, n_rows - r0)
         _rows(x, w, r0, n, tmp)
-        for l in range(x.shape[0]):
+        for j in range(x.shape[0]):
             for r in range(r0, r0 + n):
-                h[l, r] += tmp[l, r]
+                h[j, r] += tmp[j, r]
 
 
 @njit(cache=True)
@@ -111,16 +111,17 @@ def _silu(g):
 
 @njit(parallel=True, cache=True)
 def _gate_up_silu(x, w, gu, act):
-    """act = silu(x @ gate.T) * (x @ up.T)   x [L, D], w [2F, D] rows gate then up, gu [L, 2F], act [L, F]"""
+    """act = silu(x @ gate.T) * (x @ up.T)
+    x [L, D], w [2F, D] rows gate then up, gu [L, 2F] scratch -> act [L, F]"""
     n_ff = act.shape[1]
     for b in prange((n_ff + R - 1) // R):
         r0 = b * R
         n = min(R, n_ff - r0)
         _rows(x, w, r0, n, gu)
         _rows(x, w, n_ff + r0, n, gu)
-        for l in range(x.shape[0]):
+        for j in range(x.shape[0]):
             for r in range(r0, r0 + n):
-                act[l, r] = _silu(gu[l, r]) * gu[l, n_ff + r]
+                act[j, r] = _silu(gu[j, r]) * gu[j, n_ff + r]
 
 
 # ---------------------------------------------------------------- norm, rope, attention
@@ -139,10 +140,10 @@ def _sum_squares(x):
 def _rmsnorm(x, w, eps, out):
     """out = x * rsqrt(mean(x^2) + eps) * w   x [L, D], w [D], out [L, D]"""
     d = np.float32(x.shape[1])
-    for l in range(x.shape[0]):
-        inv = ONE / np.sqrt(_sum_squares(x[l]) / d + eps)
+    for j in range(x.shape[0]):
+        inv = ONE / np.sqrt(_sum_squares(x[j]) / d + eps)
         for i in range(x.shape[1]):
-            out[l, i] = w[i] * (x[l, i] * inv)
+            out[j, i] = w[i] * (x[j, i] * inv)
 
 
 @njit(cache=True)
@@ -160,15 +161,15 @@ def _qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q):
     """Split qkv, rope q and k, write k/v at their positions.
     qkv [L, (H+2KVH)*Dh], k_cache/v_cache [KVH, T, Dh], cos/sin [T, Dh] -> q [L, H, Dh]"""
     n_kv, _, dh = k_cache.shape
-    for l in range(qkv.shape[0]):
-        p = start + l
+    for j in range(qkv.shape[0]):
+        p = start + j
         for h in range(n_heads):
-            q[l, h] = qkv[l, h * dh:(h + 1) * dh]
-            _rope(q[l, h], cos[p], sin[p])
+            q[j, h] = qkv[j, h * dh:(h + 1) * dh]
+            _rope(q[j, h], cos[p], sin[p])
         for g in range(n_kv):
-            k_cache[g, p] = qkv[l, (n_heads + g) * dh:(n_heads + g + 1) * dh]
+            k_cache[g, p] = qkv[j, (n_heads + g) * dh:(n_heads + g + 1) * dh]
             _rope(k_cache[g, p], cos[p], sin[p])
-            v_cache[g, p] = qkv[l, (n_heads + n_kv + g) * dh:(n_heads + n_kv + g + 1) * dh]
+            v_cache[g, p] = qkv[j, (n_heads + n_kv + g) * dh:(n_heads + n_kv + g + 1) * dh]
 
 
 @njit(fastmath=REDUCE, cache=True)
@@ -214,11 +215,11 @@ def _attention(q, start, k_cache, v_cache, scores, out):
     group = n_heads // k_cache.shape[0]
     scale = np.float32(1.0 / np.sqrt(dh))
     for i in prange(n_q * n_heads):
-        l, h = i // n_heads, i % n_heads
-        n = start + l + 1
+        j, h = i // n_heads, i % n_heads
+        n = start + j + 1
         g = h // group
-        _attend_one(q[l, h], k_cache[g, :n], v_cache[g, :n], scale, scores[i, :n],
-                    out[l, h * dh:(h + 1) * dh])
+        _attend_one(q[j, h], k_cache[g, :n], v_cache[g, :n], scale, scores[i, :n],
+                    out[j, h * dh:(h + 1) * dh])
 
 
 # ---------------------------------------------------------------- the stack
@@ -226,9 +227,10 @@ def _attention(q, start, k_cache, v_cache, scores, out):
 
 @njit(cache=True)
 def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads):
-    """One decoder layer in place   h [L, D]; lw = (attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down)"""
+    """One decoder layer, h [L, D] in place.
+    lw = (attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down); k/v_cache [KVH, T, Dh]"""
     attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down = lw
-    n_tok, dim = h.shape
+    n_tok = h.shape[0]
     dh = k_cache.shape[2]
     x = np.empty_like(h)  # [L, D]
     _rmsnorm(h, attn_norm, eps, x)
@@ -237,7 +239,8 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads):
     q = np.empty((n_tok, n_heads, dh), np.float32)  # [L, H, Dh]
     _qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q)
     att = np.empty((n_tok, n_heads * dh), np.float32)  # [L, H*Dh]
-    _attention(q, start, k_cache, v_cache, np.empty((n_tok * n_heads, start + n_tok), np.float32), att)
+    scores = np.empty((n_tok * n_heads, start + n_tok), np.float32)  # [L*H, T]
+    _attention(q, start, k_cache, v_cache, scores, att)
     _matmul_add(att, wo, x, h)
     _rmsnorm(h, mlp_norm, eps, x)
     n_ff = w_down.shape[1]
@@ -250,8 +253,8 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads):
 def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_heads):
     """tokens [L] -> logits [L, V]; k/v [n_layers, KVH, T, Dh] written at start..start+L-1"""
     h = np.empty((tokens.shape[0], embed.shape[1]), np.float32)  # [L, D]
-    for l in range(tokens.shape[0]):
-        h[l] = embed[tokens[l]]
+    for j in range(tokens.shape[0]):
+        h[j] = embed[tokens[j]]
     for i in range(len(layers)):
         _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads)
     x = np.empty_like(h)
@@ -268,8 +271,9 @@ class KVCache:
     """Keys and values by absolute position. Rollback = set `length`; nothing is ever copied."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, max_len: int, head_dim: int):
-        self.k = np.zeros((n_layers, n_kv_heads, max_len, head_dim), np.float32)  # [n_layers, KVH, T, Dh]
-        self.v = np.zeros((n_layers, n_kv_heads, max_len, head_dim), np.float32)  # [n_layers, KVH, T, Dh]
+        shape = (n_layers, n_kv_heads, max_len, head_dim)  # [n_layers, KVH, T, Dh]
+        self.k = np.zeros(shape, np.float32)  # zeros: pages are only touched when written
+        self.v = np.zeros(shape, np.float32)
         self.length = 0  # positions 0..length-1 hold valid keys/values
 
     @property
@@ -280,10 +284,11 @@ class KVCache:
 def rope_tables(config: ModelConfig, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [n_pos, Dh] float32, computed the way transformers' LlamaRotaryEmbedding does."""
     dh = config.head_dim
-    inv_freq = (1.0 / (config.rope_theta ** (np.arange(0, dh, 2, dtype=np.float32) / dh))).astype(np.float32)
+    exponents = np.arange(0, dh, 2, dtype=np.float32) / np.float32(dh)  # [Dh/2]
+    inv_freq = (1.0 / (config.rope_theta ** exponents)).astype(np.float32)
     freqs = np.arange(n_pos, dtype=np.float32)[:, None] * inv_freq[None, :]  # [T, Dh/2]
     emb = np.concatenate([freqs, freqs], axis=1)  # [T, Dh]
-    return np.ascontiguousarray(np.cos(emb), np.float32), np.ascontiguousarray(np.sin(emb), np.float32)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
 
 
 class Transformer:
@@ -296,7 +301,8 @@ class Transformer:
         self._cos, self._sin = rope_tables(config, config.max_position_embeddings)
         self._layers = List()
         for lw in weights.layers:
-            self._layers.append((lw.attn_norm, lw.wqkv, lw.wo, lw.mlp_norm, lw.w_gate_up, lw.w_down))
+            arrays = (lw.attn_norm, lw.wqkv, lw.wo, lw.mlp_norm, lw.w_gate_up, lw.w_down)
+            self._layers.append(arrays)
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.config
@@ -321,7 +327,7 @@ class Transformer:
         if len(ids) == 0:
             raise KolibriError("forward needs at least one token")
         if not 0 <= start_pos <= cache.length:
-            raise KolibriError(f"start_pos {start_pos} outside 0..{cache.length} (the cache length)")
+            raise KolibriError(f"start_pos {start_pos} outside 0..{cache.length} (cache.length)")
         if end > cache.max_len:
             raise KolibriError(f"positions up to {end} exceed the KV cache size {cache.max_len}; "
                                "allocate a larger cache (new_cache(max_len)) or use fewer tokens")

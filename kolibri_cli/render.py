@@ -16,18 +16,27 @@ out = Console(highlight=False, soft_wrap=True)
 
 @contextmanager
 def progress_bar(description: str = ""):
-    """Yield a callback (stage, done, total) that drives one bar per stage on stderr."""
+    """Yield a callback (stage, done, total) that drives one bar per stage on stderr.
+
+    The bar starts with its first update, so a command that fails early prints nothing but
+    its error line."""
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=False) as bar:
-        tasks: dict[str, int] = {}
+    bar = Progress(*columns, console=err, transient=False)
+    tasks: dict[str, int] = {}
 
-        def update(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(f"{description}{stage}", total=total)
-            bar.update(tasks[stage], completed=done, total=total)
+    def update(stage: str, done: int, total: int) -> None:
+        if not tasks:
+            bar.start()
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(f"{description}{stage}", total=total)
+        bar.update(tasks[stage], completed=done, total=total)
 
+    try:
         yield update
+    finally:
+        if tasks:
+            bar.stop()
 
 
 class TextStreamer:
@@ -80,3 +89,21 @@ def check_table(results) -> Table:
             rows.append([r.id, r.tokens, verdict, r.index, f"{r.ours} vs {r.reference}", margin])
     return table("kolibri vs golden", ["id", "tokens", "result", "index", "ours vs ref",
                                        "ref margin"], rows)
+
+
+def bench_table(r) -> Table:
+    rows = [
+        ("model", f"{r.model} ({r.threads} threads, medians of {r.repeats})"),
+        ("read bandwidth", f"{r.bandwidth_gb_s:.1f} GB/s"),
+        ("weights per token", f"{r.bytes_per_token / 1e6:.0f} MB"),
+        ("bandwidth bound", f"{r.bound_tokens_per_s:.1f} tok/s"),
+        ("plain decode", f"{r.plain_tokens_per_s:.1f} tok/s = {r.fraction_of_bound:.0%} of the bound"),
+        ("spec decode", f"{r.spec_tokens_per_s:.1f} tok/s (k={r.k}, window "
+                        f"{r.window[0]}-{r.window[1]})"),
+        ("spec / plain", f"{r.spec_speedup:.2f}x"),
+        ("bench chain", f"seed {r.chain_seed}: {r.plain_steps} plain steps, {r.verify_passes} "
+                        f"verify passes (ratio {r.pass_ratio:.2f}), {r.drafts_accepted}/"
+                        f"{r.drafts_proposed} drafts accepted, ids identical: {r.identical}"),
+    ]
+    rows += [(f"c({n})", f"{c:.3f}  ({r.forward_ms[n]:.1f} ms)") for n, c in r.costs.items()]
+    return kv_table("kolibri bench", rows)

@@ -30,7 +30,8 @@ HEAT_STYLES = ["red", "dark_orange", "yellow", "green3", "bold bright_green"]  #
 BAR_WIDTH = 30
 
 
-def render_probe(runs: list[SimRun], by_category: bool, console: Console | None = None) -> None:
+def render_probe(runs: list[SimRun], by_category: bool, measured: dict | None = None,
+                 console: Console | None = None) -> None:
     """The default terminal report: the sweep (if any), then the best run in detail."""
     console = console or Console()
     best = best_run(runs)
@@ -41,6 +42,8 @@ def render_probe(runs: list[SimRun], by_category: bool, console: Console | None 
     if by_category:
         console.print(category_table(best))
     console.print(position_bars(best.total, best.label))
+    for (k, window), m in (measured or {}).items():
+        console.print(measured_table(m, f"k={k} window={format_window(window)}"))
 
 
 def goldens_table(run: SimRun) -> Table:
@@ -162,3 +165,23 @@ def _plot_positions(ax, run: SimRun) -> None:
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / drafted")
     ax.set_title(f"acceptance per position ({run.label})")
+
+
+def measured_table(m, label: str) -> Table:
+    """Per golden and overall: plain vs spec tok/s, measured vs predicted speedup, checks."""
+    table = Table(title=f"measured with the model ({label})", title_justify="left",
+                  caption=f"c(n): {', '.join(f'{n}: {c:.2f}' for n, c in sorted(m.costs.items()))}"
+                  f"; proposer {m.proposer_s_per_pass * 1e6:.0f} us/pass")
+    for col in ("golden", "plain tok/s", "spec tok/s", "speedup", "predicted", "spec==plain",
+                "counts==sim", "vs golden"):
+        table.add_column(col, justify="left" if col == "golden" else "right")
+    yes = lambda ok: "yes" if ok else "[red]NO[/]"  # noqa: E731
+    for g in m.goldens:
+        diverge = "same" if g.first_divergence is None else f"differs at {g.first_divergence}"
+        table.add_row(str(g.id), f"{g.plain_tokens_per_s:.1f}", f"{g.spec_tokens_per_s:.1f}",
+                      fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup),
+                      yes(g.spec_equals_plain), yes(g.counts_match_simulation), diverge)
+    table.add_row("[bold]total[/]", f"{m.plain_tokens_per_s:.1f}", f"{m.spec_tokens_per_s:.1f}",
+                  fmt_ratio(m.speedup), fmt_ratio(m.predicted_speedup),
+                  yes(m.spec_equals_plain), yes(m.counts_match_simulation), "")
+    return table

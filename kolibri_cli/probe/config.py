@@ -37,7 +37,9 @@ class ProbeConfig:
     limit: int | None = None  # at most this many goldens (after the category filter)
     max_tokens: int | None = None  # simulate only the first N output ids of each golden
     by_category: bool = False  # also report counts per golden category
-    measure: bool = False  # run the model too (plain and spec): not available yet
+    measure: bool = False  # run the model too (plain and spec) for the best configuration
+    model: str | None = None  # model name or folder for --measure (default: the default model)
+    threads: int | None = None  # kernel threads for --measure (default: all cores)
     bench: bool = False  # add the speculative issue's bench chain: not available yet
     allow_model_mismatch: bool = False  # measure goldens recorded for another model
     min_ratio: float | None = None  # gate: every run's total ratio >= this
@@ -60,6 +62,7 @@ class ProbeConfig:
             "limit": self.limit,
             "max_tokens": self.max_tokens,
             "measure": self.measure,
+            "model": self.model,
             "min_ratio": self.min_ratio,
             "min_acceptance": self.min_acceptance,
             "min_speedup": self.min_speedup,
@@ -125,7 +128,9 @@ def _parse(key: str, value):
     if key == "category":
         items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
         return [c.strip() for c in items if c.strip()]
-    if key in ("limit", "max_tokens"):
+    if key == "model":
+        return str(_expect(value, key, str | Path))
+    if key in ("limit", "max_tokens", "threads"):
         return _positive_int(value, key)
     if key in ("min_ratio", "min_acceptance", "min_speedup"):
         return _threshold(value, key)

@@ -265,5 +265,14 @@ def _md_measured(m: Measured) -> str:
         ["spec ids == plain ids", "yes" if m.spec_equals_plain else "NO"],
         ["simulated counts == real counts", "yes" if m.counts_match_simulation else "NO"],
         ["c(n)", ", ".join(f"c({n})={c:.2f}" for n, c in sorted(m.costs.items()))],
+        ["proposer time per pass", f"{m.proposer_s_per_pass * 1e6:.0f} us"],
     ]
-    return "## Measured\n\n" + _md_table(["figure", "value"], rows)
+    per = [[str(g.id), fmt_num(g.plain_tokens_per_s, 1), fmt_num(g.spec_tokens_per_s, 1),
+            fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup),
+            "yes" if g.spec_equals_plain else "NO", "yes" if g.counts_match_simulation else "NO",
+            "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]
+           for g in m.goldens]
+    header = ["golden", "plain tok/s", "spec tok/s", "speedup", "predicted", "spec == plain",
+              "counts == sim", "model vs golden"]
+    return ("## Measured\n\n" + _md_table(["figure", "value"], rows) + "\n\n"
+            + _md_table(header, per))

