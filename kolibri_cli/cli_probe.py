@@ -90,7 +90,7 @@ def probe(
         "of a sweep): tok/s, measured vs predicted speedup, spec == plain.",
     ),
     bench: bool | None = typer.Option(
-        None, "--bench/--no-bench", help="Add the bench chain (not available yet)."
+        None, "--bench/--no-bench", help="Add the bench chain (a seeded random prompt whose greedy continuation cycles; runs the model once for its chain)."
     ),
     model: str | None = typer.Option(
         None, "--model", "-m", metavar="NAME|PATH", help="Model for --measure. "
@@ -125,8 +125,11 @@ def run_probe(cfg) -> None:
     if cfg.plot:
         require_matplotlib()
     goldens = select_goldens(cfg)
+    model = _load_model(cfg) if (cfg.measure or cfg.bench) else None
+    if cfg.bench:
+        goldens.append(_bench_golden(model))
     runs = sweep(goldens, cfg.k, cfg.window, cfg.proposer)
-    measured = _measure(cfg, goldens, runs) if cfg.measure else None
+    measured = _measure(cfg, model, goldens, runs) if cfg.measure else None
     if cfg.plot:
         write_plot(cfg.plot, runs)
     if cfg.markdown:
@@ -145,24 +148,40 @@ def run_probe(cfg) -> None:
 def _refuse_unavailable(cfg) -> None:
     if cfg.min_speedup is not None and not cfg.measure:
         raise KolibriError("--min-speedup gates the measured speedup: add --measure")
-    if cfg.bench:
-        raise KolibriError("--bench is not available yet: use `kolibri bench` for the bench chain")
 
 
-def _measure(cfg, goldens, runs) -> dict:
-    """Run the model on every golden for the best simulated configuration (or the only one):
-    measuring a whole sweep would take minutes per configuration."""
-    from kolibri_cli import golden_record, render
+def _load_model(cfg):
+    from kolibri_cli import render
     from kolibri_cli.model import load_model
-    from kolibri_cli.probe.measure import measure_run
-    from kolibri_cli.probe.simulate import best_run
 
     if cfg.threads:
         from kolibri_cli.kernel import set_threads
 
         set_threads(cfg.threads)
     with render.progress_bar() as bar:
-        model = load_model(cfg.model, notify=render.err.print, progress=bar)
+        return load_model(cfg.model, notify=render.err.print, progress=bar)
+
+
+def _bench_golden(model):
+    """The bench chain (a seeded random raw prompt whose continuation cycles) as a golden: its
+    output is the model's own greedy chain, generated here."""
+    from kolibri_cli.bench_chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
+    from kolibri_cli.generate import generate_plain
+    from kolibri_cli.goldens import Golden
+
+    prompt = bench_prompt(model.config.vocab_size)
+    chain = generate_plain(model, prompt, BENCH_NEW_TOKENS).output_ids
+    return Golden(f"bench-seed{BENCH_SEED}", "bench", "", False, prompt, chain, model.name,
+                  model.sha256, {"engine": "kolibri", "dtype": "float32"})
+
+
+def _measure(cfg, model, goldens, runs) -> dict:
+    """Run the model on every golden for the best simulated configuration (or the only one):
+    measuring a whole sweep would take minutes per configuration."""
+    from kolibri_cli import golden_record, render
+    from kolibri_cli.probe.measure import measure_run
+    from kolibri_cli.probe.simulate import best_run
+
     golden_record.check_model_matches(model, goldens, cfg.allow_model_mismatch)
     run = best_run(runs)
     with render.progress_bar(f"measuring {run.label} ") as bar:

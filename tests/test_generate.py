@@ -1,6 +1,7 @@
 """The generators: speculative output equals plain greedy output (the lossless law), and the
 counts the speculative generator reports follow the probe's definitions."""
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,13 +26,16 @@ class _Tok:
         return " ".join(map(str, ids))
 
 
-def tiny_model(seed: int, eos=(0,)):
-    # scale 0.3: peaked logits, so greedy chains fall into loops the proposer can draft from
-    tf = Transformer(TINY, random_weights(TINY, seed=seed, scale=0.3))
+def tiny_model(seed: int, eos=(0,), tied: bool = False, scale: float = 0.3):
+    # tied head + small scale: the residual stream keeps the input token, so the model tends to
+    # copy and drafts get accepted; untied at 0.3: diverse chains where most drafts fail
+    config = replace(TINY, tie_word_embeddings=tied)
+    tf = Transformer(config, random_weights(config, seed=seed, scale=scale))
     return SimpleNamespace(transformer=tf, eos_ids=eos, tokenizer=_Tok())
 
 
-MODELS = {seed: tiny_model(seed) for seed in range(3)}
+MODELS = {0: tiny_model(0, tied=True, scale=0.1), 1: tiny_model(0), 2: tiny_model(1, tied=True,
+                                                                                  scale=0.1)}
 
 prompts = st.one_of(
     st.lists(st.integers(1, 63), min_size=1, max_size=40),
@@ -61,7 +65,7 @@ def test_drafts_do_get_accepted_on_tiny_models():
     for model in MODELS.values():
         r = generate_spec(model, [5, 6, 7] * 6, 48, NgramProposer(5, 1, 4))
         accepted += r.spec_stats()["drafts_accepted"]
-    assert accepted > 10
+    assert accepted > 40
 
 
 @settings(max_examples=25, deadline=None)
