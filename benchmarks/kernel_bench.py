@@ -2,7 +2,8 @@
 
 Prints ms per forward for L = 1..8 at a ~100-token context, c(n) = time(n)/time(1) from the same
 interleaved run, the measured read bandwidth, the bandwidth bound of a 1-token forward
-(weight bytes / bandwidth) and the fraction of it reached. Medians of repeats; 2 threads default.
+(weight bytes / bandwidth) and the fraction of it reached. Medians of repeats; bandwidth and
+forwards are measured in alternating rounds. 2 threads by default.
 
     .venv/bin/python benchmarks/kernel_bench.py [--threads 2] [--repeats 15] [--layers 30]
 """
@@ -10,6 +11,8 @@ interleaved run, the measured read bandwidth, the bandwidth bound of a 1-token f
 import argparse
 import sys
 import time
+
+import numpy as np
 
 from kolibri_cli import bench
 from kolibri_cli.config import ModelConfig
@@ -22,6 +25,17 @@ def smollm2_135m(n_layers: int) -> ModelConfig:
                        num_hidden_layers=n_layers, num_attention_heads=9, num_key_value_heads=3,
                        head_dim=64, rope_theta=100000.0, max_position_embeddings=8192,
                        tie_word_embeddings=True)
+
+
+def measure_interleaved(model, a) -> tuple[float, dict[int, float]]:
+    """Bandwidth and forward times in alternating rounds, so machine noise hits both alike."""
+    rounds = max(1, a.repeats // 3)
+    bws, runs = [], []
+    for _ in range(rounds):
+        bws.append(bench.measure_read_bandwidth(repeats=3))
+        runs.append(bench.forward_times(model, a.max_n, a.context, repeats=3))
+    times = {n: float(np.median([r[n] for r in runs])) for n in runs[0]}
+    return float(np.median(bws)), times
 
 
 def main() -> None:
@@ -40,9 +54,7 @@ def main() -> None:
     model.forward([1], 0, model.new_cache(4))
     startup = time.perf_counter() - t0
     print(f"first forward (compile or cache load): {startup:.2f} s", file=sys.stderr)
-    bandwidth = bench.measure_read_bandwidth(repeats=a.repeats)
-    times = bench.forward_times(model, a.max_n, a.context, a.repeats)
-    bandwidth = (bandwidth + bench.measure_read_bandwidth(repeats=a.repeats)) / 2  # before + after
+    bandwidth, times = measure_interleaved(model, a)
     bound = weights.nbytes_per_token() / bandwidth
     print(f"threads {a.threads}, layers {a.layers}, context {a.context}, "
           f"repeats {a.repeats} (medians)")

@@ -1,4 +1,5 @@
-"""`kolibri probe`: would n-gram speculation pay off on these goldens, with which k and window?
+"""`kolibri probe`: would n-gram speculation pay off on these goldens, with which proposer, k and
+window?
 
 Parses options (on top of an optional PROBE.toml), simulates, renders, gates. Heavy modules
 (numba, the simulation, rich rendering) are imported inside the command so `kolibri --help`
@@ -41,7 +42,23 @@ def probe(
         help="n-gram lengths MIN-MAX or N, or a sweep: 1-4,2-4,3-5. [default: 1-4]",
     ),
     proposer: str | None = typer.Option(
-        None, "--proposer", metavar="NAME", help="Draft proposer. [default: ngram]"
+        None,
+        "--proposer",
+        metavar="NAME[,...]",
+        help="Draft proposer(s): vllm (alias ngram), hf, llamacpp-simple, suffix, adaptive; "
+        "several = a comparison table. [default: vllm]",
+    ),
+    cross_request: bool | None = typer.Option(
+        None,
+        "--cross-request/--no-cross-request",
+        help="suffix: also draft from a global tree over earlier goldens' outputs.",
+    ),
+    costs: str | None = typer.Option(
+        None,
+        "--costs",
+        metavar="C1,C2,...",
+        help="Forward costs c(1),c(2),... (from `kolibri bench`) for adaptive and the modelled "
+        "speedup. [default: c(n) = 1 + 0.06 (n - 1)]",
     ),
     category: str | None = typer.Option(
         None,
@@ -90,7 +107,10 @@ def probe(
         "of a sweep): tok/s, measured vs predicted speedup, spec == plain.",
     ),
     bench: bool | None = typer.Option(
-        None, "--bench/--no-bench", help="Add the bench chain (a seeded random prompt whose greedy continuation cycles; runs the model once for its chain)."
+        None,
+        "--bench/--no-bench",
+        help="Add the bench chain (a seeded random prompt whose greedy continuation cycles; "
+        "runs the model once for its chain).",
     ),
     model: str | None = typer.Option(
         None, "--model", "-m", metavar="NAME|PATH", help="Model for --measure. "
@@ -128,7 +148,7 @@ def run_probe(cfg) -> None:
     model = _load_model(cfg) if (cfg.measure or cfg.bench) else None
     if cfg.bench:
         goldens.append(_bench_golden(model))
-    runs = sweep(goldens, cfg.k, cfg.window, cfg.proposer)
+    runs = sweep(goldens, cfg.k, cfg.window, cfg.proposer, cfg.costs, cfg.cross_request)
     measured = _measure(cfg, model, goldens, runs) if cfg.measure else None
     if cfg.plot:
         write_plot(cfg.plot, runs)
@@ -176,17 +196,21 @@ def _bench_golden(model):
 
 
 def _measure(cfg, model, goldens, runs) -> dict:
-    """Run the model on every golden for the best simulated configuration (or the only one):
-    measuring a whole sweep would take minutes per configuration."""
+    """Run the model on every golden for the best simulated configuration (or the only one) —
+    of each proposer when comparing: measuring a whole sweep would take minutes per
+    configuration."""
     from kolibri_cli import golden_record, render
     from kolibri_cli.probe.measure import measure_run
-    from kolibri_cli.probe.simulate import best_run
+    from kolibri_cli.probe.report import run_key
+    from kolibri_cli.probe.simulate import best_per_proposer, best_run
 
     golden_record.check_model_matches(model, goldens, cfg.allow_model_mismatch)
-    run = best_run(runs)
-    with render.progress_bar(f"measuring {run.label} ") as bar:
-        measured = measure_run(model, goldens, run, lambda d, t: bar("", d, t))
-    return {(run.k, run.window): measured}
+    chosen = best_per_proposer(runs) if len(cfg.proposer) > 1 else [best_run(runs)]
+    measured = {}
+    for run in chosen:
+        with render.progress_bar(f"measuring {run.name} ") as bar:
+            measured[run_key(run)] = measure_run(model, goldens, run, lambda d, t: bar("", d, t))
+    return measured
 
 
 def _write_markdown(cfg, text: str) -> None:
@@ -211,6 +235,12 @@ def _command(cfg) -> str:
         args += ["--goldens", _rel(path)]
     args += ["--k", ",".join(map(str, cfg.k))]
     args += ["--window", ",".join(f"{lo}-{hi}" for lo, hi in cfg.window)]
+    if cfg.proposer != ["vllm"]:
+        args += ["--proposer", ",".join(cfg.proposer)]
+    if cfg.cross_request:
+        args.append("--cross-request")
+    if cfg.costs:
+        args += ["--costs", ",".join(f"{c:g}" for c in cfg.costs.values())]
     optional = {"--category": cfg.category and ",".join(cfg.category), "--limit": cfg.limit}
     optional["--max-tokens"] = cfg.max_tokens
     for flag, value in optional.items():

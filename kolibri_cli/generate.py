@@ -133,10 +133,24 @@ def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
         passes.append(VerifyPass(len(out), len(drafts), a))
         context[n_ctx + len(out) : n_ctx + len(out) + len(new)] = new
         out += new
+        proposer_s += _observe(proposer, context[: n_ctx + len(out)], len(drafts), a,
+                               final=out[-1] in eos or len(out) >= max_tokens, produced=len(new))
         on_tokens and on_tokens(new)
     return GenerationResult(list(prompt_ids), out, model.tokenizer.decode(out), prefill_s,
                             time.perf_counter() - t0, forward_passes=1 + len(passes),
                             mode="spec", passes=passes, proposer_s=proposer_s)
+
+
+def _observe(proposer, context, drafted: int, accepted: int, final: bool, produced: int) -> float:
+    """Tell a stateful proposer how the pass went — the same call the probe simulation makes —
+    and return the seconds it took (proposer time). On the final pass, drafts aimed past the last
+    token are not counted (GenerationResult.counted), exactly as in the simulation, which caps
+    drafts at the chain's end and so never proposes them."""
+    if not hasattr(proposer, "observe"):
+        return 0.0
+    t0, last = time.perf_counter(), produced - 1 if final else drafted
+    proposer.observe(context, min(drafted, last), min(accepted, last))
+    return time.perf_counter() - t0
 
 
 def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:

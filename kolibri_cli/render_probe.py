@@ -13,12 +13,17 @@ from rich.text import Text
 from kolibri_cli.atomic import atomic_path
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.probe.report import (
+    COMPARISON_COLUMNS,
+    MEASURED_COLUMNS,
+    category_cell,
+    comparison_cells,
     count_cells,
     fmt_pct,
     fmt_ratio,
+    run_key,
     sweep_grid,
 )
-from kolibri_cli.probe.simulate import Counts, SimRun, best_run
+from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
 from kolibri_cli.proposers import format_window
 
 SHORT_COLUMNS = ["plain", "passes", "ratio", "drafts", "acc.", "acc. %", "mean len"]
@@ -35,20 +40,52 @@ def render_probe(runs: list[SimRun], by_category: bool, measured: dict | None = 
     """The default terminal report: the sweep (if any), then the best run in detail."""
     console = console or Console()
     best = best_run(runs)
-    if len(runs) > 1:
-        console.print(sweep_table(runs, best))
-        console.print(f"best: [bold]{best.label}[/] — ratio {fmt_ratio(best.total.ratio)}\n")
+    compared = best_per_proposer(runs)
+    same = [r for r in runs if r.proposer == best.proposer]
+    if len(same) > 1:
+        console.print(sweep_table(same, best))
+        console.print(f"best: [bold]{best.name}[/] — ratio {fmt_ratio(best.total.ratio)}\n")
     console.print(goldens_table(best))
     if by_category:
         console.print(category_table(best))
     console.print(position_bars(best.total, best.label))
-    for (k, window), m in (measured or {}).items():
-        console.print(measured_table(m, f"k={k} window={format_window(window)}"))
+    if len(compared) > 1:
+        console.print(comparison_table(compared, measured or {}))
+        console.print(comparison_category_table(compared))
+    for (proposer, k, window), m in (measured or {}).items():
+        console.print(measured_table(m, f"{proposer} k={k} window={format_window(window)}"))
+
+
+def comparison_table(compared: list[SimRun], measured: dict) -> Table:
+    """The proposers side by side, each at its best configuration by modelled speedup."""
+    table = Table(title="proposers compared (each at its best configuration)",
+                  caption="modelled speedup = plain steps / sum c(1 + len(d)); c(n) from "
+                  "--costs or the default 1 + 0.06 (n - 1)")
+    found = [measured.get(run_key(r)) for r in compared]
+    for col in COMPARISON_COLUMNS + (MEASURED_COLUMNS if any(found) else []):
+        table.add_column(col, justify="left" if col == "proposer" else "right")
+    speeds = [r.modelled_speedup() or 0.0 for r in compared]
+    for run, m, speed in zip(compared, found, speeds, strict=True):
+        cells = comparison_cells(run, m) + (["not run", ""] if any(found) and m is None else [])
+        table.add_row(*cells, style="bold green" if speed == max(speeds) else None)
+    return table
+
+
+def comparison_category_table(compared: list[SimRun]) -> Table:
+    table = Table(title="per category: ratio · acceptance · mean acceptance length")
+    table.add_column("category", no_wrap=True)
+    for run in compared:
+        table.add_column(run.proposer, justify="right")
+    by_cat = [r.by_category() for r in compared]
+    for name in by_cat[0]:
+        cells = [category_cell(r, cats[name]) for r, cats in zip(compared, by_cat, strict=True)]
+        table.add_row(name, *cells)
+    return table
 
 
 def goldens_table(run: SimRun) -> Table:
     table = Table(
-        title=f"per golden ({run.proposer} {run.label})", caption=CAPTION, show_footer=True
+        title=f"per golden ({run.name})", caption=CAPTION, show_footer=True
     )
     table.add_column("golden", footer=f"total ({len(run.goldens)})", no_wrap=True)
     table.add_column("category", footer="")
@@ -138,7 +175,7 @@ def write_plot(path: Path, runs: list[SimRun]) -> None:
 
     best = best_run(runs)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    _plot_sweep(left, runs)
+    _plot_sweep(left, [r for r in runs if r.proposer == best.proposer])
     _plot_positions(right, best)
     fig.tight_layout()
     with atomic_path(path) as tmp:

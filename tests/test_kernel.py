@@ -226,6 +226,21 @@ def test_matmul_rows_independent_of_call_size():
             assert np.array_equal(out, alone[s:s + n])
 
 
+def test_register_tiles_round_alike():
+    """1-, 2- and 3-token tiles give bitwise equal dots (relies on no loop interleaving)."""
+    rng = np.random.default_rng(19)
+    for k_dim in (576, 1536, 40, 7):
+        x, w = rand(rng, 3, k_dim), rand(rng, 16, k_dim)
+        outs = [np.zeros((3, 16), np.float32) for _ in range(3)]
+        for j in range(3):
+            kernel._tile1(x, j, w, 0, 2, outs[0])
+        kernel._tile2(x, 0, w, 0, 2, outs[1])
+        kernel._tile1(x, 2, w, 0, 2, outs[1])
+        kernel._tile3(x, 0, w, 0, 2, outs[2])
+        assert outs[0][:, ::2].any()
+        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
 def test_rollback_then_continue_equals_plain():
     """A rejected draft leaves stale K/V past `length`; overwriting them gives plain logits."""
     model = Transformer(TINY, random_weights(TINY, seed=13, scale=0.2))
@@ -333,3 +348,16 @@ def test_greedy_ids_match_transformers():
     while len(ids) < 32:
         ids.append(int(model.forward(ids[-1:], len(prompt) + len(ids) - 1, cache)[0].argmax()))
     assert ids == hf_ids
+
+
+# ---------------------------------------------------------------- bench helpers (no timed asserts)
+
+
+def test_bench_helpers_shapes():
+    from kolibri_cli import bench
+
+    model = Transformer(TINY, random_weights(TINY))
+    assert bench.measure_read_bandwidth(nbytes=1 << 20, repeats=2) > 0
+    assert bench.time_forward(model, 3, context_len=10, repeats=2) > 0
+    c = bench.verify_costs(model, 4, context_len=10, repeats=2)
+    assert sorted(c) == [1, 2, 3, 4] and c[1] == 1.0

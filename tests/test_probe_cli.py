@@ -37,12 +37,12 @@ def test_json_schema_and_values(goldens):
     result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"schema_version", "config", "best", "runs"}
+    assert set(doc) == {"schema_version", "config", "best", "comparison", "runs"}
     assert doc["config"]["k"] == [3] and doc["config"]["window"] == ["1-2"]
-    assert doc["best"] == {"k": 3, "window": [1, 2], "ratio": 1.8}
+    assert doc["best"] == {"proposer": "vllm", "k": 3, "window": [1, 2], "ratio": 1.8}
     (r,) = doc["runs"]
     head = (r["proposer"], r["k"], r["window"], r["best"], r["measured"])
-    assert head == ("ngram", 3, [1, 2], True, None)
+    assert head == ("vllm", 3, [1, 2], True, None)
     assert r["total"] == {
         "plain_steps": 9, "verify_passes": 5, "ratio": 1.8, "drafts_proposed": 6,
         "drafts_accepted": 4, "passes_with_drafts": 3, "acceptance_rate": 4 / 6,
@@ -81,10 +81,10 @@ def test_gates(goldens):
               "--min-acceptance", "0.5", "--json")  # fmt: skip
     assert bad.exit_code == 1
     assert json.loads(bad.stdout)["runs"][0]["total"]["ratio"] == 1.8  # the report still prints
-    assert bad.stderr == "error: gate failed: ratio 1.800 < min-ratio 2 (k=3 window=1-2)\n"
+    assert bad.stderr == "error: gate failed: ratio 1.800 < min-ratio 2 (vllm k=3 window=1-2)\n"
     low = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-acceptance", "0.7")
     assert low.exit_code == 1
-    assert "acceptance rate 0.667 < min-acceptance 0.7 (k=3 window=1-2)" in low.stderr
+    assert "acceptance rate 0.667 < min-acceptance 0.7 (vllm k=3 window=1-2)" in low.stderr
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,8 @@ def test_measured_section_and_speedup_gate(goldens):
     run_ = simulate(load_goldens(goldens), 3, (1, 2))
     one = MeasuredGolden("mix", 20.0, 30.0, 1.5, 1.65, True, None, True, 3, 5, 4)
     measured = {
-        (3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0, 4: 1.2}, 1e-5, True, True, [one])
+        ("vllm", 3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0, 4: 1.2}, 1e-5, True, True,
+                                      [one])
     }
     doc = build_report(ProbeConfig(goldens=[goldens]), [run_], measured)
     m = doc["runs"][0]["measured"]
@@ -203,8 +204,8 @@ def test_measured_section_and_speedup_gate(goldens):
     assert m["goldens"][0]["first_divergence"] is None and m["goldens"][0]["speedup"] == 1.5
     assert check_gates([run_], min_speedup=1.2, measured=measured) == []
     assert check_gates([run_], min_speedup=1.5, measured=measured) == [
-        "measured speedup 1.300 < min-speedup 1.5 (k=3 window=1-2)"
+        "measured speedup 1.300 < min-speedup 1.5 (vllm k=3 window=1-2)"
     ]
     assert check_gates([run_], min_speedup=1.0) == [
-        "measured speedup n/a < min-speedup 1 (k=3 window=1-2)"
+        "measured speedup n/a < min-speedup 1 (vllm k=3 window=1-2)"
     ]

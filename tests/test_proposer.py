@@ -88,12 +88,12 @@ def test_accepts_lists_and_int_arrays():
 
 
 def test_describe_and_protocol():
-    proposer = make_proposer("ngram", 5, (1, 4))
+    proposer = make_proposer("ngram", 5, (1, 4))  # "ngram" is an alias of "vllm"
     assert isinstance(proposer, Proposer)
-    assert proposer.name == "ngram"
-    assert proposer.describe() == "ngram k=5 window=1-4"
-    with pytest.raises(KolibriError, match="unknown proposer 'suffix'"):
-        make_proposer("suffix", 5, (1, 4))
+    assert proposer.name == "vllm"
+    assert proposer.describe() == "vllm k=5 window=1-4"
+    with pytest.raises(KolibriError, match="unknown proposer 'eagle'"):
+        make_proposer("eagle", 5, (1, 4))
 
 
 @settings(max_examples=600, deadline=None)

@@ -15,7 +15,7 @@ from kolibri_cli.goldens import Golden, find_golden_files, load_goldens
 from kolibri_cli.proposers import (
     DEFAULT_K,
     DEFAULT_WINDOW,
-    PROPOSERS,
+    canonical_proposer,
     format_window,
     parse_k_list,
     parse_window_list,
@@ -32,7 +32,9 @@ class ProbeConfig:
     goldens: list[Path] = field(default_factory=list)  # files or folders (*.jsonl under them)
     k: list[int] = field(default_factory=lambda: [DEFAULT_K])  # one value, or a sweep
     window: list[tuple[int, int]] = field(default_factory=lambda: [DEFAULT_WINDOW])
-    proposer: str = "ngram"
+    proposer: list[str] = field(default_factory=lambda: ["vllm"])  # several = a comparison
+    cross_request: bool = False  # suffix: also a global tree over earlier goldens' outputs
+    costs: dict[int, float] | None = None  # c(n) for n = 1, 2, ... (adaptive; modelled speedup)
     category: list[str] | None = None  # keep only goldens of these categories
     limit: int | None = None  # at most this many goldens (after the category filter)
     max_tokens: int | None = None  # simulate only the first N output ids of each golden
@@ -55,7 +57,10 @@ class ProbeConfig:
         return {
             "source": _str_or_none(self.source),
             "goldens": [str(p) for p in self.goldens],
-            "proposer": self.proposer,
+            "proposer": self.proposer[0],
+            "proposers": self.proposer,
+            "cross_request": self.cross_request,
+            "costs": None if self.costs is None else {str(n): c for n, c in self.costs.items()},
             "k": self.k,
             "window": [format_window(w) for w in self.window],
             "category": self.category,
@@ -122,9 +127,10 @@ def _parse(key: str, value):
     if key == "window":
         return parse_window_list(value)
     if key == "proposer":
-        if value not in PROPOSERS:
-            raise KolibriError(f"unknown proposer {value!r}; available: {', '.join(PROPOSERS)}")
-        return value
+        items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
+        return list(dict.fromkeys(canonical_proposer(p.strip()) for p in items))
+    if key == "costs":
+        return _costs(value)
     if key == "category":
         items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
         return [c.strip() for c in items if c.strip()]
@@ -156,6 +162,20 @@ def select_goldens(config: ProbeConfig) -> list[Golden]:
             dataclasses.replace(g, output_ids=g.output_ids[: config.max_tokens]) for g in goldens
         ]
     return goldens
+
+
+def _costs(value) -> dict[int, float]:
+    """"1,1.05,1.1" or [1, 1.05, 1.1] -> {1: 1.0, 2: 1.05, 3: 1.1}: c(n) for n = 1, 2, ..."""
+    items = value.split(",") if isinstance(value, str) else _as_list(value, "costs", int | float)
+    try:
+        costs = [float(item) for item in items]
+    except ValueError:
+        costs = []
+    if not costs or any(c <= 0 for c in costs):
+        raise KolibriError(
+            f"costs must be positive numbers c(1),c(2),... (e.g. 1,1.05,1.1), got {value!r}"
+        )
+    return {n: c for n, c in enumerate(costs, start=1)}
 
 
 def _positive_int(value, key: str) -> int:

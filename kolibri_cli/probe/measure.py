@@ -4,7 +4,10 @@ measurement beside the simulation and the cost model's prediction.
 Per golden: spec ids must equal plain ids (the lossless law); the model's plain chain is compared
 with the golden (first divergent index); the real spec run's counts must equal the simulation's
 over that chain; c(n) is measured at the golden's context length and turned into a predicted
-speedup from the simulated draft lengths. Non-goals: rendering (report.py, render_probe.py).
+speedup from the simulated draft lengths. Like the simulation, one proposer instance serves
+every golden in order (two: one for the real spec runs, one for the simulation over the model's
+own plain chains), so stateful proposers see the same history in both.
+Non-goals: rendering (report.py, render_probe.py).
 """
 
 from collections.abc import Callable
@@ -14,7 +17,6 @@ from kolibri_cli.generate import GenerationResult, generate_plain, generate_spec
 from kolibri_cli.goldens import Golden
 from kolibri_cli.probe.report import Measured, MeasuredGolden
 from kolibri_cli.probe.simulate import SimRun, predicted_speedup, simulate_chain, spec_time
-from kolibri_cli.proposers import make_proposer
 
 Step = Callable[[int, int], None]  # (done, total)
 COST_REPEATS = 3
@@ -32,13 +34,16 @@ def _step_s(plain: GenerationResult) -> float:
     return plain.decode_s / max(plain.new_tokens - 1, 1)
 
 
-def measure_golden(model, golden: Golden, sim_counts, run: SimRun) -> tuple[MeasuredGolden, dict]:
+def measure_golden(model, golden: Golden, sim_counts, run: SimRun,
+                   proposers: tuple | None = None) -> tuple[MeasuredGolden, dict]:
+    """`proposers` = (for the spec run, for the simulation over the plain chain); fresh ones by
+    default."""
     n = len(golden.output_ids)
-    proposer = make_proposer(run.proposer, run.k, run.window)
+    spec_proposer, sim_proposer = proposers or (run.new_proposer(), run.new_proposer())
     plain = generate_plain(model, golden.prompt_ids, n)
-    spec = generate_spec(model, golden.prompt_ids, n, proposer)
+    spec = generate_spec(model, golden.prompt_ids, n, spec_proposer)
     stats = spec.spec_stats()
-    own = simulate_chain(golden.prompt_ids, plain.output_ids, proposer, run.k)
+    own = simulate_chain(golden.prompt_ids, plain.output_ids, sim_proposer, run.k)
     context = len(golden.prompt_ids) + n // 2  # c(n) at the golden's (mid-chain) context length
     rel = verify_costs(model.transformer, run.k + 1, context, COST_REPEATS)
     costs = {m: c * _step_s(plain) for m, c in rel.items()}  # seconds per m-token forward
@@ -68,10 +73,11 @@ def measure_golden(model, golden: Golden, sim_counts, run: SimRun) -> tuple[Meas
 
 
 def measure_run(model, goldens: list[Golden], run: SimRun, step: Step | None = None) -> Measured:
-    """Measure one (k, window) configuration over every golden; overall figures are sums."""
+    """Measure one configuration over every golden; overall figures are sums."""
     per, totals = [], []
+    proposers = (run.new_proposer(), run.new_proposer())
     for i, (golden, sim) in enumerate(zip(goldens, run.goldens, strict=True)):
-        m, t = measure_golden(model, golden, sim.counts, run)
+        m, t = measure_golden(model, golden, sim.counts, run, proposers)
         per.append(m)
         totals.append(t)
         if step:

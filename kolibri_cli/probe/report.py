@@ -9,11 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kolibri_cli.probe.config import ProbeConfig
-from kolibri_cli.probe.simulate import Counts, SimRun, best_run
-from kolibri_cli.proposers import format_window
+from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
+from kolibri_cli.proposers import DEFAULT_COST_SLOPE, format_window
 
 SCHEMA_VERSION = 1
-RunKey = tuple[int, tuple[int, int]]  # (k, window)
+RunKey = tuple[str, int, tuple[int, int]]  # (proposer, k, window)
+
+
+def run_key(run: SimRun) -> RunKey:
+    return run.proposer, run.k, run.window
 
 
 @dataclass
@@ -93,6 +97,7 @@ def run_json(run: SimRun, best: bool, measured: Measured | None) -> dict:
         "window": list(run.window),
         "best": best,
         "total": counts_json(run.total),
+        "modelled_speedup": run.modelled_speedup(),
         "categories": {name: counts_json(c) for name, c in run.by_category().items()},
         "goldens": [
             {"id": g.id, "category": g.category, **counts_json(g.counts, per_pass=True)}
@@ -111,8 +116,26 @@ def build_report(
     return {
         "schema_version": SCHEMA_VERSION,
         "config": config.to_json(),
-        "best": {"k": best.k, "window": list(best.window), "ratio": best.total.ratio},
-        "runs": [run_json(r, r is best, measured.get((r.k, r.window))) for r in runs],
+        "best": {"proposer": best.proposer, "k": best.k, "window": list(best.window),
+                 "ratio": best.total.ratio},
+        "comparison": [comparison_json(r, measured.get(run_key(r)))
+                       for r in best_per_proposer(runs)],
+        "runs": [run_json(r, r is best, measured.get(run_key(r))) for r in runs],
+    }
+
+
+def comparison_json(run: SimRun, measured: Measured | None) -> dict:
+    """One proposer at its best configuration (by modelled speedup): overall and per category."""
+
+    def figures(c: Counts) -> dict:
+        return {"ratio": c.ratio, "acceptance_rate": c.acceptance_rate,
+                "mean_acceptance_length": c.mean_acceptance_length,
+                "modelled_speedup": run.modelled_speedup(c)}
+
+    return {
+        "proposer": run.proposer, "k": run.k, "window": list(run.window), **figures(run.total),
+        "categories": {name: figures(c) for name, c in run.by_category().items()},
+        "measured_speedup": None if measured is None else measured.speedup,
     }
 
 
@@ -131,7 +154,7 @@ def check_gates(
     Every run must pass every gate (a sweep gates each configuration)."""
     failures = []
     for run in runs:
-        m = (measured or {}).get((run.k, run.window))
+        m = (measured or {}).get(run_key(run))
         figures = [
             ("ratio", run.total.ratio, min_ratio, "min-ratio"),
             ("acceptance rate", run.total.acceptance_rate, min_acceptance, "min-acceptance"),
@@ -140,7 +163,7 @@ def check_gates(
         for name, value, threshold, option in figures:
             if threshold is not None and (value is None or value < threshold):
                 shown = "n/a" if value is None else f"{value:.3f}"
-                failures.append(f"{name} {shown} < {option} {threshold:g} ({run.label})")
+                failures.append(f"{name} {shown} < {option} {threshold:g} ({run.name})")
     return failures
 
 
@@ -197,19 +220,24 @@ def render_markdown(
         f"{n_goldens} golden chain(s) from {', '.join(str(p) for p in config.goldens)}; "
         f"proposer `{best.proposer}`; counts are exact for greedy decoding (docs/probe.md).\n",
     ]
-    if len(runs) > 1:
-        parts.append(_md_sweep(runs, best))
+    compared = best_per_proposer(runs)
+    if len(compared) > 1:
+        parts.append(md_comparison(compared, measured))
+    same = [r for r in runs if r.proposer == best.proposer]
+    if len(same) > 1:
+        parts.append(_md_sweep(same, best))
     parts += [
-        _md_counts_table(f"Totals ({best.label})", [("all", best.total)], "goldens"),
+        _md_counts_table(f"Totals ({best.name})", [("all", best.total)], "goldens"),
         _md_positions(best.total),
         _md_counts_table("Per category", list(best.by_category().items()), "category"),
         _md_counts_table(
             "Per golden", [(f"{g.id} ({g.category})", g.counts) for g in best.goldens], "golden"
         ),
     ]
-    m = (measured or {}).get((best.k, best.window))
-    if m is not None:
-        parts.append(_md_measured(m))
+    for run in compared if len(compared) > 1 else [best]:
+        m = (measured or {}).get(run_key(run))
+        if m is not None:
+            parts.append(_md_measured(m, run.name))
     if plot is not None:
         parts.append(f"![sweep and per-position acceptance]({plot})\n")
     return "\n".join(parts)
@@ -255,7 +283,52 @@ def _md_positions(c: Counts) -> str:
     )
 
 
-def _md_measured(m: Measured) -> str:
+COMPARISON_COLUMNS = ["proposer", "k", "window", "ratio", "acceptance", "mean acc. len",
+                      "modelled speedup"]
+
+
+def comparison_cells(run: SimRun, measured: Measured | None = None) -> list[str]:
+    """One proposer's COMPARISON_COLUMNS cells (terminal and Markdown share them), plus the
+    measured speedup and the prediction for it when the run was measured."""
+    c = run.total
+    cells = [run.proposer, str(run.k), format_window(run.window), fmt_ratio(c.ratio),
+             fmt_pct(c.acceptance_rate), fmt_num(c.mean_acceptance_length),
+             fmt_ratio(run.modelled_speedup())]
+    if measured is not None:
+        cells += [fmt_ratio(measured.speedup), fmt_ratio(measured.predicted_speedup)]
+    return cells
+
+
+MEASURED_COLUMNS = ["measured speedup", "predicted (measured c(n))"]
+
+
+def category_cell(run: SimRun, c: Counts) -> str:
+    """ratio · acceptance · mean acceptance length of one proposer on one category."""
+    return (f"{fmt_ratio(c.ratio)} · {fmt_pct(c.acceptance_rate)} · "
+            f"{fmt_num(c.mean_acceptance_length)}")
+
+
+def md_comparison(compared: list[SimRun], measured: dict[RunKey, Measured] | None) -> str:
+    """The proposers side by side, each at its best configuration, overall and per category."""
+    found = [(measured or {}).get(run_key(r)) for r in compared]
+    header = COMPARISON_COLUMNS + (MEASURED_COLUMNS if any(found) else [])
+    rows = [comparison_cells(r, m) + (["not run", ""] if any(found) and m is None else [])
+            for r, m in zip(compared, found, strict=True)]
+    by_cat = [r.by_category() for r in compared]
+    cat_rows = [[name, *(category_cell(r, cats[name]) for r, cats in zip(compared, by_cat,
+                                                                           strict=True))]
+                for name in by_cat[0]]
+    return ("## Proposers compared\n\nEach proposer at its best configuration by modelled "
+            "speedup = plain_steps / sum of c(1 + len(d)), with c(n) from `--costs` or the "
+            f"default model c(n) = 1 + {DEFAULT_COST_SLOPE:g} (n - 1); proposer time not "
+            "included. `hf` follows the same rule as `vllm` (longest n, leftmost occurrence): "
+            "only its defaults differ (k 10, window 1-2).\n\n"
+            + _md_table(header, rows) + "\n"
+            + "Per category: ratio · acceptance · mean acceptance length.\n\n"
+            + _md_table(["category", *(r.proposer for r in compared)], cat_rows))
+
+
+def _md_measured(m: Measured, name: str = "") -> str:
     rows = [
         ["plain tok/s", fmt_num(m.plain_tokens_per_s)],
         ["spec tok/s", fmt_num(m.spec_tokens_per_s)],
@@ -274,5 +347,6 @@ def _md_measured(m: Measured) -> str:
            for g in m.goldens]
     header = ["golden", "plain tok/s", "spec tok/s", "speedup", "predicted", "spec == plain",
               "counts == sim", "model vs golden"]
-    return ("## Measured\n\n" + _md_table(["figure", "value"], rows) + "\n\n"
+    title = f"## Measured ({name})" if name else "## Measured"
+    return (title + "\n\n" + _md_table(["figure", "value"], rows) + "\n\n"
             + _md_table(header, per))

@@ -1,4 +1,4 @@
-"""The exact acceptance simulation of n-gram speculation over golden chains, and the cost model.
+"""The exact acceptance simulation of speculation over golden chains, and the cost model.
 
 Greedy acceptance is exact: a draft token is accepted iff it equals the model's argmax, and the
 model's greedy chain IS the golden. So replaying the proposer over the golden gives the real spec
@@ -13,6 +13,9 @@ g1 from prefill, plain_steps = N - 1 and
         one verify pass; drafted_at[i] += 1 for i < len(d); accepted_at[i] += 1 for i < a
         pos += a + 1
 
+A stateful proposer is also told each pass's outcome, `observe(P + G[:pos], len(d), a)` with
+pos already advanced, exactly as the speculative generator tells it; one proposer instance serves
+every golden of a run, in file order (so `suffix --cross-request` sees earlier goldens' outputs).
 Non-goals: running the model, timing (the measured probe does that), rendering.
 """
 
@@ -22,7 +25,7 @@ import numpy as np
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens import Golden
-from kolibri_cli.proposers import Proposer, format_window, make_proposer
+from kolibri_cli.proposers import Proposer, cost_model, format_window, make_proposer
 
 
 @dataclass
@@ -88,15 +91,34 @@ class GoldenSim:
 class SimRun:
     """One configuration (proposer, k, window) simulated over every golden."""
 
-    proposer: str  # proposer name, e.g. "ngram"
+    proposer: str  # canonical proposer name, e.g. "vllm"
     k: int
     window: tuple[int, int]  # (min, max) n-gram length
     goldens: list[GoldenSim]
     total: Counts  # summed over goldens: ratio = sum plain_steps / sum verify_passes
+    costs: dict[int, float] | None = None  # forward costs the run was simulated with (adaptive)
+    cross_request: bool = False  # suffix: global tree over earlier goldens' outputs
 
     @property
     def label(self) -> str:
         return f"k={self.k} window={format_window(self.window)}"
+
+    @property
+    def name(self) -> str:
+        """The proposer and its configuration, e.g. "vllm k=5 window=1-4"."""
+        return f"{self.proposer} {self.label}"
+
+    def new_proposer(self) -> Proposer:
+        """A fresh proposer configured like the one this run simulated."""
+        return make_proposer(self.proposer, self.k, self.window, self.costs, self.cross_request)
+
+    def modelled_speedup(self, counts: Counts | None = None) -> float | None:
+        """The cost model's speedup for `counts` (default: the total) with the run's costs, or
+        the default c(n) model (proposers.cost_model) when none were measured; proposer time 0."""
+        counts = counts or self.total
+        c = cost_model(self.costs)
+        relative = {n: c(n) for n in range(1, max(counts.draft_lengths, default=0) + 2)}
+        return predicted_speedup(counts.plain_steps, counts.draft_lengths, relative, 0.0)
 
     def by_category(self) -> dict[str, Counts]:
         """Counts summed per golden category, in order of first appearance."""
@@ -112,39 +134,62 @@ def simulate_chain(prompt_ids, output_ids, proposer: Proposer, k: int) -> Counts
     golden = context[len(prompt_ids) :]  # [N] G, a view
     n = len(golden)
     counts = Counts(plain_steps=n - 1, drafted_at=[0] * k, accepted_at=[0] * k)
+    observe = getattr(proposer, "observe", None)
     pos = 1
     while pos < n:
         budget = min(k, n - pos - 1)
-        draft = proposer.propose(context[: len(prompt_ids) + pos], budget) if budget else []
+        # propose even when budget = 0 (it returns []): the generator does, and stateful
+        # proposers must see the same calls in both
+        draft = proposer.propose(context[: len(prompt_ids) + pos], budget)[:budget]
         accepted = _accepted_prefix(draft, golden[pos : pos + len(draft)])
         counts.record_pass(len(draft), accepted)
         pos += accepted + 1
+        if observe is not None:
+            observe(context[: len(prompt_ids) + pos], len(draft), accepted)
     return counts
 
 
 def simulate(
-    goldens: list[Golden], k: int, window: tuple[int, int], proposer: str = "ngram"
+    goldens: list[Golden], k: int, window: tuple[int, int], proposer: str = "vllm",
+    costs: dict[int, float] | None = None, cross_request: bool = False,
 ) -> SimRun:
-    """Simulate one configuration over every golden."""
-    drafter = make_proposer(proposer, k, window)
+    """Simulate one configuration over every golden, with one proposer instance, in order."""
+    drafter = make_proposer(proposer, k, window, costs, cross_request)
     sims = [
         GoldenSim(g.id, g.category, simulate_chain(g.prompt_ids, g.output_ids, drafter, k))
         for g in goldens
     ]
     total = merge_counts([s.counts for s in sims], k)
-    return SimRun(proposer=proposer, k=k, window=window, goldens=sims, total=total)
+    return SimRun(proposer=drafter.name, k=k, window=window, goldens=sims, total=total,
+                  costs=costs, cross_request=cross_request)
 
 
 def sweep(
-    goldens: list[Golden], ks: list[int], windows: list[tuple[int, int]], proposer: str = "ngram"
+    goldens: list[Golden], ks: list[int], windows: list[tuple[int, int]],
+    proposers: str | list[str] = "vllm", costs: dict[int, float] | None = None,
+    cross_request: bool = False,
 ) -> list[SimRun]:
-    """Every (k, window) pair, k-major: [(k1, w1), (k1, w2), ..., (k2, w1), ...]."""
-    return [simulate(goldens, k, window, proposer) for k in ks for window in windows]
+    """Every (proposer, k, window), proposer-major then k-major:
+    [(p1, k1, w1), (p1, k1, w2), ..., (p1, k2, w1), ..., (p2, k1, w1), ...]."""
+    names = [proposers] if isinstance(proposers, str) else proposers
+    return [
+        simulate(goldens, k, window, name, costs, cross_request)
+        for name in names for k in ks for window in windows
+    ]
 
 
 def best_run(runs: list[SimRun]) -> SimRun:
     """The run with the highest total ratio; ties go to the earlier run (smaller k first)."""
     return max(runs, key=lambda run: run.total.ratio or 0.0)
+
+
+def best_per_proposer(runs: list[SimRun]) -> list[SimRun]:
+    """Each proposer's run with the highest modelled speedup (ties: the earlier run), in the order
+    the proposers were given. The ratio alone would always favour the longest drafts."""
+    groups: dict[str, list[SimRun]] = {}
+    for run in runs:
+        groups.setdefault(run.proposer, []).append(run)
+    return [max(group, key=lambda r: r.modelled_speedup() or 0.0) for group in groups.values()]
 
 
 SUMMED = ("plain_steps", "verify_passes", "drafts_proposed", "drafts_accepted")

@@ -1,0 +1,326 @@
+"""The proposer zoo (issue 6): each rule on hand-built sequences, the suffix trie's counts, the
+adaptive proposer's cost-aware choice, the lossless law for every proposer, and stateful
+proposers seeing the same history in a real run as in the simulation."""
+
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from kolibri_cli.cli import app
+from kolibri_cli.config import ModelConfig
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.generate import generate_plain, generate_spec
+from kolibri_cli.kernel import Transformer
+from kolibri_cli.probe.simulate import simulate_chain
+from kolibri_cli.proposers import (
+    AdaptiveProposer,
+    HfProposer,
+    LlamaCppSimpleProposer,
+    NgramProposer,
+    Observer,
+    Proposer,
+    SuffixProposer,
+    canonical_proposer,
+    cost_model,
+    make_proposer,
+)
+from kolibri_cli.suffix_tree import SuffixTrie
+from kolibri_cli.weights import random_weights
+
+# ---- hf: transformers' prompt lookup --------------------------------------------------------
+
+
+def test_hf_first_match_of_the_longest_n():
+    context = [7, 8, 1, 2, 7, 8, 3, 4, 7, 8]
+    assert HfProposer(2, 1, 2).propose(context, 10) == [1, 2]  # leftmost [7, 8]
+    # no earlier [2, 3]: falls back to n = 1, first [3] at 0 -> what follows it
+    assert HfProposer(5, 1, 2).propose([3, 1, 2, 3], 10) == [1, 2, 3]
+    assert HfProposer(5, 2, 2).propose([3, 1, 2, 3], 10) == []  # window min 2: nothing
+    assert HfProposer(5, 1, 2).propose([3, 1, 2, 3], 2) == [1, 2]  # the budget cuts
+    assert HfProposer(5, 1, 2).propose([1, 1, 1], 10) == [1]  # overlap with the suffix is fine
+    assert HfProposer(5, 1, 2).propose([4], 10) == []
+
+
+def test_hf_equals_vllm_at_equal_settings():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        context = rng.integers(0, 4, size=int(rng.integers(1, 40))).tolist()
+        assert HfProposer(4, 1, 3).propose(context, 4) == NgramProposer(4, 1, 3).propose(context, 4)
+
+
+# ---- llamacpp-simple -------------------------------------------------------------------------
+
+
+def test_llamacpp_most_recent_occurrence():
+    context = [7, 8, 1, 2, 7, 8, 3, 4, 5, 6, 7, 8]
+    assert LlamaCppSimpleProposer(2, 2, 2).propose(context, 10) == [3, 4]  # newest [7, 8]
+    assert NgramProposer(2, 2, 2).propose(context, 10) == [1, 2]  # vLLM: the oldest
+
+
+def test_llamacpp_upstream_edge_rules():
+    # history [1]*6 + sampled 1: the occurrence ending right before the pattern is skipped, and
+    # the copy stops at the history's end (never copies the sampled token)
+    assert LlamaCppSimpleProposer(2, 1, 1).propose([1] * 7, 10) == [1]
+    assert LlamaCppSimpleProposer(2, 1, 1).propose([1, 2, 1], 10) == []  # needs T-1 > n+m+1
+    # position 0 is "no match" upstream: the 9 at index 0 is never found
+    assert LlamaCppSimpleProposer(1, 1, 1).propose([9, 5, 6, 7, 8, 9], 10) == []
+    assert NgramProposer(1, 1, 1).propose([9, 5, 6, 7, 8, 9], 10) == [5]
+    # a match whose copy would be shorter than n gives nothing
+    assert LlamaCppSimpleProposer(2, 2, 2).propose([1, 2, 3, 4, 5, 6, 7, 8, 7, 8], 10) == []
+
+
+# ---- suffix ----------------------------------------------------------------------------------
+
+
+def test_suffix_trie_counts_and_depth():
+    trie = SuffixTrie(24)
+    trie.extend(0, [1, 2, 1, 2, 3])
+    assert trie.root.count == 5
+    assert trie.match([1, 2]).count == 2 and trie.match([2]).count == 2
+    assert trie.match([1, 2, 3]).count == 1 and trie.match([3, 1]) is None
+    shallow = SuffixTrie(2)
+    shallow.extend(0, [1, 2, 3])
+    assert shallow.match([1, 2]).count == 1 and shallow.match([1, 2, 3]) is None
+
+
+def test_suffix_speculate_score_and_match_length():
+    trie = SuffixTrie(24)
+    seq = [1, 2, 3, 1, 2, 4, 1, 2]
+    trie.extend(0, seq)
+    # [2] and [1, 2] occur 3 times (the last one is the tail itself): children 3 and 4 once
+    # each -> 1/3. match 1 allows 1 token ([3], score 1/3); match 2 allows 2 ([3, 1], 2/3);
+    # longer matches are the tail only: score 0.
+    draft = trie.speculate(seq, 5)
+    assert (draft.token_ids, draft.match_len) == ([3, 1], 2)
+    assert draft.probs == pytest.approx([1 / 3, 1 / 3]) and draft.score == pytest.approx(2 / 3)
+    assert trie.speculate(seq, 5, min_token_prob=0.5).token_ids == []
+    assert trie.speculate(seq, 5, max_spec_factor=0.5).token_ids == [3]  # cap = int(0.5 * 2)
+    assert SuffixProposer(5).propose(seq, 10) == [3, 1]
+    assert SuffixProposer(5).propose(seq, 1) == [3]
+
+
+def chain_golden_pair():
+    return ([10, 11], [20, 21, 22, 23]), ([12], [20, 21, 22, 23])
+
+
+def test_suffix_cross_request_uses_earlier_outputs():
+    (pa, ga), (pb, gb) = chain_golden_pair()
+    for cross, passes in ((False, 3), (True, 2)):
+        proposer = SuffixProposer(3, cross_request=cross)
+        simulate_chain(pa, ga, proposer, 3)
+        counts = simulate_chain(pb, gb, proposer, 3)
+        # cross: [20] occurred in A's output (followed by 21) and now: P(21) = 1/2 -> drafted
+        assert counts.verify_passes == passes
+        assert counts.drafts_accepted == (1 if cross else 0)
+
+
+# ---- adaptive --------------------------------------------------------------------------------
+
+
+def test_cost_model_default_and_measured():
+    assert cost_model(None)(6) == pytest.approx(1.30)
+    c = cost_model({1: 0.02, 2: 0.022, 3: 0.024})  # seconds: relative 1, 1.1, 1.2
+    assert [c(n) for n in (1, 2, 3, 5)] == pytest.approx([1.0, 1.1, 1.2, 1.4])
+    with pytest.raises(KolibriError, match="c\\(1\\)"):
+        cost_model({2: 1.1})
+
+
+def test_adaptive_drafts_the_length_worth_its_cost():
+    context = [1, 2, 3, 4, 5, 6, 1]
+    # prior 1/2 per position: expected tokens 1.5, 1.75, 1.875, 1.9375 for L = 1..4 over
+    # c = 1.06, 1.12, 1.18, 1.24 -> L = 3 is the best (1.589 per unit of cost)
+    assert AdaptiveProposer(5, 1, 4).propose(context, 10) == [2, 3, 4]
+    assert AdaptiveProposer(5, 1, 4).propose(context, 2) == [2, 3]  # the budget still cuts
+    # verify twice as dear as a step: no draft pays (1.5 / 2 < 1)
+    assert AdaptiveProposer(5, 1, 4, costs={1: 1.0, 2: 2.0}).propose(context, 10) == []
+
+
+def test_adaptive_stops_drafting_and_retests():
+    context = [1, 2, 3, 4, 5, 6, 1]
+    proposer = AdaptiveProposer(5, 1, 4, costs={1: 1.0, 2: 1.2})  # c(2) = 1.2, c(3) = 1.4
+    drafted = []
+    for _ in range(14):
+        draft = proposer.propose(context, 10)
+        drafted.append(len(draft))
+        proposer.observe(context, len(draft), 0)  # always rejected
+    # evidence after t rejections, decayed by 0.9: 1, 1.9, 2.71, 3.439 -> p0 = 1 / (w + 2)
+    # drops below 0.2 (1 + p0 < c(2)) after 4; the 9th skipped match re-tests one token
+    assert drafted == [1, 1, 1, 1] + [0] * 8 + [1, 0]
+    assert proposer._tried[1, 0] == pytest.approx(0.9 * 3.439 + 1)
+    assert proposer._tried[1, 1] == 0  # never tested past a rejection
+
+
+def test_adaptive_observe_counts_up_to_the_first_rejection():
+    proposer = AdaptiveProposer(5, 1, 4)
+    proposer.propose([1, 2, 3, 4, 5, 6, 1], 10)
+    proposer.observe([1, 2, 3, 4, 5, 6, 1, 2, 9], 5, 1)
+    assert proposer._tried[1].tolist() == [1, 1, 0, 0, 0]
+    assert proposer._accepted[1].tolist() == [1, 0, 0, 0, 0]
+    assert proposer.acceptance(1).tolist() == pytest.approx([2 / 3, 1 / 3, 0.5, 0.5, 0.5])
+
+
+# ---- names -----------------------------------------------------------------------------------
+
+
+def test_names_aliases_and_protocols():
+    assert canonical_proposer("ngram") == "vllm"
+    for name in ("vllm", "hf", "llamacpp-simple", "suffix", "adaptive"):
+        proposer = make_proposer(name, 5, (1, 4))
+        assert isinstance(proposer, Proposer) and proposer.name == name
+        assert isinstance(proposer, Observer) == (name in ("suffix", "adaptive"))
+        assert proposer.describe().startswith(name)
+    assert make_proposer("suffix", 5, (1, 4), cross_request=True).cross_request
+    with pytest.raises(KolibriError, match="unknown proposer 'eagle'; available: vllm, hf"):
+        make_proposer("eagle", 5, (1, 4))
+
+
+# ---- the lossless law and simulation == real run, on tiny random models ---------------------
+
+TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0,
+                   max_position_embeddings=512, eos_token_ids=(0,))
+
+
+class _Tok:
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def tiny_model(seed: int, eos=(0,), tied: bool = False, scale: float = 0.3):
+    # copied from tests/test_generate.py: tied + small scale copies its input (drafts accepted)
+    config = replace(TINY, tie_word_embeddings=tied)
+    tf = Transformer(config, random_weights(config, seed=seed, scale=scale))
+    return SimpleNamespace(transformer=tf, eos_ids=eos, tokenizer=_Tok())
+
+
+MODELS = {0: tiny_model(0, tied=True, scale=0.1), 1: tiny_model(0),
+          2: tiny_model(1, tied=True, scale=0.1)}
+NAMES = ["vllm", "hf", "llamacpp-simple", "suffix", "suffix+cross", "adaptive"]
+
+prompts = st.one_of(
+    st.lists(st.integers(1, 63), min_size=1, max_size=40),
+    st.tuples(st.lists(st.integers(1, 63), min_size=1, max_size=5), st.integers(2, 8)).map(
+        lambda t: t[0] * t[1]
+    ),
+)
+
+
+def build(name: str, k: int, window: tuple[int, int]):
+    return make_proposer(name.split("+")[0], k, window, cross_request=name.endswith("+cross"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2), prompt=prompts, name=st.sampled_from(NAMES), k=st.integers(1, 8),
+       window=st.sampled_from([(1, 1), (1, 4), (2, 2), (3, 5)]), max_tokens=st.integers(1, 40))
+def test_spec_equals_plain_for_every_proposer(seed, prompt, name, k, window, max_tokens):
+    model = MODELS[seed]
+    plain = generate_plain(model, prompt, max_tokens)
+    spec = generate_spec(model, prompt, max_tokens, build(name, k, window))
+    assert spec.output_ids == plain.output_ids
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2), batch=st.lists(prompts, min_size=1, max_size=4),
+       name=st.sampled_from(NAMES), k=st.integers(1, 8), max_tokens=st.integers(2, 40))
+def test_stateful_proposers_count_the_same_in_simulation_and_real_runs(
+    seed, batch, name, k, max_tokens
+):
+    """One proposer instance over several prompts in a row (as the probe does): the real spec
+    run's counts equal the simulation's over the plain chain, prompt after prompt."""
+    model = MODELS[seed]
+    real, simulated = build(name, k, (1, 4)), build(name, k, (1, 4))
+    for prompt in batch:
+        plain = generate_plain(model, prompt, max_tokens)
+        stats = generate_spec(model, prompt, max_tokens, real).spec_stats()
+        sim = simulate_chain(prompt, plain.output_ids, simulated, k)
+        assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
+            sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
+
+
+class Recorder:
+    """vLLM's rule, recording what `observe` is told."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.inner, self.calls = NgramProposer(8, 1, 4), []
+
+    def propose(self, context, max_tokens):
+        return self.inner.propose(context, max_tokens)
+
+    def observe(self, context, drafted, accepted):
+        # what a proposer can learn: the context, and the outcome up to the first rejection
+        self.calls.append((tuple(int(t) for t in context), min(drafted, accepted + 1), accepted))
+
+    def describe(self):
+        return "recorder"
+
+
+@pytest.mark.parametrize("eos_at", [None, 5, 11])
+def test_observe_hook_sees_what_the_simulation_sees(eos_at):
+    prompt = [5, 6, 7] * 6
+    chain = generate_plain(tiny_model(1, eos=()), prompt, 30).output_ids
+    eos = () if eos_at is None else (chain[eos_at],)
+    model = tiny_model(1, eos=eos)
+    plain = generate_plain(model, prompt, 30)
+    real, simulated = Recorder(), Recorder()
+    generate_spec(model, prompt, 30, real)
+    simulate_chain(prompt, plain.output_ids, simulated, 8)
+    assert real.calls == simulated.calls and len(real.calls) > 0
+    assert real.calls[-1][0] == tuple(prompt + plain.output_ids)
+
+
+# ---- the probe's comparison ------------------------------------------------------------------
+
+
+@pytest.fixture
+def goldens(tmp_path):
+    path = tmp_path / "g.jsonl"
+    chains = [("mix", "code", [1, 2, 3, 4, 5], [1, 2, 3, 9, 1, 2, 3, 4]),
+              ("rej", "qa", [1, 2, 3], [1, 9, 9])]
+    lines = [{"id": gid, "category": cat, "prompt": "p", "chat": True, "prompt_ids": p,
+              "output_ids": g, "model": "m", "model_sha256": "0" * 64, "reference": {}}
+             for gid, cat, p, g in chains]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def probe(*args):
+    return CliRunner().invoke(app, ["probe", *map(str, args)])
+
+
+def test_probe_compares_proposers(goldens, tmp_path):
+    md = tmp_path / "r.md"
+    result = probe("--goldens", goldens, "--k", "3", "--window", "1-2", "--proposer",
+                   "ngram,hf,llamacpp-simple,suffix,adaptive", "--markdown", md, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    names = ["vllm", "hf", "llamacpp-simple", "suffix", "adaptive"]
+    assert doc["config"]["proposers"] == names and doc["config"]["proposer"] == "vllm"
+    assert [r["proposer"] for r in doc["runs"]] == names
+    assert [c["proposer"] for c in doc["comparison"]] == names
+    vllm = doc["comparison"][0]
+    assert (vllm["ratio"], vllm["k"], vllm["window"]) == (1.8, 3, [1, 2])
+    # default c(n): drafts [3, 0, 2] and [1, 0] -> c = 1.18 + 1 + 1.12 + 1.06 + 1 = 5.36
+    assert vllm["modelled_speedup"] == pytest.approx(9 / 5.36)
+    assert set(vllm["categories"]) == {"code", "qa"} and vllm["measured_speedup"] is None
+    text = md.read_text()
+    assert "## Proposers compared" in text and "--proposer ngram,hf" not in text
+    assert "--proposer vllm,hf,llamacpp-simple,suffix,adaptive" in text
+    assert "| vllm | 3 | 1-2 | 1.80x | 66.7% | 2.33 | 1.68x |" in text
+
+
+def test_probe_tables_and_options(goldens):
+    result = probe("--goldens", goldens, "--proposer", "vllm,suffix", "--cross-request",
+                   "--costs", "1,1.1,1.2", "--by-category")
+    assert result.exit_code == 0, result.stderr
+    assert "proposers compared" in result.stdout and "per category: ratio" in result.stdout
+    bad = probe("--goldens", goldens, "--costs", "1,0")
+    assert (bad.exit_code, bad.stdout) == (1, "")
+    assert "costs must be positive numbers" in bad.stderr
