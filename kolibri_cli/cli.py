@@ -85,13 +85,17 @@ def _prompt_ids(model, text: str, raw: bool, max_tokens: int) -> tuple[list[int]
     return ids, max_tokens
 
 
-def _proposer(k: int, window: str):
-    from kolibri_cli.proposers import NgramProposer, parse_window
+def _proposer(k: int, window: str, name: str = "vllm"):
+    from kolibri_cli.proposers import make_proposer, parse_window
 
     if k < 1:
         raise KolibriError(f"--k must be at least 1 (got {k})")
-    lo, hi = parse_window(window)
-    return NgramProposer(k, lo, hi)
+    return make_proposer(name, k, parse_window(window))
+
+
+ProposerOpt = Annotated[str, typer.Option(
+    "--proposer", help="Draft rule: vllm (longest n-gram, leftmost match), hf, "
+    "llamacpp-simple, suffix, adaptive. See docs/probe.md.")]
 
 
 def _stats_line(result) -> str:
@@ -116,6 +120,7 @@ def generate(
         "--window", help="n-gram sizes tried, 'MIN-MAX' or 'N' (longest first).")] = "1-4",
     compare: Annotated[bool, typer.Option(
         "--compare", help="Run plain then spec, check identical ids, print both speeds.")] = False,
+    proposer_name: ProposerOpt = "vllm",
     threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -125,7 +130,7 @@ def generate(
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
-    proposer = _proposer(k, window)  # validated even when unused: a typo is still an error
+    proposer = _proposer(k, window, proposer_name)  # validated even when unused
     proposer = proposer if (spec or compare) else None
     text = _read_prompt(prompt)
     m = _load(model, threads)
@@ -149,7 +154,8 @@ def generate(
 def _with_proposer(obj: dict, proposer) -> dict:
     if proposer is None:
         return obj
-    return obj | {"k": proposer.k, "window": [proposer.window_min, proposer.window_max]}
+    return obj | {"proposer": proposer.name, "k": proposer.k,
+                  "window": [proposer.window_min, proposer.window_max]}
 
 
 def _compare(m, ids, max_tokens, proposer, as_json: bool) -> None:
@@ -287,6 +293,7 @@ def bench(
     model: ModelOpt = None,
     k: Annotated[int, typer.Option("--k", help="Most draft tokens per verify pass.")] = 5,
     window: Annotated[str, typer.Option("--window", help="n-gram sizes, 'MIN-MAX' or 'N'.")] = "1-4",
+    proposer_name: ProposerOpt = "vllm",
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1,
                                          help="Repeats; medians are reported.")] = 5,
     threads: ThreadsOpt = None,
@@ -297,7 +304,7 @@ def bench(
     from kolibri_cli.bench_run import run_bench
     from kolibri_cli.kernel import get_threads
 
-    proposer = _proposer(k, window)
+    proposer = _proposer(k, window, proposer_name)
     m = _load(model, threads)
     render.err.print(f"benchmarking {m.name}: {repeats} repeats, {get_threads()} threads ...")
     result = run_bench(m, proposer, repeats, get_threads())
