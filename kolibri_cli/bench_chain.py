@@ -6,7 +6,7 @@ token ids (control tokens excluded), 64 new tokens, no chat template.
 
 import numpy as np
 
-BENCH_SEED = 0  # chosen because its chain falls into a cycle early; see docs/bench.md
+BENCH_SEED = 5  # its chain is a 2-cycle from the first token (seeds scanned: docs/bench.md)
 BENCH_PROMPT_TOKENS = 128
 BENCH_NEW_TOKENS = 64
 FIRST_ORDINARY_ID = 17  # ids 0-16 are control tokens in the default model

@@ -63,6 +63,10 @@ def set_threads(n: int) -> None:
     numba.set_num_threads(n)
 
 
+def get_threads() -> int:
+    return numba.get_num_threads()
+
+
 # ---------------------------------------------------------------- matmul: x @ w.T
 # A unit of work is R weight rows r0 + i*step (i < R) for all L tokens. Striding the rows by
 # step = N // R gives each thread R long sequential streams that the hardware prefetcher keeps
