@@ -1,4 +1,6 @@
-"""The command line: parse, call, render. The only module (with render helpers) that imports typer/rich."""
+"""The command line: parse, call, render.
+
+With the render helpers, the only modules that import typer or rich."""
 
 import json
 import os
@@ -231,9 +233,11 @@ def goldens_record(
     engine: Annotated[str, typer.Option(help="kolibri, or transformers (float32 reference; "
                                         "needs kolibri[reference]).")] = "transformers",
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n")] = 128,
-    category: Annotated[str | None, typer.Option(help="Only these categories (comma-separated).")] = None,
+    category: Annotated[str | None, typer.Option(
+        help="Only these categories (comma-separated).")] = None,
     limit: Annotated[int | None, typer.Option(help="At most N prompts in all.")] = None,
-    per_category: Annotated[int | None, typer.Option(help="At most N prompts per category.")] = None,
+    per_category: Annotated[int | None, typer.Option(
+        help="At most N prompts per category.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template.")] = False,
     model: ModelOpt = None,
     threads: ThreadsOpt = None,
@@ -259,7 +263,8 @@ def goldens_check(
     goldens: Annotated[Path, typer.Argument(help="Goldens JSONL file.")],
     model: ModelOpt = None,
     allow_model_mismatch: Annotated[bool, typer.Option(
-        "--allow-model-mismatch", help="Check goldens recorded from other weights anyway.")] = False,
+        "--allow-model-mismatch",
+        help="Check goldens recorded from other weights anyway.")] = False,
     threads: ThreadsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -292,7 +297,8 @@ def goldens_check(
 def bench(
     model: ModelOpt = None,
     k: Annotated[int, typer.Option("--k", help="Most draft tokens per verify pass.")] = 5,
-    window: Annotated[str, typer.Option("--window", help="n-gram sizes, 'MIN-MAX' or 'N'.")] = "1-4",
+    window: Annotated[str, typer.Option(
+        "--window", help="n-gram sizes, 'MIN-MAX' or 'N'.")] = "1-4",
     proposer_name: ProposerOpt = "vllm",
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1,
                                          help="Repeats; medians are reported.")] = 5,

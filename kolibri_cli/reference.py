@@ -37,7 +37,8 @@ def load(folder: Path):
     return model.eval()
 
 
-def greedy(model, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, ...]) -> ReferenceChain:
+def greedy(model, prompt_ids: list[int], max_tokens: int,
+           eos_ids: tuple[int, ...]) -> ReferenceChain:
     import torch
     import transformers
 

@@ -97,7 +97,8 @@ def bench_table(r) -> Table:
         ("read bandwidth", f"{r.bandwidth_gb_s:.1f} GB/s"),
         ("weights per token", f"{r.bytes_per_token / 1e6:.0f} MB"),
         ("bandwidth bound", f"{r.bound_tokens_per_s:.1f} tok/s"),
-        ("plain decode", f"{r.plain_tokens_per_s:.1f} tok/s = {r.fraction_of_bound:.0%} of the bound"),
+        ("plain decode",
+         f"{r.plain_tokens_per_s:.1f} tok/s = {r.fraction_of_bound:.0%} of the bound"),
         ("spec decode", f"{r.spec_tokens_per_s:.1f} tok/s (k={r.k}, window "
                         f"{r.window[0]}-{r.window[1]})"),
         ("spec / plain", f"{r.spec_speedup:.2f}x"),

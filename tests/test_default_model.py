@@ -86,3 +86,22 @@ def test_generate_spec_json_on_the_default_model(pulled_default, monkeypatch):
     assert stats["drafts_accepted"] > 0
     assert sum(stats["accepted_per_position"]) == stats["drafts_accepted"]
     assert stats["verify_passes"] == stats["forward_passes"] - 1
+
+
+def test_measured_probe_counts_equal_simulation_on_smoke_goldens(pulled_default, monkeypatch):
+    """`kolibri probe --measure`: the real spec run's counts equal the simulated ones, spec ==
+    plain, and the model's plain chain equals the golden (no timing is asserted)."""
+    monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
+    goldens = Path(__file__).parents[1] / "goldens/smollm2-135m-instruct/chat.jsonl"
+    args = ["probe", "--goldens", str(goldens), "--limit", "3", "--max-tokens", "48",
+            "--measure", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)["runs"][0]
+    measured = run["measured"]
+    assert measured["spec_equals_plain"] and measured["counts_match_simulation"]
+    for sim, real in zip(run["goldens"], measured["goldens"], strict=True):
+        assert real["first_divergence"] is None
+        assert (real["verify_passes"], real["drafts_proposed"], real["drafts_accepted"]) == (
+            sim["verify_passes"], sim["drafts_proposed"], sim["drafts_accepted"])
+    assert set(measured["costs"]) == {"1", "2", "3", "4", "5", "6"}
