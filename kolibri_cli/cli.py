@@ -36,7 +36,7 @@ def _typer(help: str) -> typer.Typer:
 
 
 app = _typer("kolibri: would n-gram (prompt-lookup) speculative decoding make this model faster?")
-model_app = _typer("Pull, list and inspect models.")
+model_app = _typer("Pull, import, list and inspect models.")
 goldens_app = _typer("Record and check golden greedy chains.")
 app.add_typer(model_app, name="model")
 app.add_typer(goldens_app, name="goldens")
@@ -191,6 +191,21 @@ def model_pull(
     with render.progress_bar(f"{name}: ") as bar:
         path = store.pull(name, bar, force=force)
     render.err.print(f"{name} ready at {path}")
+
+
+@model_app.command("import")
+def model_import(
+    gguf_file: Annotated[Path, typer.Argument(help="A GGUF file (llama, qwen2 or qwen3).")],
+    name: Annotated[str | None, typer.Option(
+        "--name", help="Name in the cache (default: the file name without .gguf).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a model of that name.")] = False,
+) -> None:
+    """Dequantize a GGUF into a float32 model folder in the cache (tokenizer, chat template)."""
+    from kolibri_cli import render, store
+
+    with render.progress_bar(f"{name or gguf_file.name}: ") as bar:
+        name, path = store.import_gguf(gguf_file, name, bar, force=force)
+    render.err.print(f"{name} ready at {path} (use: --model {name})")
 
 
 @model_app.command("list")

@@ -1,4 +1,11 @@
-"""Model configuration read from a Hugging Face `config.json` (Llama family)."""
+"""Model configuration read from a Hugging Face `config.json`: Llama, Mistral, Qwen2, Qwen3.
+
+The four architectures differ only in switches the one kernel reads: q/k/v projection biases
+(Qwen2), per-head RMSNorm on q and k (Qwen3), a sliding attention window (Mistral; Qwen2/3 when
+`use_sliding_window`), and the RoPE frequency scaling (`RopeScaling`). Non-goals: o_proj/MLP
+biases, partial rotary embeddings, dynamic/longrope scaling — refused with the name of what is
+not supported.
+"""
 
 import json
 from dataclasses import dataclass, field
@@ -6,7 +13,32 @@ from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
+# architecture -> the model_type its config.json carries
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling, as transformers' `modeling_rope_utils` reads it."""
+
+    rope_type: str = "default"  # one of ROPE_TYPES
+    factor: float = 1.0  # linear, llama3, yarn
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 0  # llama3, yarn: the pre-training context
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn: cos/sin scale; None = from factor and mscale
+    mscale: float = 0.0  # yarn
+    mscale_all_dim: float = 0.0  # yarn
+    truncate: bool = True  # yarn: round the correction range to whole dimensions
 
 
 @dataclass(frozen=True)
@@ -17,13 +49,18 @@ class ModelConfig:
     num_hidden_layers: int
     num_attention_heads: int  # H
     num_key_value_heads: int  # KVH; H % KVH == 0 (grouped-query attention)
-    head_dim: int  # Dh
+    head_dim: int  # Dh; may differ from D / H (Qwen3)
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 2048  # context length
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     architecture: str = "LlamaForCausalLM"
+    qkv_bias: bool = False  # q/k/v projections carry biases (Qwen2)
+    qk_norm: bool = False  # RMSNorm over Dh on each q and k head before RoPE (Qwen3)
+    sliding_window: int = 0  # W: a query sees the last W positions (itself included); 0 = all
+    sliding_layers: tuple[int, ...] = ()  # layers that use the window (the others see all)
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -31,13 +68,15 @@ class ModelConfig:
             raise KolibriError("not a JSON object")
         archs = d.get("architectures") or ["LlamaForCausalLM"]
         arch = archs[0] if isinstance(archs, list) else archs
-        if arch not in SUPPORTED_ARCHITECTURES or d.get("model_type", "llama") != "llama":
+        model_type = d.get("model_type", ARCHITECTURES.get(arch))
+        if ARCHITECTURES.get(arch) != model_type:
+            known = ", ".join(f"{a} ({t})" for a, t in ARCHITECTURES.items())
             raise KolibriError(
-                f"unsupported architecture {arch!r} (model_type {d.get('model_type')!r}); "
-                f"kolibri supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+                f"unsupported architecture {arch!r} (model_type {model_type!r}); "
+                f"kolibri supports {known}"
             )
         try:
-            config = cls(**_fields(d), architecture=arch)
+            config = cls(**_fields(d, model_type), architecture=arch)
         except KeyError as e:
             raise KolibriError(f"missing required field {e.args[0]!r}") from None
         except (TypeError, ValueError, AttributeError) as e:
@@ -57,6 +96,11 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise KolibriError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.sliding_window < 0:
+            raise KolibriError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.rope_scaling.rope_type not in ROPE_TYPES:
+            raise KolibriError(f"unsupported rope type {self.rope_scaling.rope_type!r} "
+                               f"(kolibri implements {', '.join(ROPE_TYPES)})")
 
     @classmethod
     def from_file(cls, path: Path) -> "ModelConfig":
@@ -70,6 +114,10 @@ class ModelConfig:
             return cls.from_dict(d)
         except KolibriError as e:
             raise KolibriError(f"{path}: {e}") from None
+
+    def layer_window(self, i: int) -> int:
+        """The attention window of layer i (0 = the whole context)."""
+        return self.sliding_window if i in self.sliding_layers else 0
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor name a checkpoint must hold, with its shape (HF nn.Linear is [out, in])."""
@@ -91,32 +139,107 @@ class ModelConfig:
                 p + "mlp.up_proj.weight": (F, D),
                 p + "mlp.down_proj.weight": (D, F),
             }
+            if self.qkv_bias:
+                shapes |= {p + "self_attn.q_proj.bias": (H * Dh,),
+                           p + "self_attn.k_proj.bias": (KVH * Dh,),
+                           p + "self_attn.v_proj.bias": (KVH * Dh,)}
+            if self.qk_norm:
+                shapes |= {p + "self_attn.q_norm.weight": (Dh,),
+                           p + "self_attn.k_norm.weight": (Dh,)}
         return shapes
 
 
-def _fields(d: dict) -> dict:
+def _fields(d: dict, model_type: str) -> dict:
     """The ModelConfig fields of an HF config dict (raises KeyError/TypeError/ValueError)."""
     # transformers >= 5 writes rope settings under "rope_parameters"; older files at top level.
     rope = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling") or rope
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type != "default":
-        raise KolibriError(f"unsupported rope type {rope_type!r} (kolibri implements 'default')")
     n_heads, hidden = int(d["num_attention_heads"]), int(d["hidden_size"])
+    n_layers = int(d["num_hidden_layers"])
+    max_pos = int(d.get("max_position_embeddings", 2048))
+    _refuse_unsupported(d, model_type)
     eos = d.get("eos_token_id")
     eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else (
         () if eos is None else (int(eos),))
+    window, window_layers = _sliding_window(d, model_type, n_layers)
     return dict(
         vocab_size=int(d["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(d["intermediate_size"]),
-        num_hidden_layers=int(d["num_hidden_layers"]),
+        num_hidden_layers=n_layers,
         num_attention_heads=n_heads,
         num_key_value_heads=int(d.get("num_key_value_heads") or n_heads),
         head_dim=int(d.get("head_dim") or hidden // n_heads),
         rope_theta=float(d.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
-        max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
+        max_position_embeddings=max_pos,
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         eos_token_ids=eos_ids,
+        qkv_bias=model_type == "qwen2",
+        qk_norm=model_type == "qwen3",
+        sliding_window=window,
+        sliding_layers=window_layers,
+        rope_scaling=_rope_scaling(d.get("rope_scaling") or rope, max_pos),
+    )
+
+
+def _refuse_unsupported(d: dict, model_type: str) -> None:
+    """Options transformers honours that the kernel does not implement: refuse, never ignore."""
+    if d.get("attention_bias") and model_type != "qwen2":
+        raise KolibriError(f"attention_bias=true is not supported for {model_type} "
+                           "(kolibri implements q/k/v biases for qwen2 only)")
+    if d.get("mlp_bias"):
+        raise KolibriError("mlp_bias=true is not supported")
+    if d.get("hidden_act", "silu") != "silu":
+        raise KolibriError(f"hidden_act {d['hidden_act']!r} is not supported (kolibri: silu)")
+    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise KolibriError(f"partial_rotary_factor {partial} is not supported (kolibri: 1.0)")
+
+
+def _sliding_window(d: dict, model_type: str, n_layers: int) -> tuple[int, tuple[int, ...]]:
+    """(window, layers using it) the way each transformers model decides it."""
+    window = d.get("sliding_window") if model_type != "llama" else None  # llama ignores it
+    if model_type in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
+        window = None
+    if not window:
+        return 0, ()
+    types = d.get("layer_types")
+    if types is not None:  # transformers >= 5 writes the per-layer decision
+        layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    elif model_type in ("qwen2", "qwen3"):
+        layers = tuple(range(int(d.get("max_window_layers", 28)), n_layers))
+    else:
+        layers = tuple(range(n_layers))
+    return int(window), layers
+
+
+def _rope_scaling(r: dict, max_pos: int) -> RopeScaling:
+    rope_type = r.get("rope_type", r.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise KolibriError(f"unsupported rope type {rope_type!r} "
+                           f"(kolibri implements {', '.join(ROPE_TYPES)})")
+    if rope_type == "default":
+        return RopeScaling()
+    if "factor" not in r and not (rope_type == "yarn" and "original_max_position_embeddings" in r):
+        raise KolibriError(f"rope type {rope_type!r} needs a 'factor'")
+    original = int(r.get("original_max_position_embeddings") or max_pos)
+    # yarn without factor: transformers takes the ratio of the two context lengths
+    factor = r.get("factor") or max_pos / original
+    opt = lambda key, default: default if r.get(key) is None else r[key]  # noqa: E731
+    if rope_type == "llama3" and ("low_freq_factor" not in r or "high_freq_factor" not in r):
+        raise KolibriError("rope type 'llama3' needs low_freq_factor and high_freq_factor")
+    return RopeScaling(
+        rope_type=rope_type,
+        factor=float(factor),
+        low_freq_factor=float(opt("low_freq_factor", 1.0)),
+        high_freq_factor=float(opt("high_freq_factor", 4.0)),
+        original_max_position_embeddings=original,
+        beta_fast=float(r.get("beta_fast") or 32.0),
+        beta_slow=float(r.get("beta_slow") or 1.0),
+        attention_factor=None if opt("attention_factor", None) is None
+        else float(r["attention_factor"]),
+        mscale=float(opt("mscale", 0.0)),
+        mscale_all_dim=float(opt("mscale_all_dim", 0.0)),
+        truncate=bool(opt("truncate", True)),
     )

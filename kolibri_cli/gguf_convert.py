@@ -1,8 +1,13 @@
-"""GGUF (llama architecture) -> a Hugging Face-layout float32 folder.
+"""GGUF (llama, qwen2, qwen3 architectures) -> a Hugging Face-layout float32 folder.
 
 Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json (chat template)
-and generation_config.json. Non-goals: quantized inference (everything becomes float32) and
-tokenizers other than gpt2-style byte-level BPE.
+and generation_config.json. Every tensor type `gguf.quants.dequantize` reads is accepted (F32,
+F16, BF16, Q4_0/1, Q5_0/1, Q8_0, the K-quants, ...). llama.cpp stores llama Q/K rows permuted for
+its interleaved RoPE (undone here); qwen2/qwen3 use rotate-half RoPE and are stored as-is.
+RoPE scaling comes from `{arch}.rope.scaling.*`, or for Llama 3.x from the `rope_freqs` tensor,
+accepted only when the Llama 3 formula reproduces it. Non-goals: quantized inference (everything
+becomes float32) and tokenizers other than gpt2-style byte-level BPE with the pre-tokenizers in
+PRETOKENIZERS.
 """
 
 import json
@@ -26,14 +31,35 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
+# GGUF general.architecture -> (HF architecture, model_type)
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+}
+SKIPPED = ("rope_freqs.weight",)  # llama.cpp's Llama 3 frequency factors: read into the config
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# Pre-tokenizers we can rebuild with `tokenizers`: GGUF `tokenizer.ggml.pre` -> digits split first?
-_PRETOKENIZERS = {"smollm": True, "gpt-2": False, "default": False}
+# The split regexes of llama.cpp's pre-tokenizers (llama-vocab.cpp), as the HF tokenizer.json
+# of those models writes them. None: GPT-2's own regex (ByteLevel use_regex=True).
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GGUF `tokenizer.ggml.pre` -> (split regex or None, digits split one by one first, NFC first)
+PRETOKENIZERS = {
+    "smollm": (None, True, False),
+    "gpt-2": (None, False, False),
+    "default": (None, False, False),
+    "llama-bpe": (_LLAMA3, False, False),
+    "qwen2": (_QWEN2, False, True),
+}
 
 
 def hf_name(gguf_name: str) -> str:
@@ -58,14 +84,21 @@ def _field(reader, key: str, default=None):
     return default if f is None else f.contents()
 
 
-def read_config(reader) -> dict:
+def gguf_architecture(reader) -> str:
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise KolibriError(f"GGUF architecture {arch!r} is not supported (kolibri reads 'llama')")
+    if arch not in ARCHITECTURES:
+        raise KolibriError(f"GGUF architecture {arch!r} is not supported "
+                           f"(kolibri reads {', '.join(ARCHITECTURES)})")
+    return arch
+
+
+def read_config(reader) -> dict:
+    arch = gguf_architecture(reader)
+
     def g(key: str, default=None):
-        value = _field(reader, f"llama.{key}", default)
+        value = _field(reader, f"{arch}.{key}", default)
         if value is None:
-            raise KolibriError(f"GGUF metadata lacks llama.{key}")
+            raise KolibriError(f"GGUF metadata lacks {arch}.{key}")
         return value
 
     n_head = int(g("attention.head_count"))
@@ -74,16 +107,21 @@ def read_config(reader) -> dict:
     if "tokenizer.ggml.tokens" not in reader.fields:
         raise KolibriError("GGUF metadata lacks tokenizer.ggml.tokens (no vocabulary)")
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    head_dim = int(g("attention.key_length", hidden // n_head))
+    if int(g("rope.dimension_count", head_dim)) != head_dim:
+        raise KolibriError(f"GGUF {arch}.rope.dimension_count differs from the head size "
+                           f"{head_dim} (partial RoPE is not supported)")
+    hf_arch, model_type = ARCHITECTURES[arch]
+    config = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
         "vocab_size": int(g("vocab_size", vocab)),
         "hidden_size": hidden,
         "intermediate_size": int(g("feed_forward_length")),
         "num_hidden_layers": int(g("block_count")),
         "num_attention_heads": n_head,
         "num_key_value_heads": int(g("attention.head_count_kv", n_head)),
-        "head_dim": int(g("rope.dimension_count", hidden // n_head)),
+        "head_dim": head_dim,
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "rms_norm_eps": float(f"{g('attention.layer_norm_rms_epsilon', 1e-5):.7g}"),  # f32 -> 1e-05
         "max_position_embeddings": int(g("context_length", 2048)),
@@ -91,37 +129,102 @@ def read_config(reader) -> dict:
         "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
         "torch_dtype": "float32",
     }
+    rope = _rope_scaling(reader, arch, config)
+    if rope:
+        config["rope_scaling"] = rope
+    return config
+
+
+def _rope_scaling(reader, arch: str, config: dict) -> dict | None:
+    """The HF rope_scaling dict for the GGUF's `{arch}.rope.scaling.*` keys or `rope_freqs`."""
+    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
+    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        return _llama3_scaling(_dequantize(freqs), config)
+    if kind == "none" or (kind == "linear" and factor in (None, 1.0)):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind == "yarn" and factor is not None:
+        out = {"rope_type": "yarn", "factor": float(factor)}
+        if original:
+            out["original_max_position_embeddings"] = int(original)
+        return out
+    raise KolibriError(f"GGUF rope scaling {kind!r} is not supported (kolibri: linear, yarn, "
+                       "Llama 3 rope_freqs)")
+
+
+def _llama3_scaling(freqs: np.ndarray, config: dict) -> dict:
+    """llama.cpp keeps only Llama 3's per-frequency divisors: recover the HF parameters (the
+    released 3.1/3.2 values: low 1, high 4, original context 8192; factor = the largest divisor)
+    and accept them only if they reproduce every divisor."""
+    import dataclasses
+
+    from kolibri_cli.config import ModelConfig
+    from kolibri_cli.kernel import rope_frequencies
+
+    scaling = {"rope_type": "llama3", "factor": float(freqs.max()), "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    c = ModelConfig.from_dict(config | {"rope_scaling": scaling})
+    plain = rope_frequencies(dataclasses.replace(c, rope_scaling=type(c.rope_scaling)()))[0]
+    divisors = plain / rope_frequencies(c)[0]
+    if divisors.shape != freqs.shape or not np.allclose(divisors, freqs, rtol=1e-4):
+        raise KolibriError("GGUF rope_freqs are not Llama 3.1/3.2 frequency scaling; "
+                           "kolibri cannot reproduce this RoPE")
+    return scaling
+
+
+def check_tensor_types(reader) -> None:
+    """Refuse, before any work, a tensor type `gguf.quants.dequantize` cannot read."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import _type_traits
+
+    for t in reader.tensors:
+        if t.tensor_type not in (Q.F32, Q.F16) and t.tensor_type not in _type_traits:
+            raise KolibriError(f"GGUF tensor {t.name}: quantization {t.tensor_type.name} is not "
+                               "supported (the gguf library cannot dequantize it)")
+
+
+def _dequantize(t) -> np.ndarray:
+    from gguf.quants import dequantize
+
+    try:
+        return dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+    except NotImplementedError:
+        raise KolibriError(
+            f"GGUF tensor {t.name}: quantization {t.tensor_type.name} is not supported"
+        ) from None
+
+
+def float32_bytes(reader) -> int:
+    """Bytes the model takes as float32 (the cache folder, and the weights in memory)."""
+    return sum(4 * int(t.n_elements) for t in reader.tensors if t.name not in SKIPPED)
 
 
 def dequantized_tensors(reader, config: dict, progress: Progress | None = None):
-    """Yield (hf_name, float32 array [out, in]) for every tensor, Q/K un-permuted."""
-    from gguf.quants import dequantize
-
-    total = len(reader.tensors)
-    for i, t in enumerate(reader.tensors):
-        try:
-            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        except NotImplementedError:
-            raise KolibriError(
-                f"GGUF tensor {t.name}: quantization {t.tensor_type.name} is not supported"
-            ) from None
+    """Yield (hf_name, float32 array [out, in]) for every tensor; llama Q/K un-permuted."""
+    permuted = config["model_type"] == "llama"  # llama.cpp permutes only llama's Q/K rows
+    tensors = [t for t in reader.tensors if t.name not in SKIPPED]
+    for i, t in enumerate(tensors):
+        w = _dequantize(t)
         name = hf_name(t.name)
-        if name.endswith("q_proj.weight"):
+        if permuted and name.endswith("q_proj.weight"):
             w = unpermute(w, config["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
+        elif permuted and name.endswith("k_proj.weight"):
             w = unpermute(w, config["num_key_value_heads"])
         yield name, np.ascontiguousarray(w)
         if progress:
-            progress(i + 1, total)
+            progress(i + 1, len(tensors))
 
 
 def build_tokenizer(reader):
     """A `tokenizers` byte-level BPE equal to llama.cpp's tokenization of this GGUF."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers as pre_tok
 
     model = _field(reader, "tokenizer.ggml.model")
     pre = _field(reader, "tokenizer.ggml.pre", "default")
@@ -129,24 +232,45 @@ def build_tokenizer(reader):
         raise KolibriError(
             f"GGUF tokenizer model {model!r} is not supported (kolibri reads 'gpt2')"
         )
-    if pre not in _PRETOKENIZERS:
+    if pre not in PRETOKENIZERS:
         raise KolibriError(
-            f"GGUF pre-tokenizer {pre!r} is not supported ({', '.join(_PRETOKENIZERS)})"
+            f"GGUF pre-tokenizer {pre!r} is not supported ({', '.join(PRETOKENIZERS)})"
         )
     tokens = _field(reader, "tokenizer.ggml.tokens")
     types = _field(reader, "tokenizer.ggml.token_type")
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if _PRETOKENIZERS[pre]:
-        digits = pre_tokenizers.Digits(individual_digits=True)
-        tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
+    regex, digits, nfc = PRETOKENIZERS[pre]
+    steps = [pre_tok.Digits(individual_digits=True)] if digits else []
+    if regex is None:
+        steps.append(pre_tok.ByteLevel(add_prefix_space=False, use_regex=True))
     else:
-        tok.pre_tokenizer = byte_level
+        steps += [pre_tok.Split(Regex(regex), behavior="isolated", invert=False),
+                  pre_tok.ByteLevel(add_prefix_space=False, use_regex=False)]
+    tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tok.Sequence(steps)
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
-    control = [t for t, ty in zip(tokens, types, strict=True) if ty == 3]  # type 3: control
+    # token types: 3 control (special), 4 user-defined (added, matched whole, not special)
+    control = [t for t, ty in zip(tokens, types, strict=True) if ty == 3]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
+    user = [t for t, ty in zip(tokens, types, strict=True) if ty == 4]
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
+    _add_bos(tok, reader, tokens)
     return tok
+
+
+def _add_bos(tok, reader, tokens) -> None:
+    """A GGUF that asks for BOS (Llama 3) gets it from the tokenizer, as HF's tokenizer.json."""
+    from tokenizers import processors
+
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    if not _field(reader, "tokenizer.ggml.add_bos_token", False) or bos is None:
+        return
+    name = tokens[int(bos)]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{name}:0 $A:0", pair=f"{name}:0 $A:0 {name}:1 $B:1",
+        special_tokens=[(name, int(bos))])
 
 
 def tokenizer_config(reader) -> dict:
@@ -176,11 +300,13 @@ def convert(gguf_path: Path, out_dir: Path, progress: Progress | None = None) ->
 
     reader = gguf.GGUFReader(str(gguf_path))
     config = read_config(reader)
+    check_tensor_types(reader)
+    tokenizer = build_tokenizer(reader)  # refuses an unknown tokenizer before the slow part
     tensors = dict(dequantized_tensors(reader, config, progress))
     weights = out_dir / "model.safetensors"
     save_file(tensors, str(weights), metadata={"format": "pt"})
     weights.chmod(default_mode(is_dir=False))  # safetensors writes via a 0o600 temporary
-    build_tokenizer(reader).save(str(out_dir / "tokenizer.json"))
+    tokenizer.save(str(out_dir / "tokenizer.json"))
     write = lambda name, obj: (out_dir / name).write_text(json.dumps(obj, indent=2) + "\n")  # noqa: E731
     write("config.json", config)
     write("tokenizer_config.json", tokenizer_config(reader))

@@ -22,8 +22,16 @@ class ModelInfo:
     hidden_size: int
     heads: int
     kv_heads: int
+    head_dim: int
+    gqa_ratio: int  # query heads per KV head
     vocab_size: int
+    rope_type: str  # default, linear, llama3 or yarn
+    rope_theta: float
+    qkv_bias: bool  # q/k/v projection biases (Qwen2)
+    qk_norm: bool  # per-head RMSNorm on q and k (Qwen3)
     tied_head: bool
+    sliding_window: int  # 0 = every layer sees the whole context
+    sliding_layers: int  # how many layers use the window
     chat_template: bool
     source: dict
 
@@ -47,8 +55,12 @@ def model_info(spec: str | None) -> ModelInfo:
         dtypes=sorted({dtype for dtype, _ in index.values()}),
         context_length=config.max_position_embeddings, layers=config.num_hidden_layers,
         hidden_size=config.hidden_size, heads=config.num_attention_heads,
-        kv_heads=config.num_key_value_heads, vocab_size=config.vocab_size,
-        tied_head=config.tie_word_embeddings,
+        kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
+        gqa_ratio=config.num_attention_heads // config.num_key_value_heads,
+        vocab_size=config.vocab_size, rope_type=config.rope_scaling.rope_type,
+        rope_theta=config.rope_theta, qkv_bias=config.qkv_bias, qk_norm=config.qk_norm,
+        tied_head=config.tie_word_embeddings, sliding_window=config.sliding_window,
+        sliding_layers=len(config.sliding_layers),
         chat_template=bool(Tokenizer(Path(path)).chat_template),
         source=meta,
     )

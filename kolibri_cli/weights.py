@@ -1,10 +1,18 @@
-"""Weights laid out once for the kernel: fused QKV and gate/up matrices, float32, C-contiguous."""
+"""Weights laid out once for the kernel: fused QKV and gate/up matrices, float32, C-contiguous.
 
-from dataclasses import dataclass
+Optional parts (q/k/v biases, q/k norms) are zero-length arrays when the architecture lacks
+them: the kernel tests `.shape[0]`, so the plain Llama path pays one branch, not a copy.
+"""
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from kolibri_cli.config import ModelConfig
+
+
+def _none() -> np.ndarray:
+    return np.zeros(0, np.float32)  # [0]: "this layer has no such part"
 
 
 @dataclass
@@ -15,6 +23,14 @@ class LayerWeights:
     mlp_norm: np.ndarray  # [D]
     w_gate_up: np.ndarray  # [2F, D]  rows: gate then up
     w_down: np.ndarray  # [D, F]
+    bqkv: np.ndarray = field(default_factory=_none)  # [(H + 2*KVH) * Dh] biases (Qwen2) | [0]
+    q_norm: np.ndarray = field(default_factory=_none)  # [Dh] q head RMSNorm (Qwen3) | [0]
+    k_norm: np.ndarray = field(default_factory=_none)  # [Dh] k head RMSNorm (Qwen3) | [0]
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The tuple the kernel's `_layer` unpacks (order matters)."""
+        return (self.attn_norm, self.wqkv, self.wo, self.mlp_norm, self.w_gate_up, self.w_down,
+                self.bqkv, self.q_norm, self.k_norm)
 
 
 @dataclass
@@ -34,22 +50,28 @@ def _f32(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _layer(config: ModelConfig, tensors: dict[str, np.ndarray], i: int) -> LayerWeights:
+    p = f"model.layers.{i}."
+    t = lambda name: tensors[p + name]  # noqa: E731
+    lw = LayerWeights(
+        attn_norm=_f32(t("input_layernorm.weight")),
+        wqkv=_f32(np.concatenate([t(f"self_attn.{x}_proj.weight") for x in "qkv"])),
+        wo=_f32(t("self_attn.o_proj.weight")),
+        mlp_norm=_f32(t("post_attention_layernorm.weight")),
+        w_gate_up=_f32(np.concatenate([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")])),
+        w_down=_f32(t("mlp.down_proj.weight")),
+    )
+    if config.qkv_bias:
+        lw.bqkv = _f32(np.concatenate([t(f"self_attn.{x}_proj.bias") for x in "qkv"]))
+    if config.qk_norm:
+        lw.q_norm = _f32(t("self_attn.q_norm.weight"))
+        lw.k_norm = _f32(t("self_attn.k_norm.weight"))
+    return lw
+
+
 def layout(config: ModelConfig, tensors: dict[str, np.ndarray]) -> Weights:
-    """HF tensor names -> kernel layout. `tensors` is already checked against config.weight_shapes()."""
-    layers = []
-    for i in range(config.num_hidden_layers):
-        p = f"model.layers.{i}."
-        t = lambda name: tensors[p + name]  # noqa: E731
-        layers.append(
-            LayerWeights(
-                attn_norm=_f32(t("input_layernorm.weight")),
-                wqkv=_f32(np.concatenate([t(f"self_attn.{x}_proj.weight") for x in "qkv"])),
-                wo=_f32(t("self_attn.o_proj.weight")),
-                mlp_norm=_f32(t("post_attention_layernorm.weight")),
-                w_gate_up=_f32(np.concatenate([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")])),
-                w_down=_f32(t("mlp.down_proj.weight")),
-            )
-        )
+    """HF tensor names -> kernel layout (`tensors` already checked against weight_shapes())."""
+    layers = [_layer(config, tensors, i) for i in range(config.num_hidden_layers)]
     embed = _f32(tensors["model.embed_tokens.weight"])
     head = embed if config.tie_word_embeddings else _f32(tensors["lm_head.weight"])
     return Weights(embed=embed, layers=layers, norm=_f32(tensors["model.norm.weight"]), head=head)

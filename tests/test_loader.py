@@ -202,7 +202,8 @@ def test_folder_errors(tmp_path, tiny_llama_folder):
     ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"},
      "unsupported architecture 'GPT2LMHeadModel'"),
     ({"architectures": ["MistralForCausalLM"]}, "unsupported architecture 'MistralForCausalLM'"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "unsupported rope type 'llama3'"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 8.0}},
+     "unsupported rope type 'longrope'"),
     ({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads 3"),
     ({"hidden_size": "wide"}, "wrong type"),
 ])
@@ -226,8 +227,8 @@ def test_transformers_5_rope_parameters_are_read():
     d = {k: v for k, v in TINY_LLAMA_CONFIG.items() if k != "rope_theta"}
     d["rope_parameters"] = {"rope_theta": 500000.0, "rope_type": "default"}
     assert ModelConfig.from_dict(d).rope_theta == 500000.0
-    d["rope_parameters"]["rope_type"] = "yarn"
-    with pytest.raises(KolibriError, match="unsupported rope type 'yarn'"):
+    d["rope_parameters"]["rope_type"] = "dynamic"
+    with pytest.raises(KolibriError, match="unsupported rope type 'dynamic'"):
         ModelConfig.from_dict(d)
 
 
