@@ -3,20 +3,17 @@ adaptive proposer's cost-aware choice, the lossless law for every proposer, and 
 proposers seeing the same history in a real run as in the simulation."""
 
 import json
-from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_models import MODELS, prompts, tiny_model
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
-from kolibri_cli.config import ModelConfig
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.generate import generate_plain, generate_spec
-from kolibri_cli.kernel import Transformer
 from kolibri_cli.probe.simulate import simulate_chain
 from kolibri_cli.proposers import (
     AdaptiveProposer,
@@ -31,7 +28,6 @@ from kolibri_cli.proposers import (
     make_proposer,
 )
 from kolibri_cli.suffix_tree import SuffixTrie
-from kolibri_cli.weights import random_weights
 
 # ---- hf: transformers' prompt lookup --------------------------------------------------------
 
@@ -182,33 +178,7 @@ def test_names_aliases_and_protocols():
 
 # ---- the lossless law and simulation == real run, on tiny random models ---------------------
 
-TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0,
-                   max_position_embeddings=512, eos_token_ids=(0,))
-
-
-class _Tok:
-    def decode(self, ids):
-        return " ".join(map(str, ids))
-
-
-def tiny_model(seed: int, eos=(0,), tied: bool = False, scale: float = 0.3):
-    # copied from tests/test_generate.py: tied + small scale copies its input (drafts accepted)
-    config = replace(TINY, tie_word_embeddings=tied)
-    tf = Transformer(config, random_weights(config, seed=seed, scale=scale))
-    return SimpleNamespace(transformer=tf, eos_ids=eos, tokenizer=_Tok())
-
-
-MODELS = {0: tiny_model(0, tied=True, scale=0.1), 1: tiny_model(0),
-          2: tiny_model(1, tied=True, scale=0.1)}
 NAMES = ["vllm", "hf", "llamacpp-simple", "suffix", "suffix+cross", "adaptive"]
-
-prompts = st.one_of(
-    st.lists(st.integers(1, 63), min_size=1, max_size=40),
-    st.tuples(st.lists(st.integers(1, 63), min_size=1, max_size=5), st.integers(2, 8)).map(
-        lambda t: t[0] * t[1]
-    ),
-)
 
 
 def build(name: str, k: int, window: tuple[int, int]):
