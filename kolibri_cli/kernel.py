@@ -67,6 +67,14 @@ def set_threads(n: int) -> None:
     numba.set_num_threads(n)
 
 
+def is_compiled() -> bool:
+    """Whether numba's on-disk cache already holds the forward kernel (start-up is then fast)."""
+    try:
+        return os.path.isfile(_forward._cache._cache_file._index_path)
+    except AttributeError:  # numba internals changed: assume compiled, say nothing
+        return True
+
+
 def get_threads() -> int:
     return numba.get_num_threads()
 
@@ -532,6 +540,10 @@ class Transformer:
             self._layers.append(lw.arrays())
         n_layers = config.num_hidden_layers
         self._windows = np.array([config.layer_window(i) for i in range(n_layers)], np.int64)
+
+    def warm_up(self) -> None:
+        """Compile (first run) or load the kernel from numba's cache now, not inside a timing."""
+        self.forward([0], 0, self.new_cache(1))
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.config

@@ -50,7 +50,7 @@ def load_model(spec: str | None = None, notify=None, progress=None) -> Model:
     tokenizer = Tokenizer(path)
     weights = layout(config, loader.load_tensors(path, config))
     meta = store.provenance(path)
-    return Model(
+    model = Model(
         name=meta.get("name") or spec or store.DEFAULT_MODEL,
         path=path,
         config=config,
@@ -58,3 +58,9 @@ def load_model(spec: str | None = None, notify=None, progress=None) -> Model:
         weights=weights,
         source_sha256=meta.get("gguf_sha256", ""),
     )
+    from kolibri_cli.kernel import is_compiled
+
+    if notify and not is_compiled():
+        notify("compiling the forward kernel (first run only, about 15 s) ...")
+    model.transformer.warm_up()
+    return model
