@@ -11,6 +11,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from kolibri_cli.errors import KolibriError
+
 
 def default_mode(is_dir: bool) -> int:
     """What open()/mkdir() would have given: 0o666/0o777 minus the umask (mkstemp gives 0o600)."""
@@ -21,10 +23,17 @@ def default_mode(is_dir: bool) -> int:
 
 @contextmanager
 def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds.
+
+    A path that cannot be written (a folder, no permission, disk full) is a KolibriError."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise KolibriError(f"cannot write {path}: it is a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise KolibriError(f"cannot write {path}: {e.strerror}") from None
     os.close(fd)
     try:
         yield Path(tmp)
@@ -33,6 +42,9 @@ def atomic_path(path: str | os.PathLike):
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise KolibriError(f"cannot write {path}: {e.strerror}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -41,11 +53,6 @@ def atomic_path(path: str | os.PathLike):
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
 
 
 @contextmanager

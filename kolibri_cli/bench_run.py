@@ -4,7 +4,7 @@ bound — every ratio taken from figures measured in the same run (medians of re
 import statistics
 from dataclasses import asdict, dataclass
 
-from kolibri_cli.bench import measure_read_bandwidth, time_forward, verify_costs
+from kolibri_cli.bench import costs, forward_times, measure_read_bandwidth
 from kolibri_cli.bench_chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.generate import generate_plain, generate_spec
 
@@ -15,6 +15,7 @@ COST_CONTEXT = 100  # tokens in the cache when c(n) is timed (the issue's "conte
 class BenchResult:
     model: str
     threads: int
+    proposer: str
     k: int
     window: tuple[int, int]
     repeats: int
@@ -46,27 +47,30 @@ class BenchResult:
         return d
 
 
-def run_bench(model, proposer, repeats: int = 5, threads: int = 0) -> BenchResult:
+def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0) -> BenchResult:
+    """`new_proposer()` gives a fresh proposer per repeat: stateful ones (suffix, adaptive) then
+    repeat the same run."""
     prompt = bench_prompt(model.config.vocab_size)
     bandwidth = measure_read_bandwidth()
     plain_tps, spec_tps, identical = [], [], True
     for _ in range(repeats):  # alternate, so machine noise hits both modes alike
+        proposer = new_proposer()
         plain = generate_plain(model, prompt, BENCH_NEW_TOKENS)
         spec = generate_spec(model, prompt, BENCH_NEW_TOKENS, proposer)
         plain_tps.append(plain.decode_tokens_per_s)
         spec_tps.append(spec.decode_tokens_per_s)
         identical &= spec.output_ids == plain.output_ids
-    tf, k = model.transformer, proposer.k
-    costs = verify_costs(tf, k + 1, COST_CONTEXT, repeats)
-    t1 = time_forward(tf, 1, COST_CONTEXT, repeats)
+    k = proposer.k
+    times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats)
     stats, nbytes = spec.spec_stats(), model.weights.nbytes_per_token()
     p, s = statistics.median(plain_tps), statistics.median(spec_tps)
     return BenchResult(
-        model=model.name, threads=threads, k=k, window=(proposer.window_min, proposer.window_max),
+        model=model.name, threads=threads, proposer=proposer.name, k=k,
+        window=(proposer.window_min, proposer.window_max),
         repeats=repeats, bandwidth_gb_s=bandwidth / 1e9, bytes_per_token=nbytes,
         bound_tokens_per_s=bandwidth / nbytes, plain_tokens_per_s=p, spec_tokens_per_s=s,
-        spec_speedup=s / p, fraction_of_bound=p / (bandwidth / nbytes),
-        forward_ms={n: 1e3 * t1 * c for n, c in costs.items()}, costs=costs,
+        spec_speedup=s / p if p else 0.0, fraction_of_bound=p / (bandwidth / nbytes),
+        forward_ms={n: 1e3 * t for n, t in times.items()}, costs=costs(times),
         chain_seed=BENCH_SEED, chain_tokens=len(plain.output_ids),
         plain_steps=len(plain.output_ids) - 1, verify_passes=stats["verify_passes"],
         drafts_proposed=stats["drafts_proposed"], drafts_accepted=stats["drafts_accepted"],

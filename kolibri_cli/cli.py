@@ -90,7 +90,7 @@ def _prompt_ids(model, text: str, raw: bool, max_tokens: int) -> tuple[list[int]
 def _proposer(k: int, window: str, name: str = "vllm"):
     from kolibri_cli.proposers import make_proposer, parse_window
 
-    if k < 1:
+    if k < 1:  # name the option; make_proposer's own check speaks of "k"
         raise KolibriError(f"--k must be at least 1 (got {k})")
     return make_proposer(name, k, parse_window(window))
 
@@ -172,7 +172,7 @@ def _compare(m, ids, max_tokens, proposer, as_json: bool) -> None:
         _print_json({"identical": same, "speedup": ratio, "plain": plain.to_dict(m.name),
                      "spec": _with_proposer(spec.to_dict(m.name), proposer)})
     else:
-        render.out.print(plain.text)
+        sys.stdout.write(plain.text + "\n")  # model text: never read as rich markup
         render.err.print(f"plain: {_stats_line(plain)}", highlight=False)
         render.err.print(f"spec:  {_stats_line(spec)}", highlight=False)
         render.err.print(f"spec / plain decode speed: {ratio:.2f}x; ids identical: {same}")
@@ -250,9 +250,9 @@ def goldens_record(
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n")] = 128,
     category: Annotated[str | None, typer.Option(
         help="Only these categories (comma-separated).")] = None,
-    limit: Annotated[int | None, typer.Option(help="At most N prompts in all.")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most N prompts in all.")] = None,
     per_category: Annotated[int | None, typer.Option(
-        help="At most N prompts per category.")] = None,
+        min=1, help="At most N prompts per category.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template.")] = False,
     model: ModelOpt = None,
     threads: ThreadsOpt = None,
@@ -263,7 +263,11 @@ def goldens_record(
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    if engine not in golden_record.ENGINES:
+        raise KolibriError(f"unknown engine {engine!r} ({' or '.join(golden_record.ENGINES)})")
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
+    if output.is_dir():
+        raise KolibriError(f"cannot write {output}: it is a folder")
     m = _load(model, threads)
     chat = not raw and m.tokenizer.chat_template is not None
     with render.progress_bar(f"recording ({engine}) ") as bar:
@@ -325,10 +329,10 @@ def bench(
     from kolibri_cli.bench_run import run_bench
     from kolibri_cli.kernel import get_threads
 
-    proposer = _proposer(k, window, proposer_name)
+    _proposer(k, window, proposer_name)  # bad settings fail before the model loads
     m = _load(model, threads)
     render.err.print(f"benchmarking {m.name}: {repeats} repeats, {get_threads()} threads ...")
-    result = run_bench(m, proposer, repeats, get_threads())
+    result = run_bench(m, lambda: _proposer(k, window, proposer_name), repeats, get_threads())
     if as_json:
         return _print_json(result.to_dict())
     render.out.print(render.bench_table(result))

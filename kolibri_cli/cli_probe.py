@@ -246,6 +246,9 @@ def _command(cfg) -> str:
     for flag, value in optional.items():
         if value:
             args += [flag, str(value)]
+    args += [flag for flag, on in (("--measure", cfg.measure), ("--bench", cfg.bench)) if on]
+    if cfg.model:
+        args += ["--model", cfg.model]
     args += ["--markdown", _rel(cfg.markdown)]
     if cfg.plot:
         args += ["--plot", _rel(cfg.plot)]

@@ -100,8 +100,9 @@ def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
         tok = int(_argmax(tf.forward([tok], len(prompt_ids) + len(out) - 1, cache))[0])
         out.append(tok)
         on_tokens and on_tokens([tok])
+    decode_s = time.perf_counter() - t0
     return GenerationResult(list(prompt_ids), out, model.tokenizer.decode(out), prefill_s,
-                            time.perf_counter() - t0, forward_passes=len(out))
+                            decode_s, forward_passes=len(out))
 
 
 def _verify(tf, last: int, drafts: list[int], pos: int, cache) -> tuple[int, list[int]]:
@@ -136,8 +137,9 @@ def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
         proposer_s += _observe(proposer, context[: n_ctx + len(out)], len(drafts), a,
                                final=out[-1] in eos or len(out) >= max_tokens, produced=len(new))
         on_tokens and on_tokens(new)
+    decode_s = time.perf_counter() - t0
     return GenerationResult(list(prompt_ids), out, model.tokenizer.decode(out), prefill_s,
-                            time.perf_counter() - t0, forward_passes=1 + len(passes),
+                            decode_s, forward_passes=1 + len(passes),
                             mode="spec", passes=passes, proposer_s=proposer_s)
 
 

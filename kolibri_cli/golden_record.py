@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.generate import generate_plain
-from kolibri_cli.goldens import Golden, PromptSpec
+from kolibri_cli.goldens import Golden, PromptSpec, first_divergence
 
+ENGINES = ("kolibri", "transformers")
 NEAR_TIE = 1e-3  # a divergence at a reference margin below this is float rounding, not a bug
 Step = Callable[[int, int], None]  # (done, total)
 
@@ -79,16 +80,12 @@ class CheckResult:
 def check_one(model, golden: Golden) -> CheckResult:
     ours = generate_plain(model, golden.prompt_ids, len(golden.output_ids)).output_ids
     ref = golden.output_ids
-    for i, (a, b) in enumerate(zip(ours, ref, strict=False)):
-        if a != b:
-            margins = golden.reference.get("top2_margins") or []
-            margin = margins[i] if i < len(margins) else None
-            return CheckResult(golden.id, False, len(ref), i, a, b, margin)
-    if len(ours) != len(ref):
-        i = min(len(ours), len(ref))
-        return CheckResult(golden.id, False, len(ref), i, ours[i] if i < len(ours) else None,
-                           ref[i] if i < len(ref) else None)
-    return CheckResult(golden.id, True, len(ref))
+    i = first_divergence(ours, ref)
+    if i is None:
+        return CheckResult(golden.id, True, len(ref))
+    margins = golden.reference.get("top2_margins") or []
+    at = lambda ids: ids[i] if i < len(ids) else None  # noqa: E731
+    return CheckResult(golden.id, False, len(ref), i, at(ours), at(ref), at(margins))
 
 
 def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> None:

@@ -66,6 +66,14 @@ def save_goldens(path: str | Path, goldens: list[Golden]) -> None:
     write_text_atomic(path, "".join(line + "\n" for line in lines))
 
 
+def first_divergence(ours: list[int], golden: list[int]) -> int | None:
+    """The first index where two chains differ (a shorter chain differs where it ends)."""
+    for i, (a, b) in enumerate(zip(ours, golden, strict=False)):
+        if a != b:
+            return i
+    return None if len(ours) == len(golden) else min(len(ours), len(golden))
+
+
 def find_golden_files(paths: list[str | Path]) -> list[Path]:
     """Files as given; folders expand to every golden file under them (sorted): each *.jsonl
     except prompt files (whose first object has no "output_ids"), so goldens/prompts/ is skipped."""

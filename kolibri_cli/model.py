@@ -61,6 +61,6 @@ def load_model(spec: str | None = None, notify=None, progress=None) -> Model:
     from kolibri_cli.kernel import is_compiled
 
     if notify and not is_compiled():
-        notify("compiling the forward kernel (first run only, about 15 s) ...")
+        notify("compiling the forward kernel (first run only, seconds) ...")
     model.transformer.warm_up()
     return model

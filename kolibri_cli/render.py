@@ -7,6 +7,7 @@ import sys
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -82,11 +83,12 @@ def check_table(results) -> Table:
     rows = []
     for r in results:
         if r.identical:
-            rows.append([r.id, r.tokens, "identical", "", "", ""])
+            rows.append([escape(str(r.id)), r.tokens, "identical", "", "", ""])
         else:
             margin = "" if r.reference_margin is None else f"{r.reference_margin:.2e}"
             verdict = "near-tie" if r.explained else "DIVERGES"
-            rows.append([r.id, r.tokens, verdict, r.index, f"{r.ours} vs {r.reference}", margin])
+            pair = f"{r.ours} vs {r.reference}"
+            rows.append([escape(str(r.id)), r.tokens, verdict, r.index, pair, margin])
     return table("kolibri vs golden", ["id", "tokens", "result", "index", "ours vs ref",
                                        "ref margin"], rows)
 
@@ -99,7 +101,7 @@ def bench_table(r) -> Table:
         ("bandwidth bound", f"{r.bound_tokens_per_s:.1f} tok/s"),
         ("plain decode",
          f"{r.plain_tokens_per_s:.1f} tok/s = {r.fraction_of_bound:.0%} of the bound"),
-        ("spec decode", f"{r.spec_tokens_per_s:.1f} tok/s (k={r.k}, window "
+        ("spec decode", f"{r.spec_tokens_per_s:.1f} tok/s ({r.proposer}, k={r.k}, window "
                         f"{r.window[0]}-{r.window[1]})"),
         ("spec / plain", f"{r.spec_speedup:.2f}x"),
         ("bench chain", f"seed {r.chain_seed}: {r.plain_steps} plain steps, {r.verify_passes} "

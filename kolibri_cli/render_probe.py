@@ -7,6 +7,7 @@ the only module that imports rich; matplotlib is optional and imported only for 
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -92,7 +93,7 @@ def goldens_table(run: SimRun) -> Table:
     for name, cell in zip(SHORT_COLUMNS, count_cells(run.total), strict=True):
         table.add_column(name, footer=cell, justify="right")
     for g in run.goldens:
-        table.add_row(str(g.id), g.category, *count_cells(g.counts))
+        table.add_row(escape(str(g.id)), escape(g.category), *count_cells(g.counts))
     return table
 
 
@@ -102,7 +103,7 @@ def category_table(run: SimRun) -> Table:
     for name in SHORT_COLUMNS:
         table.add_column(name, justify="right")
     for category, counts in run.by_category().items():
-        table.add_row(category, *count_cells(counts))
+        table.add_row(escape(category), *count_cells(counts))
     return table
 
 
@@ -215,7 +216,8 @@ def measured_table(m, label: str) -> Table:
     yes = lambda ok: "yes" if ok else "[red]NO[/]"  # noqa: E731
     for g in m.goldens:
         diverge = "same" if g.first_divergence is None else f"differs at {g.first_divergence}"
-        table.add_row(str(g.id), f"{g.plain_tokens_per_s:.1f}", f"{g.spec_tokens_per_s:.1f}",
+        table.add_row(escape(str(g.id)), f"{g.plain_tokens_per_s:.1f}",
+                      f"{g.spec_tokens_per_s:.1f}",
                       fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup),
                       yes(g.spec_equals_plain), yes(g.counts_match_simulation), diverge)
     table.add_row("[bold]total[/]", f"{m.plain_tokens_per_s:.1f}", f"{m.spec_tokens_per_s:.1f}",

@@ -209,3 +209,16 @@ def test_measured_section_and_speedup_gate(goldens):
     assert check_gates([run_], min_speedup=1.0) == [
         "measured speedup n/a < min-speedup 1 (vllm k=3 window=1-2)"
     ]
+
+
+def test_speedup_gate_skips_unmeasured_runs_of_a_sweep(goldens):
+    from kolibri_cli.goldens import load_goldens
+    from kolibri_cli.probe.report import Measured, check_gates
+    from kolibri_cli.probe.simulate import sweep
+
+    runs = sweep(load_goldens(goldens), [1, 3], [(1, 2)])
+    measured = {("vllm", 3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0}, 0.0, True, True)}
+    assert check_gates(runs, min_speedup=1.2, measured=measured) == []
+    assert check_gates(runs, min_speedup=1.4, measured=measured) == [
+        "measured speedup 1.300 < min-speedup 1.4 (vllm k=3 window=1-2)"
+    ]

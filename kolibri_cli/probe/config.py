@@ -42,7 +42,7 @@ class ProbeConfig:
     measure: bool = False  # run the model too (plain and spec) for the best configuration
     model: str | None = None  # model name or folder for --measure (default: the default model)
     threads: int | None = None  # kernel threads for --measure (default: all cores)
-    bench: bool = False  # add the speculative issue's bench chain: not available yet
+    bench: bool = False  # add the bench chain (the model generates its chain)
     allow_model_mismatch: bool = False  # measure goldens recorded for another model
     min_ratio: float | None = None  # gate: every run's total ratio >= this
     min_acceptance: float | None = None  # gate: every run's acceptance rate >= this
@@ -98,6 +98,8 @@ def read_probe_toml(path: Path) -> dict:
             raw = tomllib.load(f)
     except FileNotFoundError:
         raise KolibriError(f"{path}: probe config not found") from None
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot read the probe config ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise KolibriError(f"{path}: not valid TOML: {e}") from None
     unknown = sorted(set(raw) - set(FIELDS))

@@ -14,19 +14,12 @@ from collections.abc import Callable
 
 from kolibri_cli.bench import verify_costs
 from kolibri_cli.generate import GenerationResult, generate_plain, generate_spec
-from kolibri_cli.goldens import Golden
+from kolibri_cli.goldens import Golden, first_divergence
 from kolibri_cli.probe.report import Measured, MeasuredGolden
 from kolibri_cli.probe.simulate import SimRun, predicted_speedup, simulate_chain, spec_time
 
 Step = Callable[[int, int], None]  # (done, total)
 COST_REPEATS = 3
-
-
-def first_divergence(ours: list[int], golden: list[int]) -> int | None:
-    for i, (a, b) in enumerate(zip(ours, golden, strict=False)):
-        if a != b:
-            return i
-    return None if len(ours) == len(golden) else min(len(ours), len(golden))
 
 
 def _step_s(plain: GenerationResult) -> float:
