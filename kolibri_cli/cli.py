@@ -62,7 +62,7 @@ def _load(spec: str | None, threads: int | None = None):
 
         set_threads(threads)
     with render.progress_bar() as bar:
-        return load_model(spec, notify=lambda m: render.err.print(m), progress=bar)
+        return load_model(spec, notify=render.err.print, progress=bar)
 
 
 def _read_prompt(prompt: str) -> str:

@@ -171,15 +171,9 @@ def _refuse_unavailable(cfg) -> None:
 
 
 def _load_model(cfg):
-    from kolibri_cli import render
-    from kolibri_cli.model import load_model
+    from kolibri_cli.cli import _load  # the one model loader of the CLI (progress, threads)
 
-    if cfg.threads:
-        from kolibri_cli.kernel import set_threads
-
-        set_threads(cfg.threads)
-    with render.progress_bar() as bar:
-        return load_model(cfg.model, notify=render.err.print, progress=bar)
+    return _load(cfg.model, cfg.threads)
 
 
 def _bench_golden(model):

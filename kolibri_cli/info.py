@@ -50,7 +50,7 @@ def model_info(spec: str | None) -> ModelInfo:
     read = params - (0 if config.tie_word_embeddings else embed)  # untied: embedding not read
     meta = store.provenance(path)
     return ModelInfo(
-        name=meta.get("name") or spec or store.DEFAULT_MODEL, path=str(path),
+        name=store.display_name(spec, meta), path=str(path),
         architecture=config.architecture, parameters=params, bytes_per_token=4 * read,
         dtypes=sorted({dtype for dtype, _ in index.values()}),
         context_length=config.max_position_embeddings, layers=config.num_hidden_layers,

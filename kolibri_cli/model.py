@@ -51,7 +51,7 @@ def load_model(spec: str | None = None, notify=None, progress=None) -> Model:
     weights = layout(config, loader.load_tensors(path, config))
     meta = store.provenance(path)
     model = Model(
-        name=meta.get("name") or spec or store.DEFAULT_MODEL,
+        name=store.display_name(spec, meta),
         path=path,
         config=config,
         tokenizer=tokenizer,

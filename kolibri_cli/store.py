@@ -240,6 +240,11 @@ def resolve(spec: str | None, notify: Notify | None = None,
     )
 
 
+def display_name(spec: str | None, meta: dict) -> str:
+    """The name a model was pulled or imported as, else what the user gave, else the default."""
+    return meta.get("name") or spec or DEFAULT_MODEL
+
+
 def provenance(folder: Path) -> dict:
     meta = folder / "kolibri.json"
     return json.loads(meta.read_text()) if meta.is_file() else {}
