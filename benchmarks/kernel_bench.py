@@ -14,10 +14,11 @@ import time
 
 import numpy as np
 
-from kolibri_cli import bench
-from kolibri_cli.config import ModelConfig
-from kolibri_cli.kernel import Transformer, set_threads
-from kolibri_cli.weights import random_weights
+from kolibri_cli.bench import timing as bench
+from kolibri_cli.engine.config import ModelConfig
+from kolibri_cli.engine.jit import set_threads
+from kolibri_cli.engine.kernel import Transformer
+from kolibri_cli.engine.weights import random_weights
 
 
 def smollm2_135m(n_layers: int) -> ModelConfig:

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from kolibri_cli.proposers import NgramProposer
+from kolibri_cli.decode.proposers import NgramProposer
 
-DECODE_STEP_S = 1 / 29  # the default model's plain decode step on this machine (issue 2)
+DECODE_STEP_S = 1 / 29  # the default model's plain float32 decode step, first machine
 
 
 def contexts(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -52,7 +52,8 @@ def main() -> None:
                 median = statistics.median(times)
                 p90 = statistics.quantiles(times, n=10)[-1]
                 print(
-                    f"{proposer.describe():24s} T={args.context} {name:20s} {kind:7s} "
+                    f"{proposer.name} k=5 window={window[0]}-{window[1]}  T={args.context} "
+                    f"{name:20s} {kind:7s} "
                     f"median {median * 1e6:8.1f} us  p90 {p90 * 1e6:8.1f} us  "
                     f"= {median / DECODE_STEP_S:.2%} of a decode step"
                 )

@@ -63,7 +63,7 @@ def chat_section(costs: str) -> str:
     text = (BUILD / "feasibility-chat.md").read_text()
     body = text.split("\n", 1)[1].replace("../docs/feasibility.png", "feasibility.png")
     body = "\n".join(line for line in body.split("\n") if not line.startswith("Regenerate with"))
-    head = ("## Chat goldens (goldens/smollm2-135m-instruct/chat.jsonl)\n\n"
+    head = ("## Chat goldens (kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl)\n\n"
             f"c(n) for the modelled speedups and the adaptive proposer, measured by `kolibri bench "
             f"--k 8` in this run: {costs}.\n")
     return head + body.replace("\n## ", "\n### ")

@@ -32,7 +32,7 @@ def pulled_default(tmp_path_factory) -> PulledModel:
     Tests using it should be marked `@pytest.mark.model`. The GGUF is kept (hard-linked out of
     the pull's temporary folder) so conversion can be compared with transformers' GGUF loader.
     """
-    from kolibri_cli import store
+    from kolibri_cli.store import cache as store
 
     home = tmp_path_factory.mktemp("pulled-home")
     keep = tmp_path_factory.mktemp("pulled-gguf")
@@ -68,7 +68,7 @@ def tiny_llama_tensors(seed: int = 0) -> dict:
     """float32 tensors for TINY_LLAMA_CONFIG, every name and shape the loader expects."""
     import numpy as np
 
-    from kolibri_cli.config import ModelConfig
+    from kolibri_cli.engine.config import ModelConfig
 
     rng = np.random.default_rng(seed)
     shapes = ModelConfig.from_dict(TINY_LLAMA_CONFIG).weight_shapes()

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from conftest import TINY_LLAMA_CONFIG, write_tiny_tokenizer
 
-from kolibri_cli.config import ModelConfig
+from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.proposers import NgramProposer
+from kolibri_cli.engine.config import ModelConfig
+from kolibri_cli.engine.rope import rope_frequencies
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.generate import generate_plain, generate_spec
-from kolibri_cli.info import model_info
-from kolibri_cli.kernel import rope_frequencies
-from kolibri_cli.model import load_model
-from kolibri_cli.proposers import NgramProposer
+from kolibri_cli.store.info import model_info
+from kolibri_cli.store.models import open_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -106,7 +106,7 @@ def built(tmp_path_factory):
             arch, changes = CASES[name]
             folder = tmp_path_factory.mktemp(f"{name}-{dtype}")
             ref = saved(hf_model(arch, changes), folder, dtype)
-            cache[name, dtype] = load_model(str(folder)), ref
+            cache[name, dtype] = open_model(str(folder)), ref
         return cache[name, dtype]
 
     return get
@@ -195,7 +195,7 @@ def test_model_info_reports_features(built):
 ])
 def test_unsupported_configs_name_the_problem(tiny_llama_folder, changes, message):
     with pytest.raises(KolibriError, match=message):
-        load_model(str(tiny_llama_folder(config_changes=changes)))
+        open_model(str(tiny_llama_folder(config_changes=changes)))
 
 
 def test_missing_qwen_tensors_are_listed(tiny_llama_folder):
@@ -203,7 +203,7 @@ def test_missing_qwen_tensors_are_listed(tiny_llama_folder):
     folder = tiny_llama_folder(config_changes={"architectures": ["Qwen3ForCausalLM"],
                                                "model_type": "qwen3"})
     with pytest.raises(KolibriError, match=r"missing tensors .*q_norm\.weight"):
-        load_model(str(folder))
+        open_model(str(folder))
 
 
 def test_config_json_of_transformers_round_trips():

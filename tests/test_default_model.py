@@ -3,30 +3,30 @@ recorded in the shipped goldens, speculative output equals plain output on every
 the real spec runs' counts equal the probe's simulation."""
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
-from kolibri_cli.generate import generate_plain, generate_spec
-from kolibri_cli.golden_record import check_one
-from kolibri_cli.goldens import load_goldens
+from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.proposers import NgramProposer
+from kolibri_cli.goldens.chains import DEFAULT_CHAT as CHAT
+from kolibri_cli.goldens.chains import load_goldens
+from kolibri_cli.goldens.record import check_one
 from kolibri_cli.probe.simulate import simulate_chain
-from kolibri_cli.proposers import NgramProposer
 
 pytestmark = pytest.mark.model
 
-GOLDENS = load_goldens(Path(__file__).parents[1] / "goldens/smollm2-135m-instruct/chat.jsonl")
+GOLDENS = load_goldens(CHAT)
 # "What is the capital of France?" through the chat template, greedy, transformers float32
 FRANCE_IDS = [504, 3575, 282, 4649, 314, 7042, 30, 2]
 
 
 @pytest.fixture(scope="session")
 def model(pulled_default):
-    from kolibri_cli.model import load_model
+    from kolibri_cli.store.models import open_model
 
-    return load_model(str(pulled_default.path))
+    return open_model(str(pulled_default.path))
 
 
 @pytest.fixture(scope="session")
@@ -92,7 +92,7 @@ def test_measured_probe_counts_equal_simulation_on_smoke_goldens(pulled_default,
     """`kolibri probe --measure`: the real spec run's counts equal the simulated ones, spec ==
     plain, and the model's plain chain equals the golden (no timing is asserted)."""
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
-    goldens = Path(__file__).parents[1] / "goldens/smollm2-135m-instruct/chat.jsonl"
+    goldens = CHAT
     args = ["probe", "--goldens", str(goldens), "--limit", "3", "--max-tokens", "48",
             "--measure", "--json"]
     result = CliRunner().invoke(app, args)

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import MODELS, prompts, tiny_model
 
-from kolibri_cli.generate import GenerationResult, VerifyPass, generate_plain, generate_spec
+from kolibri_cli.decode.generate import GenerationResult, VerifyPass, generate_plain, generate_spec
+from kolibri_cli.decode.proposers import NgramProposer
 from kolibri_cli.probe.simulate import simulate_chain
-from kolibri_cli.proposers import NgramProposer
 
 
 @settings(max_examples=40, deadline=None)

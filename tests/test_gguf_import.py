@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kolibri_cli import gguf_convert, store
 from kolibri_cli.cli import app
+from kolibri_cli.engine.loader import read_safetensors, sha256_files
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.loader import read_safetensors
-from kolibri_cli.model import load_model
+from kolibri_cli.store import cache as store
+from kolibri_cli.store import gguf as gguf_convert
+from kolibri_cli.store.models import open_model
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -167,10 +168,10 @@ def test_f32_import_gives_transformers_logits(kolibri_home, tmp_path, case):
     write_gguf(path, hf, case.split("-")[0].replace("llama3", "llama"))
     name, folder = store.import_gguf(path)
     assert name == f"tiny-{case}" and folder == store.model_dir(name)
-    model = load_model(name)
+    model = open_model(name)
     assert model.config.architecture == HF[case][0]
     assert model.config.rope_scaling.rope_type == hf.config.rope_parameters["rope_type"]
-    assert model.source_sha256 == store.sha256_file(path)
+    assert model.source_sha256 == sha256_files([path])
     ids = np.random.default_rng(0).integers(0, N_VOCAB, 40)
     with torch.no_grad():
         expect = hf(torch.tensor(ids[None])).logits[0].numpy()
@@ -204,7 +205,7 @@ def test_tokenizer_and_chat_template_come_from_the_gguf(kolibri_home, tmp_path):
     split = {}
     for pre in ("smollm", "gpt-2", "llama-bpe", "qwen2"):
         write_gguf(tmp_path / f"{pre}.gguf", hf, "llama", pre=pre)
-        model = load_model(store.import_gguf(tmp_path / f"{pre}.gguf")[0])
+        model = open_model(store.import_gguf(tmp_path / f"{pre}.gguf")[0])
         tok = model.tokenizer
         assert tok.chat_template == TEMPLATE
         assert tok.decode(tok.encode("hello 12345<|im_end|>")) == "hello 12345"
@@ -224,7 +225,7 @@ def test_cli_import_then_info(kolibri_home, tmp_path):
     info = json.loads(CliRunner().invoke(app, ["model", "info", "mine", "--json"]).stdout)
     assert (info["architecture"], info["qk_norm"], info["head_dim"]) == (
         "Qwen3ForCausalLM", True, 32)
-    assert info["source"]["gguf_sha256"] == store.sha256_file(tmp_path / "m.gguf")
+    assert info["source"]["gguf_sha256"] == sha256_files([tmp_path / "m.gguf"])
     again = CliRunner().invoke(app, ["model", "import", str(tmp_path / "m.gguf"), "--name", "mine"])
     assert again.exit_code == 1 and "already in the cache" in again.stderr
 

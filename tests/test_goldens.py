@@ -6,7 +6,13 @@ from pathlib import Path
 import pytest
 
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.goldens import Golden, find_golden_files, load_goldens, read_prompts, save_goldens
+from kolibri_cli.goldens.chains import (
+    Golden,
+    find_golden_files,
+    load_goldens,
+    read_prompts,
+    save_goldens,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_BENCH = REPO.parent / "shared" / "datasets" / "spec_bench" / "question.jsonl"

@@ -8,11 +8,11 @@ import pytest
 from conftest import TINY_LLAMA_CONFIG, tiny_llama_tensors
 from safetensors.numpy import save_file
 
-from kolibri_cli import loader
-from kolibri_cli.config import ModelConfig
+from kolibri_cli.engine import loader
+from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.info import model_info
-from kolibri_cli.model import load_model
+from kolibri_cli.store.info import model_info
+from kolibri_cli.store.models import open_model
 
 CONFIG = ModelConfig.from_dict(TINY_LLAMA_CONFIG)
 
@@ -195,7 +195,7 @@ def test_folder_errors(tmp_path, tiny_llama_folder):
     }
     for folder, message in cases.items():
         with pytest.raises(KolibriError, match=message):
-            load_model(str(folder))
+            open_model(str(folder))
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -210,7 +210,7 @@ def test_folder_errors(tmp_path, tiny_llama_folder):
 def test_config_errors_name_the_problem(tiny_llama_folder, changes, message):
     folder = tiny_llama_folder(config_changes=changes)
     with pytest.raises(KolibriError, match=message) as e:
-        load_model(str(folder))
+        open_model(str(folder))
     assert str(folder / "config.json") in str(e.value)
 
 

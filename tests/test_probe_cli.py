@@ -109,8 +109,8 @@ def test_bad_input_is_one_line_and_empty_stdout(goldens, args, message):
 def test_missing_goldens_and_default_folder(tmp_path, monkeypatch):
     result = run("--goldens", tmp_path / "nope.jsonl")
     assert (result.exit_code, result.stdout) == (1, "")
-    assert "nope.jsonl not found" in result.stderr
-    monkeypatch.setattr(probe_config, "DEFAULT_GOLDENS", tmp_path)
+    assert "nope.jsonl not found: pass --goldens with a golden JSONL file" in result.stderr
+    monkeypatch.setattr(probe_config, "SHIPPED_GOLDENS", tmp_path)
     result = run()
     assert (result.exit_code, result.stdout) == (1, "")
     assert f"no golden files (*.jsonl) found in {tmp_path}" in result.stderr
@@ -186,7 +186,7 @@ def test_plot_written(goldens, tmp_path):
 
 
 def test_measured_section_and_speedup_gate(goldens):
-    from kolibri_cli.goldens import load_goldens
+    from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.config import ProbeConfig
     from kolibri_cli.probe.report import Measured, MeasuredGolden, build_report, check_gates
     from kolibri_cli.probe.simulate import simulate
@@ -212,7 +212,7 @@ def test_measured_section_and_speedup_gate(goldens):
 
 
 def test_speedup_gate_skips_unmeasured_runs_of_a_sweep(goldens):
-    from kolibri_cli.goldens import load_goldens
+    from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.report import Measured, check_gates
     from kolibri_cli.probe.simulate import sweep
 
@@ -222,3 +222,61 @@ def test_speedup_gate_skips_unmeasured_runs_of_a_sweep(goldens):
     assert check_gates(runs, min_speedup=1.4, measured=measured) == [
         "measured speedup 1.300 < min-speedup 1.4 (vllm k=3 window=1-2)"
     ]
+
+
+def test_measured_totals_with_one_token_goldens_predict_nothing():
+    """--max-tokens 1 leaves no decode step: the measured totals have nothing to predict (it
+    divided by zero)."""
+    from tiny_models import MODELS
+
+    from kolibri_cli.decode.generate import generate_plain
+    from kolibri_cli.goldens.chains import Golden
+    from kolibri_cli.probe.measure import measure_run
+    from kolibri_cli.probe.simulate import simulate
+
+    model = MODELS[0]
+    prompt = [5, 6, 7, 5, 6]
+    one = generate_plain(model, prompt, 1).output_ids
+    golden = Golden("g", "c", "p", False, prompt, one, "m", "0" * 64)
+    m = measure_run(model, [golden], simulate([golden], 3, (1, 2)))
+    assert m.predicted_speedup is None and m.spec_equals_plain and m.counts_match_simulation
+
+
+def test_regenerate_command_reproduces_the_report(goldens, tmp_path):
+    """The Markdown's 'Regenerate with' command, run as printed, writes the same report."""
+    import shlex
+
+    first, second = tmp_path / "a.md", tmp_path / "b.md"
+    result = run("--goldens", goldens, "--k", "1,3", "--window", "1-2", "--by-category",
+                 "--threads", "1", "--allow-model-mismatch", "--min-ratio", "1.1",
+                 "--markdown", first)
+    assert result.exit_code == 0, result.stderr
+    line = next(x for x in first.read_text().splitlines() if x.startswith("Regenerate with"))
+    command = shlex.split(line[line.index("`") + 1:line.rindex("`")])
+    assert "--threads" in command and "--allow-model-mismatch" in command
+    assert "--by-category" in command and "--min-ratio" in command
+    args = command[2:]
+    args[args.index("--markdown") + 1] = str(second)
+    assert run(*args).exit_code == 0
+    assert second.read_text() == first.read_text().replace(str(first.name), str(second.name))
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_tables_never_cut_a_number(tmp_path, width):
+    """At 80 and 60 columns every number of every table is printed whole (no '…')."""
+    path = tmp_path / "g.jsonl"
+    lines = [{"id": f"a-long-golden-name-{i}", "category": "summarization-and-more",
+              "prompt": "p", "chat": True, "prompt_ids": [1, 2, 3, 4, 5],
+              "output_ids": [1, 2, 3, 9, 1, 2, 3, 4] * (40 * i + 1), "model": "m",
+              "model_sha256": "0" * 64, "reference": {}} for i in range(3)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["--goldens", path, "--k", "1,3,10", "--window", "1-2,1-4", "--proposer",
+            "vllm,llamacpp-simple,suffix", "--by-category"]
+    result = CliRunner().invoke(app, ["probe", *map(str, args)], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.stderr
+    assert "…" not in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= width
+    doc = json.loads(run(*args, "--json").stdout)
+    best = next(r for r in doc["runs"] if r["best"])
+    for number in (best["total"]["plain_steps"], best["total"]["verify_passes"]):
+        assert f" {number} " in result.stdout

@@ -5,8 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kolibri_cli.errors import KolibriError
-from kolibri_cli.proposers import (
+from kolibri_cli.decode.proposers import (
     NgramProposer,
     Proposer,
     make_proposer,
@@ -15,6 +14,7 @@ from kolibri_cli.proposers import (
     parse_window,
     parse_window_list,
 )
+from kolibri_cli.errors import KolibriError
 
 
 def reference_propose(context: list[int], k: int, lo: int, hi: int, max_tokens: int) -> list[int]:
@@ -87,11 +87,10 @@ def test_accepts_lists_and_int_arrays():
     assert proposer.propose(np.array(context)[:5], 5) == [8, 1]  # a view, as the simulation passes
 
 
-def test_describe_and_protocol():
+def test_alias_and_protocol():
     proposer = make_proposer("ngram", 5, (1, 4))  # "ngram" is an alias of "vllm"
     assert isinstance(proposer, Proposer)
     assert proposer.name == "vllm"
-    assert proposer.describe() == "vllm k=5 window=1-4"
     with pytest.raises(KolibriError, match="unknown proposer 'eagle'"):
         make_proposer("eagle", 5, (1, 4))
 

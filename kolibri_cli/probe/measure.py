@@ -10,15 +10,20 @@ own plain chains), so stateful proposers see the same history in both.
 Non-goals: rendering (report.py, render_probe.py).
 """
 
-from collections.abc import Callable
 
-from kolibri_cli.bench import verify_costs
-from kolibri_cli.generate import GenerationResult, generate_plain, generate_spec
-from kolibri_cli.goldens import Golden, first_divergence
+from kolibri_cli.bench.timing import verify_costs
+from kolibri_cli.callbacks import Ticks
+from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
+from kolibri_cli.goldens.chains import Golden, first_divergence
 from kolibri_cli.probe.report import Measured, MeasuredGolden
-from kolibri_cli.probe.simulate import SimRun, predicted_speedup, simulate_chain, spec_time
+from kolibri_cli.probe.simulate import (
+    SimRun,
+    div_or_none,
+    predicted_speedup,
+    simulate_chain,
+    spec_time,
+)
 
-Step = Callable[[int, int], None]  # (done, total)
 COST_REPEATS = 3
 
 
@@ -65,7 +70,7 @@ def measure_golden(model, golden: Golden, sim_counts, run: SimRun,
     return measured, totals
 
 
-def measure_run(model, goldens: list[Golden], run: SimRun, step: Step | None = None) -> Measured:
+def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = None) -> Measured:
     """Measure one configuration over every golden; overall figures are sums."""
     per, totals = [], []
     proposers = (run.new_proposer(), run.new_proposer())
@@ -81,7 +86,7 @@ def measure_run(model, goldens: list[Golden], run: SimRun, step: Step | None = N
         plain_tokens_per_s=total("plain_tokens") / plain_s if plain_s else 0.0,
         spec_tokens_per_s=total("spec_tokens") / spec_s if spec_s else 0.0,
         speedup=plain_s / spec_s if spec_s else 0.0,
-        predicted_speedup=total("predicted_plain_s") / total("predicted_spec_s"),
+        predicted_speedup=div_or_none(total("predicted_plain_s"), total("predicted_spec_s")),
         costs=_median_costs([t["rel_costs"] for t in totals]),
         proposer_s_per_pass=total("proposer_s") / max(total("passes"), 1),
         spec_equals_plain=all(m.spec_equals_plain for m in per),

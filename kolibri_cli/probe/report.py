@@ -8,9 +8,10 @@ Schema: docs/probe.md. Bump SCHEMA_VERSION on any incompatible change.
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
+from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.probe.config import ProbeConfig
 from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
-from kolibri_cli.proposers import DEFAULT_COST_SLOPE, format_window
 
 SCHEMA_VERSION = 1
 RunKey = tuple[str, int, tuple[int, int]]  # (proposer, k, window)
@@ -304,7 +305,7 @@ def comparison_cells(run: SimRun, measured: Measured | None = None) -> list[str]
 MEASURED_COLUMNS = ["measured speedup", "predicted (measured c(n))"]
 
 
-def category_cell(run: SimRun, c: Counts) -> str:
+def category_cell(c: Counts) -> str:
     """ratio · acceptance · mean acceptance length of one proposer on one category."""
     return (f"{fmt_ratio(c.ratio)} · {fmt_pct(c.acceptance_rate)} · "
             f"{fmt_num(c.mean_acceptance_length)}")
@@ -317,9 +318,7 @@ def md_comparison(compared: list[SimRun], measured: dict[RunKey, Measured] | Non
     rows = [comparison_cells(r, m) + (["not run", ""] if any(found) and m is None else [])
             for r, m in zip(compared, found, strict=True)]
     by_cat = [r.by_category() for r in compared]
-    cat_rows = [[name, *(category_cell(r, cats[name]) for r, cats in zip(compared, by_cat,
-                                                                           strict=True))]
-                for name in by_cat[0]]
+    cat_rows = [[name, *(category_cell(cats[name]) for cats in by_cat)] for name in by_cat[0]]
     return ("## Proposers compared\n\nEach proposer at its best configuration by modelled "
             "speedup = plain_steps / sum of c(1 + len(d)), with c(n) from `--costs` or the "
             f"default model c(n) = 1 + {DEFAULT_COST_SLOPE:g} (n - 1); proposer time not "

@@ -3,7 +3,7 @@
 Greedy acceptance is exact: a draft token is accepted iff it equals the model's argmax, and the
 model's greedy chain IS the golden. So replaying the proposer over the golden gives the real spec
 run's counts (verify passes, drafts proposed/accepted) without running the model.
-Definitions (normative, issue 4; docs/probe.md): for prompt ids P and output ids G = g1..gN,
+Definitions (normative; docs/probe.md): for prompt ids P and output ids G = g1..gN,
 g1 from prefill, plain_steps = N - 1 and
 
     pos = 1
@@ -23,9 +23,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.decode.proposers import (
+    DEFAULT_PROPOSER,
+    Proposer,
+    draft,
+    format_window,
+    make_proposer,
+)
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.goldens import Golden
-from kolibri_cli.proposers import Proposer, cost_model, format_window, make_proposer
+from kolibri_cli.goldens.chains import Golden
 
 
 @dataclass
@@ -46,22 +53,22 @@ class Counts:
     @property
     def ratio(self) -> float | None:
         """plain_steps / verify_passes: the speedup if a verify pass cost one decode step."""
-        return _div(self.plain_steps, self.verify_passes)
+        return div_or_none(self.plain_steps, self.verify_passes)
 
     @property
     def acceptance_rate(self) -> float | None:
-        return _div(self.drafts_accepted, self.drafts_proposed)
+        return div_or_none(self.drafts_accepted, self.drafts_proposed)
 
     @property
     def mean_acceptance_length(self) -> float | None:
         """vLLM's definition: 1 + accepted / passes with drafts (tokens gained per drafted pass)."""
-        mean = _div(self.drafts_accepted, self.passes_with_drafts)
+        mean = div_or_none(self.drafts_accepted, self.passes_with_drafts)
         return None if mean is None else 1.0 + mean
 
     @property
     def accepted_per_position(self) -> list[float | None]:
         """accepted_at[i] / drafted_at[i]; None where nothing was drafted at position i."""
-        return [_div(a, d) for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
+        return [div_or_none(a, d) for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
 
     def record_pass(self, drafted: int, accepted: int) -> None:
         self.verify_passes += 1
@@ -98,6 +105,7 @@ class SimRun:
     total: Counts  # summed over goldens: ratio = sum plain_steps / sum verify_passes
     costs: dict[int, float] | None = None  # forward costs the run was simulated with (adaptive)
     cross_request: bool = False  # suffix: global tree over earlier goldens' outputs
+    eos_ids: tuple[int, ...] = ()  # the goldens' eos ids (hf cuts its drafts before them)
 
     @property
     def label(self) -> str:
@@ -110,7 +118,8 @@ class SimRun:
 
     def new_proposer(self) -> Proposer:
         """A fresh proposer configured like the one this run simulated."""
-        return make_proposer(self.proposer, self.k, self.window, self.costs, self.cross_request)
+        return make_proposer(self.proposer, self.k, self.window, self.costs, self.cross_request,
+                             self.eos_ids)
 
     def modelled_speedup(self, counts: Counts | None = None) -> float | None:
         """The cost model's speedup for `counts` (default: the total) with the run's costs, or
@@ -140,33 +149,34 @@ def simulate_chain(prompt_ids, output_ids, proposer: Proposer, k: int) -> Counts
         budget = min(k, n - pos - 1)
         # propose even when budget = 0 (it returns []): the generator does, and stateful
         # proposers must see the same calls in both
-        draft = proposer.propose(context[: len(prompt_ids) + pos], budget)[:budget]
-        accepted = _accepted_prefix(draft, golden[pos : pos + len(draft)])
-        counts.record_pass(len(draft), accepted)
+        drafted = draft(proposer, context[: len(prompt_ids) + pos], budget)
+        accepted = _accepted_prefix(drafted, golden[pos : pos + len(drafted)])
+        counts.record_pass(len(drafted), accepted)
         pos += accepted + 1
         if observe is not None:
-            observe(context[: len(prompt_ids) + pos], len(draft), accepted)
+            observe(context[: len(prompt_ids) + pos], len(drafted), accepted)
     return counts
 
 
 def simulate(
-    goldens: list[Golden], k: int, window: tuple[int, int], proposer: str = "vllm",
+    goldens: list[Golden], k: int, window: tuple[int, int], proposer: str = DEFAULT_PROPOSER,
     costs: dict[int, float] | None = None, cross_request: bool = False,
 ) -> SimRun:
     """Simulate one configuration over every golden, with one proposer instance, in order."""
-    drafter = make_proposer(proposer, k, window, costs, cross_request)
+    eos_ids = tuple(sorted({t for g in goldens for t in g.eos_ids}))
+    drafter = make_proposer(proposer, k, window, costs, cross_request, eos_ids)
     sims = [
         GoldenSim(g.id, g.category, simulate_chain(g.prompt_ids, g.output_ids, drafter, k))
         for g in goldens
     ]
     total = merge_counts([s.counts for s in sims], k)
     return SimRun(proposer=drafter.name, k=k, window=window, goldens=sims, total=total,
-                  costs=costs, cross_request=cross_request)
+                  costs=costs, cross_request=cross_request, eos_ids=eos_ids)
 
 
 def sweep(
     goldens: list[Golden], ks: list[int], windows: list[tuple[int, int]],
-    proposers: str | list[str] = "vllm", costs: dict[int, float] | None = None,
+    proposers: str | list[str] = DEFAULT_PROPOSER, costs: dict[int, float] | None = None,
     cross_request: bool = False,
 ) -> list[SimRun]:
     """Every (proposer, k, window), proposer-major then k-major:
@@ -234,7 +244,7 @@ def predicted_speedup(
     """
     if 1 not in costs:
         raise KolibriError("no forward cost measured for n = 1 token; measure c(n) first")
-    return _div(plain_steps * costs[1], spec_time(draft_lengths, costs, proposer_s_per_pass))
+    return div_or_none(plain_steps * costs[1], spec_time(draft_lengths, costs, proposer_s_per_pass))
 
 
 def _accepted_prefix(draft: list[int], truth) -> int:
@@ -255,5 +265,5 @@ def _add_into(total: list[int], values: list[int]) -> None:
         total[i] += v
 
 
-def _div(num: float, den: float) -> float | None:
+def div_or_none(num: float, den: float) -> float | None:
     return num / den if den else None

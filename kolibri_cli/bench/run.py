@@ -1,0 +1,78 @@
+"""`kolibri bench`: plain vs speculative speed on the bench chain, c(n), and the memory-bandwidth
+bound — every ratio taken from figures measured in the same run (medians of repeats)."""
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
+from kolibri_cli.bench.timing import costs, forward_times, measure_read_bandwidth
+from kolibri_cli.decode.generate import generate_plain, generate_spec
+
+COST_CONTEXT = 100  # tokens in the cache when c(n) is timed (a short chat prompt)
+
+
+@dataclass
+class BenchResult:
+    model: str
+    threads: int
+    proposer: str
+    k: int
+    window: tuple[int, int]
+    repeats: int
+    bandwidth_gb_s: float  # measured read bandwidth
+    bytes_per_token: int  # float32 weights one decode step reads
+    bound_tokens_per_s: float  # bandwidth / bytes_per_token
+    plain_tokens_per_s: float  # median decode tok/s on the bench chain
+    spec_tokens_per_s: float
+    spec_speedup: float  # spec / plain
+    fraction_of_bound: float  # plain / bound
+    forward_ms: dict[int, float]  # median n-token forward time at COST_CONTEXT
+    costs: dict[int, float]  # c(n) = forward(n) / forward(1)
+    chain_seed: int
+    chain_tokens: int
+    plain_steps: int
+    verify_passes: int
+    drafts_proposed: int
+    drafts_accepted: int
+    identical: bool  # spec ids == plain ids on every repeat
+
+    @property
+    def pass_ratio(self) -> float:
+        return self.plain_steps / self.verify_passes if self.verify_passes else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self) | {"pass_ratio": self.pass_ratio}
+        d["forward_ms"] = {str(n): t for n, t in self.forward_ms.items()}
+        d["costs"] = {str(n): c for n, c in self.costs.items()}
+        return d
+
+
+def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0) -> BenchResult:
+    """`new_proposer()` gives a fresh proposer per repeat: stateful ones (suffix, adaptive) then
+    repeat the same run."""
+    prompt = bench_prompt(model)
+    bandwidth = measure_read_bandwidth()
+    plain_tps, spec_tps, identical = [], [], True
+    for _ in range(repeats):  # alternate, so machine noise hits both modes alike
+        proposer = new_proposer()
+        plain = generate_plain(model, prompt, BENCH_NEW_TOKENS)
+        spec = generate_spec(model, prompt, BENCH_NEW_TOKENS, proposer)
+        plain_tps.append(plain.decode_tokens_per_s)
+        spec_tps.append(spec.decode_tokens_per_s)
+        identical &= spec.output_ids == plain.output_ids
+    k = proposer.k
+    times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats)
+    stats, nbytes = spec.spec_stats(), model.weights.nbytes_per_token()
+    p, s = statistics.median(plain_tps), statistics.median(spec_tps)
+    return BenchResult(
+        model=model.name, threads=threads, proposer=proposer.name, k=k,
+        window=(proposer.window_min, proposer.window_max),
+        repeats=repeats, bandwidth_gb_s=bandwidth / 1e9, bytes_per_token=nbytes,
+        bound_tokens_per_s=bandwidth / nbytes, plain_tokens_per_s=p, spec_tokens_per_s=s,
+        spec_speedup=s / p if p else 0.0, fraction_of_bound=p / (bandwidth / nbytes),
+        forward_ms={n: 1e3 * t for n, t in times.items()}, costs=costs(times),
+        chain_seed=BENCH_SEED, chain_tokens=len(plain.output_ids),
+        plain_steps=len(plain.output_ids) - 1, verify_passes=stats["verify_passes"],
+        drafts_proposed=stats["drafts_proposed"], drafts_accepted=stats["drafts_accepted"],
+        identical=identical,
+    )

@@ -1,0 +1,70 @@
+"""Kernel measurements as pure functions: read bandwidth, forward time, verify cost c(n).
+
+No CLI or rendering here (the `kolibri bench` command wires these in). Timings are medians of
+repeats; c(n) is measured interleaved in one run so machine noise hits every n alike.
+Non-goals: end-to-end tok/s of the generators, statistics beyond the median.
+"""
+
+import time
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _parallel_sum(a):
+    """a [n] float32 -> sum; vectorized and split across threads, so it runs at read bandwidth"""
+    s = np.float32(0.0)
+    for i in prange(a.shape[0]):
+        s += a[i]
+    return s
+
+
+def measure_read_bandwidth(nbytes: int = 512 << 20, repeats: int = 7) -> float:
+    """Bytes/s of a parallel read of a float32 array much larger than the caches (median)."""
+    a = np.ones(nbytes // 4, np.float32)
+    _parallel_sum(a)  # compile (or load from cache) and fault the pages in
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _parallel_sum(a)
+        times.append(time.perf_counter() - t0)
+    return a.nbytes / float(np.median(times))
+
+
+def _filled_cache(model, context_len: int, n_tokens: int, seed: int = 0):
+    """A cache holding context_len random positions, with room for n_tokens more."""
+    cache = model.new_cache(context_len + n_tokens)
+    ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, context_len + n_tokens)
+    if context_len:
+        model.forward(ids[:context_len], 0, cache)
+    return cache, ids[context_len:]
+
+
+def _time_once(model, cache, ids, context_len: int) -> float:
+    cache.length = context_len  # roll back: every repeat runs at the same context length
+    t0 = time.perf_counter()
+    model.forward(ids, context_len, cache)
+    return time.perf_counter() - t0
+
+
+def forward_times(model, max_n: int, context_len: int = 100, repeats: int = 7) -> dict[int, float]:
+    """Median seconds of an n-token forward for n = 1..max_n, measured interleaved in one run."""
+    cache, ids = _filled_cache(model, context_len, max_n)
+    times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
+    for n in times:  # warm-up
+        _time_once(model, cache, ids[:n], context_len)
+    for _ in range(repeats):
+        for n in times:
+            times[n].append(_time_once(model, cache, ids[:n], context_len))
+    return {n: float(np.median(t)) for n, t in times.items()}
+
+
+def verify_costs(model, max_n: int, context_len: int = 100, repeats: int = 7) -> dict[int, float]:
+    """c(n) = time(n-token forward) / time(1-token forward) for n = 1..max_n, from one run."""
+    return costs(forward_times(model, max_n, context_len, repeats))
+
+
+def costs(times: dict[int, float]) -> dict[int, float]:
+    """{n: seconds} -> {n: seconds / seconds of n=1}"""
+    return {n: t / times[1] for n, t in times.items()}

@@ -1,0 +1,7 @@
+"""The progress callbacks lower layers accept; the CLI passes ones that drive its bars."""
+
+from collections.abc import Callable
+
+Ticks = Callable[[int, int], None]  # (done, total) of one task
+Progress = Callable[[str, int, int], None]  # (stage, done, total): one bar per stage
+Notify = Callable[[str], None]  # a one-line note for the user (stderr)

@@ -1,0 +1,121 @@
+"""`kolibri generate`: text at the terminal, plain or n-gram speculative (the same ids)."""
+
+import sys
+from typing import Annotated
+
+import typer
+
+from kolibri_cli.cli.options import (
+    WINDOW_DEFAULT,
+    JsonOpt,
+    KOpt,
+    ModelOpt,
+    ProposerOpt,
+    ThreadsOpt,
+    WindowOpt,
+    load_model,
+    print_json,
+    proposer,
+)
+from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
+from kolibri_cli.errors import KolibriError
+
+
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt, or - to read it from stdin.")],
+    model: ModelOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most new tokens.")] = 256,
+    raw: Annotated[bool, typer.Option("--raw", help="No chat template: the bare prompt.")] = False,
+    spec: Annotated[bool, typer.Option("--spec", help="n-gram speculative decoding.")] = False,
+    k: KOpt = DEFAULT_K,
+    window: WindowOpt = WINDOW_DEFAULT,
+    compare: Annotated[bool, typer.Option(
+        "--compare", help="Run plain then spec, check identical ids, print both speeds.")] = False,
+    proposer_name: ProposerOpt = DEFAULT_PROPOSER,
+    threads: ThreadsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Generate text greedily, plainly or with n-gram speculation (same text either way)."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.decode.generate import generate_plain, generate_spec
+
+    if max_tokens < 1:
+        raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    drafter = proposer(k, window, proposer_name)  # validated even when unused
+    drafter = drafter if (spec or compare) else None
+    text = _read_prompt(prompt)
+    m = load_model(model, threads)
+    ids, max_tokens = _prompt_ids(m, text, raw, max_tokens)
+    if compare:
+        return _compare(m, ids, max_tokens, drafter, as_json)
+    streamer = None if as_json else render.TextStreamer(m.tokenizer)
+    try:
+        if drafter:
+            result = generate_spec(m, ids, max_tokens, drafter, streamer)
+        else:
+            result = generate_plain(m, ids, max_tokens, streamer)
+    finally:
+        if streamer:
+            streamer.finish()
+    if as_json:
+        return print_json(_with_proposer(result.to_dict(m.name), drafter))
+    render.err.print(_stats_line(result), highlight=False)
+
+
+def _read_prompt(prompt: str) -> str:
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if not text.strip():
+        raise KolibriError("the prompt is empty")
+    return text
+
+
+def _prompt_ids(model, text: str, raw: bool, max_tokens: int) -> tuple[list[int], int]:
+    """Encode; refuse a prompt that fills the context, cap max_tokens to what is left."""
+    from kolibri_cli.cli import render
+
+    chat = not raw and model.tokenizer.chat_template is not None
+    ids = model.tokenizer.encode_prompt(text, chat=chat)
+    context = model.config.max_position_embeddings
+    if len(ids) >= context:
+        raise KolibriError(f"the prompt is {len(ids)} tokens; the model's context is {context}")
+    if len(ids) + max_tokens > context:
+        max_tokens = context - len(ids)
+        render.err.print(f"note: --max-tokens capped to {max_tokens} by the context ({context})")
+    return ids, max_tokens
+
+
+def _stats_line(result) -> str:
+    s = (f"prompt {len(result.prompt_ids)} tokens, prefill {result.prefill_s * 1e3:.0f} ms, "
+         f"{result.new_tokens} new tokens, decode {result.decode_tokens_per_s:.1f} tok/s")
+    if result.mode == "spec":
+        st = result.spec_stats()
+        s += (f", {st['verify_passes']} verify passes, "
+              f"{st['drafts_accepted']}/{st['drafts_proposed']} drafts accepted")
+    return s
+
+
+def _with_proposer(obj: dict, drafter) -> dict:
+    if drafter is None:
+        return obj
+    return obj | {"proposer": drafter.name, "k": drafter.k,
+                  "window": [drafter.window_min, drafter.window_max]}
+
+
+def _compare(m, ids, max_tokens, drafter, as_json: bool) -> None:
+    from kolibri_cli.cli import render
+    from kolibri_cli.decode.generate import generate_plain, generate_spec
+
+    plain = generate_plain(m, ids, max_tokens)
+    spec = generate_spec(m, ids, max_tokens, drafter)
+    same = plain.output_ids == spec.output_ids
+    ratio = spec.decode_tokens_per_s / plain.decode_tokens_per_s if plain.decode_s else 0.0
+    if as_json:
+        print_json({"identical": same, "speedup": ratio, "plain": plain.to_dict(m.name),
+                    "spec": _with_proposer(spec.to_dict(m.name), drafter)})
+    else:
+        sys.stdout.write(plain.text + "\n")  # model text: never read as rich markup
+        render.err.print(f"plain: {_stats_line(plain)}", highlight=False)
+        render.err.print(f"spec:  {_stats_line(spec)}", highlight=False)
+        render.err.print(f"spec / plain decode speed: {ratio:.2f}x; ids identical: {same}")
+    if not same:
+        raise KolibriError("speculative output differs from plain greedy output (a kernel bug)")

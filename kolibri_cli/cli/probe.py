@@ -1,0 +1,268 @@
+"""`kolibri probe`: would n-gram speculation pay off on these goldens, with which proposer, k and
+window?
+
+Parses options (on top of an optional PROBE.toml), simulates, renders, gates. Heavy modules
+(numba, the simulation, rich rendering) are imported inside the command so `kolibri --help`
+stays fast.
+"""
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import typer
+
+from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
+from kolibri_cli.decode.proposers import (
+    DEFAULT_K,
+    DEFAULT_PROPOSER,
+    DEFAULT_WINDOW,
+    PROPOSERS,
+    format_window,
+)
+from kolibri_cli.errors import KolibriError
+
+
+def probe(
+    config: Path | None = typer.Argument(
+        None,
+        metavar="PROBE.toml",
+        help="PROBE.toml with saved options (paths in it are relative to it).",
+    ),
+    goldens: list[Path] | None = typer.Option(
+        None,
+        "--goldens",
+        "-g",
+        metavar="PATH",
+        help="Golden JSONL file or folder (repeatable). [default: the shipped goldens]",
+    ),
+    k: str | None = typer.Option(
+        None,
+        "--k",
+        metavar="K[,K...]",
+        help=f"Draft tokens per pass, or a sweep: 1,2,3,5,8. [default: {DEFAULT_K}]",
+    ),
+    window: str | None = typer.Option(
+        None,
+        "--window",
+        metavar="MIN-MAX[,...]",
+        help="n-gram lengths MIN-MAX or N, or a sweep: 1-4,2-4,3-5. "
+        f"[default: {format_window(DEFAULT_WINDOW)}]",
+    ),
+    proposer: str | None = typer.Option(
+        None,
+        "--proposer",
+        metavar="NAME[,...]",
+        help=f"Draft proposer(s): {', '.join(PROPOSERS)} (ngram = vllm); several = a "
+        f"comparison table. [default: {DEFAULT_PROPOSER}]",
+    ),
+    cross_request: bool | None = typer.Option(
+        None,
+        "--cross-request/--no-cross-request",
+        help="suffix: also draft from a global tree over earlier goldens' outputs.",
+    ),
+    costs: str | None = typer.Option(
+        None,
+        "--costs",
+        metavar="C1,C2,...",
+        help="Forward costs c(1),c(2),... (from `kolibri bench`) for adaptive and the modelled "
+        f"speedup. [default: c(n) = 1 + {DEFAULT_COST_SLOPE:g} (n - 1)]",
+    ),
+    category: str | None = typer.Option(
+        None,
+        "--category",
+        metavar="NAME[,...]",
+        help="Only goldens of these categories (comma-separated).",
+    ),
+    limit: int | None = typer.Option(None, "--limit", metavar="N", help="At most N goldens."),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", metavar="N", help="Use only the first N output ids of each golden."
+    ),
+    by_category: bool | None = typer.Option(
+        None, "--by-category/--no-by-category", help="Also show counts per category."
+    ),
+    min_ratio: float | None = typer.Option(
+        None, "--min-ratio", metavar="X", help="Gate: exit 1 if a run's ratio is below this."
+    ),
+    min_acceptance: float | None = typer.Option(
+        None,
+        "--min-acceptance",
+        metavar="Y",
+        help="Gate: exit 1 if a run's acceptance rate is below this (0-1).",
+    ),
+    min_speedup: float | None = typer.Option(
+        None,
+        "--min-speedup",
+        metavar="Z",
+        help="Gate: exit 1 if a measured speedup is below this (needs --measure).",
+    ),
+    markdown: Path | None = typer.Option(
+        None, "--markdown", metavar="FILE", help="Write a Markdown report to FILE."
+    ),
+    json_out: bool | None = typer.Option(
+        None, "--json/--no-json", help="Print one JSON object on stdout instead of tables."
+    ),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE.png",
+        help="Write a PNG (sweep + per-position acceptance); needs matplotlib.",
+    ),
+    measure: bool | None = typer.Option(
+        None,
+        "--measure/--no-measure",
+        help="Also run the model, plain and spec, on every golden (for the best configuration "
+        "of a sweep): tok/s, measured vs predicted speedup, spec == plain.",
+    ),
+    bench: bool | None = typer.Option(
+        None,
+        "--bench/--no-bench",
+        help="Add the bench chain (a seeded random prompt whose greedy continuation cycles; "
+        "runs the model once for its chain).",
+    ),
+    model: str | None = typer.Option(
+        None, "--model", "-m", metavar="NAME|PATH", help="Model for --measure. "
+        "[default: smollm2-135m-instruct]"
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", "-t", metavar="N", help="Kernel threads for --measure."
+    ),
+    allow_model_mismatch: bool | None = typer.Option(
+        None,
+        "--allow-model-mismatch/--no-allow-model-mismatch",
+        help="Measure goldens recorded for another model.",
+    ),
+) -> None:
+    """Simulate n-gram speculation over golden chains: exact counts, no model needed."""
+    overrides = dict(locals())  # option name -> value; None = not given (PROBE.toml decides)
+    overrides.pop("config")
+    overrides["json"] = overrides.pop("json_out")
+    from kolibri_cli.probe.config import load_config
+
+    run_probe(load_config(config, overrides))
+
+
+def run_probe(cfg) -> None:
+    """Simulate, write the requested files, print, then apply the gates."""
+    from kolibri_cli.cli.render_probe import render_probe, require_matplotlib, write_plot
+    from kolibri_cli.probe.config import select_goldens
+    from kolibri_cli.probe.report import build_report, check_gates, render_markdown
+    from kolibri_cli.probe.simulate import sweep
+
+    _refuse_unavailable(cfg)
+    if cfg.plot:
+        require_matplotlib()
+    goldens = select_goldens(cfg)
+    model = _load_model(cfg) if (cfg.measure or cfg.bench) else None
+    if cfg.bench:
+        goldens.append(_bench_golden(model))
+    runs = sweep(goldens, cfg.k, cfg.window, cfg.proposer, cfg.costs, cfg.cross_request)
+    measured = _measure(cfg, model, goldens, runs) if cfg.measure else None
+    if cfg.plot:
+        write_plot(cfg.plot, runs)
+    if cfg.markdown:
+        text = render_markdown(cfg, runs, _command(cfg), measured=measured, plot=_plot_link(cfg))
+        _write_markdown(cfg, text)
+    if cfg.json:
+        typer.echo(json.dumps(build_report(cfg, runs, measured)))
+    else:
+        render_probe(runs, cfg.by_category, measured)
+    failures = check_gates(runs, cfg.min_ratio, cfg.min_acceptance, cfg.min_speedup, measured)
+    if failures:
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        raise KolibriError("gate failed: " + "; ".join(failures[:3]) + more)
+
+
+def _refuse_unavailable(cfg) -> None:
+    if cfg.min_speedup is not None and not cfg.measure:
+        raise KolibriError("--min-speedup gates the measured speedup: add --measure")
+
+
+def _load_model(cfg):
+    from kolibri_cli.cli.options import load_model
+
+    return load_model(cfg.model, cfg.threads)
+
+
+def _bench_golden(model):
+    """The bench chain (a seeded random raw prompt whose continuation cycles) as a golden: its
+    output is the model's own greedy chain, generated here."""
+    from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
+    from kolibri_cli.decode.generate import generate_plain
+    from kolibri_cli.goldens.chains import Golden
+
+    prompt = bench_prompt(model)
+    chain = generate_plain(model, prompt, BENCH_NEW_TOKENS).output_ids
+    return Golden(f"bench-seed{BENCH_SEED}", "bench", "", False, prompt, chain, model.name,
+                  model.sha256, {"engine": "kolibri", "dtype": "float32"}, list(model.eos_ids))
+
+
+def _measure(cfg, model, goldens, runs) -> dict:
+    """Run the model on every golden for the best simulated configuration (or the only one) —
+    of each proposer when comparing: measuring a whole sweep would take minutes per
+    configuration."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.goldens import record as recorder
+    from kolibri_cli.probe.measure import measure_run
+    from kolibri_cli.probe.report import run_key
+    from kolibri_cli.probe.simulate import best_per_proposer, best_run
+
+    recorder.check_model_matches(model, goldens, cfg.allow_model_mismatch)
+    chosen = best_per_proposer(runs) if len(cfg.proposer) > 1 else [best_run(runs)]
+    measured = {}
+    for run in chosen:
+        with render.progress_bar(f"measuring {run.name} ") as bar:
+            measured[run_key(run)] = measure_run(model, goldens, run, lambda d, t: bar("", d, t))
+    return measured
+
+
+def _write_markdown(cfg, text: str) -> None:
+    from kolibri_cli.store.atomic import write_text_atomic
+
+    write_text_atomic(cfg.markdown, text)
+    typer.echo(f"wrote {cfg.markdown}", err=True)
+
+
+def _plot_link(cfg) -> Path | None:
+    if not (cfg.plot and cfg.markdown):
+        return None
+    return Path(os.path.relpath(cfg.plot.resolve(), cfg.markdown.resolve().parent))
+
+
+def _command(cfg) -> str:
+    """The command that regenerates this report (for the Markdown header)."""
+    if cfg.source:
+        return f"kolibri probe {_rel(cfg.source)}"
+    args = ["kolibri", "probe"]
+    for path in cfg.goldens:
+        args += ["--goldens", _rel(path)]
+    args += ["--k", ",".join(map(str, cfg.k))]
+    args += ["--window", ",".join(f"{lo}-{hi}" for lo, hi in cfg.window)]
+    if cfg.proposer != [DEFAULT_PROPOSER]:
+        args += ["--proposer", ",".join(cfg.proposer)]
+    if cfg.cross_request:
+        args.append("--cross-request")
+    if cfg.costs:
+        args += ["--costs", ",".join(f"{c:g}" for c in cfg.costs.values())]
+    optional = {"--category": cfg.category and ",".join(cfg.category), "--limit": cfg.limit,
+                "--max-tokens": cfg.max_tokens, "--model": cfg.model, "--threads": cfg.threads,
+                "--min-ratio": cfg.min_ratio, "--min-acceptance": cfg.min_acceptance,
+                "--min-speedup": cfg.min_speedup}
+    for flag, value in optional.items():
+        if value is not None and value != "":
+            args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    switches = {"--measure": cfg.measure, "--bench": cfg.bench, "--by-category": cfg.by_category,
+                "--allow-model-mismatch": cfg.allow_model_mismatch}
+    args += [flag for flag, on in switches.items() if on]
+    args += ["--markdown", _rel(cfg.markdown)]
+    if cfg.plot:
+        args += ["--plot", _rel(cfg.plot)]
+    return shlex.join(args)
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,178 @@
+"""Rendering for the CLI: rich tables, progress bars and the streaming text printer.
+
+Progress and statistics go to stderr; stdout carries only the generated text or the JSON.
+"""
+
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
+err = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def progress_bar(description: str = ""):
+    """Yield a callback (stage, done, total) that drives one bar per stage on stderr.
+
+    The bar starts with its first update, so a command that fails early prints nothing but
+    its error line."""
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+               TimeRemainingColumn())
+    bar = Progress(*columns, console=err, transient=False)
+    tasks: dict[str, int] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if not tasks:
+            bar.start()
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(f"{description}{stage}", total=total)
+        bar.update(tasks[stage], completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        if tasks:
+            bar.stop()
+
+
+class TextStreamer:
+    """Prints decoded text as ids arrive, holding back an incomplete UTF-8 sequence."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
+
+    def __call__(self, new_ids: list[int]) -> None:
+        self.ids += new_ids
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+    def finish(self) -> None:
+        text = self.tokenizer.decode(self.ids)
+        sys.stdout.write(text[self.printed :] + "\n")
+        sys.stdout.flush()
+
+
+def kv_table(title: str, rows: list[tuple[str, object]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, str(value))
+    return table
+
+
+def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="right" if c not in (columns[0],) else "left")
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    return t
+
+
+def check_table(results) -> "FitTable":
+    rows = []
+    for r in results:
+        if r.identical:
+            rows.append([escape(str(r.id)), r.tokens, "identical", "", "", ""])
+        else:
+            margin = "" if r.reference_margin is None else f"{r.reference_margin:.2e}"
+            verdict = "near-tie" if r.explained else "DIVERGES"
+            pair = f"{r.ours} vs {r.reference}"
+            rows.append([escape(str(r.id)), r.tokens, verdict, r.index, pair, margin])
+    cols = [Col("id", numeric=False), Col("tokens", drop=2), Col("result", numeric=False),
+            Col("index"), Col("ours vs ref", numeric=False), Col("ref margin", drop=1)]
+    return FitTable("kolibri vs golden", cols, rows)
+
+
+def bench_table(r) -> Table:
+    rows = [
+        ("model", f"{r.model} ({r.threads} threads, medians of {r.repeats})"),
+        ("read bandwidth", f"{r.bandwidth_gb_s:.1f} GB/s"),
+        ("weights per token", f"{r.bytes_per_token / 1e6:.0f} MB"),
+        ("bandwidth bound", f"{r.bound_tokens_per_s:.1f} tok/s"),
+        ("plain decode",
+         f"{r.plain_tokens_per_s:.1f} tok/s = {r.fraction_of_bound:.0%} of the bound"),
+        ("spec decode", f"{r.spec_tokens_per_s:.1f} tok/s ({r.proposer}, k={r.k}, window "
+                        f"{r.window[0]}-{r.window[1]})"),
+        ("spec / plain", f"{r.spec_speedup:.2f}x"),
+        ("bench chain", f"seed {r.chain_seed}: {r.plain_steps} plain steps, {r.verify_passes} "
+                        f"verify passes (ratio {r.pass_ratio:.2f}), {r.drafts_accepted}/"
+                        f"{r.drafts_proposed} drafts accepted, ids identical: {r.identical}"),
+    ]
+    rows += [(f"c({n})", f"{c:.3f}  ({r.forward_ms[n]:.1f} ms)") for n, c in r.costs.items()]
+    return kv_table("kolibri bench", rows)
+
+
+@dataclass
+class Col:
+    """A column of a FitTable. Numbers are never cut: a numeric column is at least as wide as
+    its widest cell; text columns fold. When even that does not fit the terminal, columns with a
+    drop rank go, highest rank first (0 = always kept)."""
+
+    header: str
+    numeric: bool = True
+    drop: int = 0
+    footer: str = ""
+    style: str | None = None
+
+
+class FitTable:
+    """A rich table that fits the width it is rendered at without truncating a number."""
+
+    def __init__(self, title: str, cols: list[Col], rows: list[list], caption: str | None = None,
+                 row_styles: list[str | None] | None = None, **table_options):
+        self.title, self.cols, self.rows, self.caption = title, cols, rows, caption
+        self.row_styles = row_styles or [None] * len(rows)
+        self.options = table_options
+
+    def __rich_console__(self, console, options):
+        keep = list(range(len(self.cols)))
+        droppable = sorted((i for i, c in enumerate(self.cols) if c.drop), key=lambda i:
+                           -self.cols[i].drop)
+        while self._min_width(keep) > options.max_width and droppable:
+            keep.remove(droppable.pop(0))
+        yield self._table(keep)
+
+    def _width(self, i: int) -> int:
+        """The narrowest this column may be: a numeric column never wraps (its widest cell or
+        its header); text folds, down to 8 cells or its header's longest word."""
+        col = self.cols[i]
+        widest = max([_cell_len(r[i]) for r in self.rows] + [_cell_len(col.footer)])
+        if col.numeric:
+            return max(widest, len(col.header))
+        return max(min(widest, 8), *(len(w) for w in col.header.split() or [""]))
+
+    def _min_width(self, keep: list[int]) -> int:
+        return 1 + sum(self._width(i) + 3 for i in keep)  # borders + padding of 1 each side
+
+    def _table(self, keep: list[int]) -> Table:
+        show_footer = any(self.cols[i].footer for i in keep)
+        t = Table(title=self.title, caption=self.caption, show_footer=show_footer,
+                  **self.options)
+        for i in keep:
+            c = self.cols[i]
+            if c.numeric:
+                t.add_column(c.header, footer=c.footer, justify="right", no_wrap=True,
+                             min_width=self._width(i), overflow="fold", style=c.style)
+            else:
+                t.add_column(c.header, footer=c.footer, overflow="fold", style=c.style)
+        for row, style in zip(self.rows, self.row_styles, strict=True):
+            t.add_row(*(row[i] for i in keep), style=style)
+        return t
+
+
+def _cell_len(cell) -> int:
+    text = cell if isinstance(cell, Text) else Text.from_markup(str(cell))
+    return max((Text(line).cell_len for line in text.plain.splitlines()), default=0)

@@ -1,0 +1,62 @@
+"""Proposer settings: the defaults, and parsing/validation of k and the n-gram window."""
+
+from kolibri_cli.errors import KolibriError
+
+DEFAULT_PROPOSER = "vllm"
+DEFAULT_K = 5  # draft tokens per verify pass
+DEFAULT_WINDOW = (1, 4)  # n-gram lengths tried, (min, max)
+
+
+def validate_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise KolibriError(f"k must be a whole number >= 1 (draft tokens per pass), got {k!r}")
+    return k
+
+
+def validate_window(window_min: int, window_max: int) -> tuple[int, int]:
+    if not 1 <= window_min <= window_max:
+        raise KolibriError(
+            f"window {window_min}-{window_max} is invalid: use MIN-MAX with 1 <= MIN <= MAX"
+        )
+    return window_min, window_max
+
+
+def parse_k(text: str | int) -> int:
+    """Parse "5" -> 5; anything but a whole number >= 1 is a KolibriError."""
+    if isinstance(text, int):
+        return validate_k(text)
+    try:
+        return validate_k(int(str(text).strip()))
+    except ValueError:
+        raise KolibriError(f"k must be a whole number >= 1, got {text!r}") from None
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """Parse "1-4" -> (1, 4); "3" -> (3, 3). Invalid forms ("4-1", "0-3", "a-b", "") raise."""
+    parts = str(text).strip().split("-")
+    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+        raise KolibriError(
+            f"window {text!r} is invalid: use MIN-MAX (e.g. 1-4) or N (e.g. 3), 1 <= MIN <= MAX"
+        )
+    low, high = int(parts[0]), int(parts[-1])
+    return validate_window(low, high)
+
+
+def format_window(window: tuple[int, int]) -> str:
+    return f"{window[0]}-{window[1]}"
+
+
+def parse_k_list(text: str | int | list) -> list[int]:
+    """Parse "1,2,3" or [1, 2, 3] or 5 -> a list of valid k, duplicates dropped, order kept."""
+    items = text if isinstance(text, list) else str(text).split(",")
+    return _unique([parse_k(item) for item in items])
+
+
+def parse_window_list(text: str | list) -> list[tuple[int, int]]:
+    """Parse "1-4,2-4" or ["1-4", "2-4"] -> [(1, 4), (2, 4)], duplicates dropped, order kept."""
+    items = text if isinstance(text, list) else str(text).split(",")
+    return _unique([parse_window(str(item)) for item in items])
+
+
+def _unique(items: list) -> list:
+    return list(dict.fromkeys(items))

@@ -1,0 +1,124 @@
+"""Per-token pieces of a decoder layer: RMSNorm, biases, per-head q/k norms, rotate-half RoPE,
+and causal grouped-query attention over the KV cache. Each works one token row at a time, so
+none of them depends on how many tokens share the call."""
+
+import numpy as np
+from numba import njit, prange
+
+from kolibri_cli.engine.jit import ONE, REDUCE, ZERO
+
+
+@njit(fastmath=REDUCE, cache=True)
+def _sum_squares(x):
+    """x [D] -> sum of x^2 (float32)"""
+    s = ZERO
+    for i in range(x.shape[0]):
+        s += x[i] * x[i]
+    return s
+
+
+@njit(cache=True)
+def rmsnorm(x, w, eps, out):
+    """out = x * rsqrt(mean(x^2) + eps) * w   x [L, D], w [D], out [L, D]"""
+    d = np.float32(x.shape[1])
+    for j in range(x.shape[0]):
+        inv = ONE / np.sqrt(_sum_squares(x[j]) / d + eps)
+        for i in range(x.shape[1]):
+            out[j, i] = w[i] * (x[j, i] * inv)
+
+
+@njit(cache=True)
+def add_bias(x, b):
+    """x += b on every row   x [L, N], b [N]"""
+    for j in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[j, i] += b[i]
+
+
+@njit(cache=True)
+def head_norms(qkv, n_heads, n_kv, q_norm, k_norm, eps):
+    """RMSNorm over Dh of every q and k head in place (Qwen3), before RoPE.
+    qkv [L, (H+2KVH)*Dh], q_norm/k_norm [Dh]"""
+    dh = q_norm.shape[0]
+    for j in range(qkv.shape[0]):
+        for h in range(n_heads + n_kv):
+            x = qkv[j:j + 1, h * dh:(h + 1) * dh]  # [1, Dh]
+            rmsnorm(x, q_norm if h < n_heads else k_norm, eps, x)
+
+
+@njit(cache=True)
+def _rope(x, cos, sin):
+    """Rotate-half RoPE in place   x [Dh], cos/sin [Dh] (one position)"""
+    half = x.shape[0] // 2
+    for i in range(half):
+        a, b = x[i], x[i + half]
+        x[i] = a * cos[i] - b * sin[i]
+        x[i + half] = b * cos[i + half] + a * sin[i + half]
+
+
+@njit(cache=True)
+def qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q):
+    """Split qkv, rope q and k, write k/v at their positions.
+    qkv [L, (H+2KVH)*Dh], k_cache/v_cache [KVH, T, Dh], cos/sin [T, Dh] -> q [L, H, Dh]"""
+    n_kv, _, dh = k_cache.shape
+    for j in range(qkv.shape[0]):
+        p = start + j
+        for h in range(n_heads):
+            q[j, h] = qkv[j, h * dh:(h + 1) * dh]
+            _rope(q[j, h], cos[p], sin[p])
+        for g in range(n_kv):
+            k_cache[g, p] = qkv[j, (n_heads + g) * dh:(n_heads + g + 1) * dh]
+            _rope(k_cache[g, p], cos[p], sin[p])
+            v_cache[g, p] = qkv[j, (n_heads + n_kv + g) * dh:(n_heads + n_kv + g + 1) * dh]
+
+
+@njit(fastmath=REDUCE, cache=True)
+def _dot(a, b):
+    """a [Dh], b [Dh] -> float32"""
+    s = ZERO
+    for i in range(a.shape[0]):
+        s += a[i] * b[i]
+    return s
+
+
+@njit(fastmath=REDUCE, cache=True)
+def _softmax_inplace(s):
+    """s [T] scores -> probabilities (max-subtracted, float32, like torch.softmax)"""
+    m = s[0]
+    for t in range(1, s.shape[0]):
+        m = max(m, s[t])
+    total = ZERO
+    for t in range(s.shape[0]):
+        s[t] = np.exp(s[t] - m)
+        total += s[t]
+    for t in range(s.shape[0]):
+        s[t] = s[t] / total
+
+
+@njit(cache=True)
+def _attend_one(q, k, v, scale, scores, out):
+    """One query row against the T positions given   q [Dh], k/v [T, Dh], scores [T] -> out [Dh]"""
+    for t in range(k.shape[0]):
+        scores[t] = _dot(q, k[t]) * scale
+    _softmax_inplace(scores)
+    out[:] = ZERO
+    for t in range(k.shape[0]):
+        for i in range(out.shape[0]):
+            out[i] += scores[t] * v[t, i]
+
+
+@njit(parallel=True, cache=True)
+def attention(q, start, k_cache, v_cache, scores, out, window=0):
+    """Causal GQA: row l attends to positions 0..start+l, or to the last `window` of them.
+    q [L, H, Dh], k/v_cache [KVH, T, Dh], scores [L*H, start+L] -> out [L, H*Dh]"""
+    n_q, n_heads, dh = q.shape
+    group = n_heads // k_cache.shape[0]
+    scale = np.float32(1.0 / np.sqrt(dh))
+    for i in prange(n_q * n_heads):
+        j, h = i // n_heads, i % n_heads
+        n = start + j + 1
+        lo = max(0, n - window) if window > 0 else 0  # transformers: kv > q - window
+        g = h // group
+        _attend_one(q[j, h], k_cache[g, lo:n], v_cache[g, lo:n], scale, scores[i, :n - lo],
+                    out[j, h * dh:(h + 1) * dh])
+

@@ -1,0 +1,264 @@
+"""Model configuration read from a Hugging Face `config.json`: Llama, Mistral, Qwen2, Qwen3.
+
+The four architectures differ only in switches the one kernel reads: q/k/v projection biases
+(Qwen2), per-head RMSNorm on q and k (Qwen3), a sliding attention window (Mistral; Qwen2/3 when
+`use_sliding_window`), and the RoPE frequency scaling (`RopeScaling`). Non-goals: o_proj/MLP
+biases, partial rotary embeddings, dynamic/longrope scaling — refused with the name of what is
+not supported.
+"""
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kolibri_cli.errors import KolibriError
+
+# architecture -> the model_type its config.json carries
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling, as transformers' `modeling_rope_utils` reads it."""
+
+    rope_type: str = "default"  # one of ROPE_TYPES
+    factor: float = 1.0  # linear, llama3, yarn
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 0  # llama3, yarn: the pre-training context
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn: cos/sin scale; None = from factor and mscale
+    mscale: float = 0.0  # yarn
+    mscale_all_dim: float = 0.0  # yarn
+    truncate: bool = True  # yarn: round the correction range to whole dimensions
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int  # V
+    hidden_size: int  # D
+    intermediate_size: int  # F
+    num_hidden_layers: int
+    num_attention_heads: int  # H
+    num_key_value_heads: int  # KVH; H % KVH == 0 (grouped-query attention)
+    head_dim: int  # Dh; may differ from D / H (Qwen3)
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048  # context length
+    tie_word_embeddings: bool = False
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    architecture: str = "LlamaForCausalLM"
+    qkv_bias: bool = False  # q/k/v projections carry biases (Qwen2)
+    qk_norm: bool = False  # RMSNorm over Dh on each q and k head before RoPE (Qwen3)
+    sliding_window: int = 0  # W: a query sees the last W positions (itself included); 0 = all
+    sliding_layers: tuple[int, ...] = ()  # layers that use the window (the others see all)
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise KolibriError("not a JSON object")
+        archs = d.get("architectures") or ["LlamaForCausalLM"]
+        arch = archs[0] if isinstance(archs, list) else archs
+        model_type = d.get("model_type", ARCHITECTURES.get(arch))
+        if ARCHITECTURES.get(arch) != model_type:
+            known = ", ".join(f"{a} ({t})" for a, t in ARCHITECTURES.items())
+            raise KolibriError(
+                f"unsupported architecture {arch!r} (model_type {model_type!r}); "
+                f"kolibri supports {known}"
+            )
+        try:
+            config = cls(**_fields(d, model_type), architecture=arch)
+        except KeyError as e:
+            raise KolibriError(f"missing required field {e.args[0]!r}") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise KolibriError(f"a field has the wrong type ({e})") from None
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        sizes = (self.vocab_size, self.hidden_size, self.intermediate_size, self.num_hidden_layers,
+                 self.num_attention_heads, self.num_key_value_heads, self.head_dim)
+        if min(sizes) < 1:
+            raise KolibriError(f"sizes must be positive, got {sizes}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise KolibriError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise KolibriError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.sliding_window < 0:
+            raise KolibriError(f"sliding_window must be positive, got {self.sliding_window}")
+        if self.rope_scaling.rope_type not in ROPE_TYPES:
+            raise KolibriError(f"unsupported rope type {self.rope_scaling.rope_type!r} "
+                               f"(kolibri implements {', '.join(ROPE_TYPES)})")
+
+    @classmethod
+    def from_file(cls, path: Path) -> "ModelConfig":
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise KolibriError(f"{path}: not found — not a Hugging Face model folder") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise KolibriError(f"{path}: not valid JSON ({e})") from None
+        try:
+            return cls.from_dict(d)
+        except KolibriError as e:
+            raise KolibriError(f"{path}: {e}") from None
+
+    def layer_window(self, i: int) -> int:
+        """The attention window of layer i (0 = the whole context)."""
+        return self.sliding_window if i in self.sliding_layers else 0
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor name a checkpoint must hold, with its shape (HF nn.Linear is [out, in])."""
+        D, F, Dh = self.hidden_size, self.intermediate_size, self.head_dim
+        H, KVH = self.num_attention_heads, self.num_key_value_heads
+        shapes = {"model.embed_tokens.weight": (self.vocab_size, D), "model.norm.weight": (D,)}
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (self.vocab_size, D)
+        for i in range(self.num_hidden_layers):
+            p = f"model.layers.{i}."
+            shapes |= {
+                p + "input_layernorm.weight": (D,),
+                p + "self_attn.q_proj.weight": (H * Dh, D),
+                p + "self_attn.k_proj.weight": (KVH * Dh, D),
+                p + "self_attn.v_proj.weight": (KVH * Dh, D),
+                p + "self_attn.o_proj.weight": (D, H * Dh),
+                p + "post_attention_layernorm.weight": (D,),
+                p + "mlp.gate_proj.weight": (F, D),
+                p + "mlp.up_proj.weight": (F, D),
+                p + "mlp.down_proj.weight": (D, F),
+            }
+            if self.qkv_bias:
+                shapes |= {p + "self_attn.q_proj.bias": (H * Dh,),
+                           p + "self_attn.k_proj.bias": (KVH * Dh,),
+                           p + "self_attn.v_proj.bias": (KVH * Dh,)}
+            if self.qk_norm:
+                shapes |= {p + "self_attn.q_norm.weight": (Dh,),
+                           p + "self_attn.k_norm.weight": (Dh,)}
+        return shapes
+
+
+def eos_token_ids(d: dict) -> tuple[int, ...]:
+    """`eos_token_id` of a config.json or generation_config.json dict: an int, a list or absent."""
+    eos = d.get("eos_token_id")
+    return tuple(int(e) for e in eos) if isinstance(eos, list) else (
+        () if eos is None else (int(eos),))
+
+
+def generation_eos(folder: Path, config: "ModelConfig") -> "ModelConfig":
+    """transformers' generate stops on generation_config.json's eos ids when the folder has that
+    file and it sets them; config.json's otherwise."""
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return config
+    try:
+        eos = eos_token_ids(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError, AttributeError):
+        raise KolibriError(f"{path}: not a valid generation config") from None
+    return dataclasses.replace(config, eos_token_ids=eos) if eos else config
+
+
+def _fields(d: dict, model_type: str) -> dict:
+    """The ModelConfig fields of an HF config dict (raises KeyError/TypeError/ValueError)."""
+    # transformers >= 5 writes rope settings under "rope_parameters"; older files at top level.
+    rope = d.get("rope_parameters") or {}
+    n_heads, hidden = int(d["num_attention_heads"]), int(d["hidden_size"])
+    n_layers = int(d["num_hidden_layers"])
+    max_pos = int(d.get("max_position_embeddings", 2048))
+    _refuse_unsupported(d, model_type)
+    eos_ids = eos_token_ids(d)
+    window, window_layers = _sliding_window(d, model_type, n_layers)
+    return dict(
+        vocab_size=int(d["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(d["intermediate_size"]),
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=int(d.get("num_key_value_heads") or n_heads),
+        head_dim=int(d.get("head_dim") or hidden // n_heads),
+        rope_theta=float(d.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        eos_token_ids=eos_ids,
+        qkv_bias=model_type == "qwen2",
+        qk_norm=model_type == "qwen3",
+        sliding_window=window,
+        sliding_layers=window_layers,
+        rope_scaling=_rope_scaling(d.get("rope_scaling") or rope, max_pos),
+    )
+
+
+def _refuse_unsupported(d: dict, model_type: str) -> None:
+    """Options transformers honours that the kernel does not implement: refuse, never ignore."""
+    if d.get("attention_bias") and model_type != "qwen2":
+        raise KolibriError(f"attention_bias=true is not supported for {model_type} "
+                           "(kolibri implements q/k/v biases for qwen2 only)")
+    if d.get("mlp_bias"):
+        raise KolibriError("mlp_bias=true is not supported")
+    if d.get("hidden_act", "silu") != "silu":
+        raise KolibriError(f"hidden_act {d['hidden_act']!r} is not supported (kolibri: silu)")
+    rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
+    partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise KolibriError(f"partial_rotary_factor {partial} is not supported (kolibri: 1.0)")
+
+
+def _sliding_window(d: dict, model_type: str, n_layers: int) -> tuple[int, tuple[int, ...]]:
+    """(window, layers using it) the way each transformers model decides it."""
+    window = d.get("sliding_window") if model_type != "llama" else None  # llama ignores it
+    if model_type in ("qwen2", "qwen3") and not d.get("use_sliding_window", False):
+        window = None
+    if not window:
+        return 0, ()
+    types = d.get("layer_types")
+    if types is not None:  # transformers >= 5 writes the per-layer decision
+        layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    elif model_type in ("qwen2", "qwen3"):
+        layers = tuple(range(int(d.get("max_window_layers", 28)), n_layers))
+    else:
+        layers = tuple(range(n_layers))
+    return int(window), layers
+
+
+def _rope_scaling(r: dict, max_pos: int) -> RopeScaling:
+    rope_type = r.get("rope_type", r.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise KolibriError(f"unsupported rope type {rope_type!r} "
+                           f"(kolibri implements {', '.join(ROPE_TYPES)})")
+    if rope_type == "default":
+        return RopeScaling()
+    if "factor" not in r and not (rope_type == "yarn" and "original_max_position_embeddings" in r):
+        raise KolibriError(f"rope type {rope_type!r} needs a 'factor'")
+    original = int(r.get("original_max_position_embeddings") or max_pos)
+    # yarn without factor: transformers takes the ratio of the two context lengths
+    factor = r.get("factor") or max_pos / original
+    opt = lambda key, default: default if r.get(key) is None else r[key]  # noqa: E731
+    if rope_type == "llama3" and ("low_freq_factor" not in r or "high_freq_factor" not in r):
+        raise KolibriError("rope type 'llama3' needs low_freq_factor and high_freq_factor")
+    return RopeScaling(
+        rope_type=rope_type,
+        factor=float(factor),
+        low_freq_factor=float(opt("low_freq_factor", 1.0)),
+        high_freq_factor=float(opt("high_freq_factor", 4.0)),
+        original_max_position_embeddings=original,
+        beta_fast=float(r.get("beta_fast") or 32.0),
+        beta_slow=float(r.get("beta_slow") or 1.0),
+        attention_factor=None if opt("attention_factor", None) is None
+        else float(r["attention_factor"]),
+        mscale=float(opt("mscale", 0.0)),
+        mscale_all_dim=float(opt("mscale_all_dim", 0.0)),
+        truncate=bool(opt("truncate", True)),
+    )

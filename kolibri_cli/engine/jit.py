@@ -1,0 +1,38 @@
+"""numba settings shared by every compiled kernel: fastmath for reductions, thread count, and
+the LLVM and OpenMP options that batch invariance and speed rely on."""
+
+import os
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+
+from kolibri_cli.errors import KolibriError
+
+# libgomp reads this once, when numba starts its OpenMP threads (the first parallel call, not an
+# import). Its default spins each idle thread ~300k times at each of the ~150 barriers per forward:
+# with another process busy on one core, 2 threads then took ~1.1 s per token instead of 12 ms.
+# 1000 spins cost nothing measurable on an idle machine and keep a busy one at ~30 ms per token.
+# A value set in the environment wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
+REDUCE = {"reassoc", "contract"}  # fastmath for reductions only: no nnan/ninf/afn
+ONE = np.float32(1.0)
+ZERO = np.float32(0.0)
+
+# Every vectorized reduction loop gets one accumulator vector per sum (no interleaving), so the
+# 1-, 2- and 3-token matmul tiles sum each dot product in the same order: which tile computes a
+# row then cannot change its bits. Set before any kernel compiles; process-wide, but it only
+# costs speed in other numba code, never results.
+llvm.set_option("", "-force-vector-interleave=1")
+
+
+def set_threads(n: int) -> None:
+    """Use n threads for the parallel kernels (the `--threads` option)."""
+    if n < 1 or n > numba.config.NUMBA_NUM_THREADS:
+        raise KolibriError(f"--threads must be 1..{numba.config.NUMBA_NUM_THREADS}, got {n}")
+    numba.set_num_threads(n)
+
+
+def get_threads() -> int:
+    return numba.get_num_threads()

@@ -1,0 +1,161 @@
+"""Read a Hugging Face-layout folder: config.json, (sharded) safetensors, checked against config.
+
+safetensors is parsed here (header + memory map) rather than through `safetensors.numpy`, because
+numpy has no bfloat16: bf16 tensors are widened to float32 bit-exactly (bf16 is the top half of an
+f32). Every tensor's name and shape is checked against `ModelConfig.weight_shapes()`.
+Non-goals: quantized or integer tensors, pickled `.bin` checkpoints.
+"""
+
+import hashlib
+import json
+import struct
+from math import prod
+from pathlib import Path
+
+import numpy as np
+
+from kolibri_cli.engine.config import ModelConfig
+from kolibri_cli.errors import KolibriError
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+IGNORED = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry; recomputed from config
+
+
+def check_folder(path: Path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise KolibriError(f"model folder {path} does not exist")
+    if not path.is_dir():
+        raise KolibriError(f"{path} is not a folder (expected a Hugging Face model folder)")
+    for name in ("config.json", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise KolibriError(
+                f"{path} has no {name} — not a Hugging Face model folder kolibri can load"
+            )
+    return path
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files: the shards an index names, else every *.safetensors in the folder."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise KolibriError(f"{index}: not a safetensors index (no weight_map)") from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise KolibriError(f"{path}: shard {missing[0]} named in the index is missing")
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise KolibriError(f"{path} has no *.safetensors weights (kolibri does not read .bin)")
+    return files
+
+
+def _header(f, path: Path, size: int) -> tuple[dict, int]:
+    """(name -> {dtype, shape, data_offsets}, offset of the data section), validated."""
+    raw = f.read(8)
+    if len(raw) < 8:
+        raise KolibriError(f"{path}: truncated safetensors file (no header)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > size - 8:
+        raise KolibriError(f"{path}: truncated safetensors file (header runs past the end)")
+    try:
+        header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise KolibriError(f"{path}: not a safetensors file (unreadable header)") from None
+    if not isinstance(header, dict):
+        raise KolibriError(f"{path}: not a safetensors file (header is not a JSON object)")
+    header.pop("__metadata__", None)
+    for name, info in header.items():
+        _check_entry(path, name, info)
+    return header, 8 + n
+
+
+def _check_entry(path: Path, name: str, info) -> None:
+    try:
+        dtype, shape, (start, stop) = info["dtype"], info["shape"], info["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        raise KolibriError(f"{path}: tensor {name} has a malformed header entry") from None
+    if dtype not in _DTYPES:
+        raise KolibriError(
+            f"{path}: tensor {name} has dtype {dtype}; kolibri reads F32/F16/BF16"
+        )
+    itemsize = np.dtype(_DTYPES[dtype]).itemsize
+    if not 0 <= start <= stop or stop - start != prod(shape) * itemsize:
+        raise KolibriError(
+            f"{path}: tensor {name}: {stop - start} bytes of data do not fit {dtype} {shape}"
+        )
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """All tensors of one file as float32 arrays (f16/bf16 widened; f32 memory-mapped)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        header, base = _header(f, path, size)
+    end = max((info["data_offsets"][1] for info in header.values()), default=0)
+    if base + end > size:
+        raise KolibriError(f"{path}: truncated safetensors file ({size} of {base + end} bytes)")
+    if not header:
+        return {}
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    return {name: _tensor(data, base, info) for name, info in header.items()}
+
+
+def _tensor(data: np.ndarray, base: int, info: dict) -> np.ndarray:
+    start, stop = info["data_offsets"]
+    a = data[base + start : base + stop].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+    if info["dtype"] == "BF16":
+        return (a.astype(np.uint32) << 16).view(np.float32)  # bf16 = the high 16 bits of an f32
+    return a.astype(np.float32, copy=False)
+
+
+def load_tensors(path: Path, config: ModelConfig) -> dict[str, np.ndarray]:
+    tensors: dict[str, np.ndarray] = {}
+    for f in safetensors_files(path):
+        part = read_safetensors(f)
+        if twice := sorted(set(part) & set(tensors)):
+            raise KolibriError(f"{path}: tensor {twice[0]} appears in more than one file")
+        tensors |= part
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(IGNORED)}
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    check_tensors(tensors, config.weight_shapes(), path)
+    return tensors
+
+
+def check_tensors(tensors: dict, expected: dict[str, tuple[int, ...]], path: Path) -> None:
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise KolibriError(f"{path}: missing tensors {', '.join(missing[:3])}{more}")
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
+            got = tuple(tensors[name].shape)
+            raise KolibriError(f"{path}: tensor {name} has shape {got}, config expects {shape}")
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise KolibriError(
+            f"{path}: unexpected tensors {', '.join(extra[:3])} (architecture mismatch?)"
+        )
+
+
+def tensor_index(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, shape) from the safetensors headers only (no weights read)."""
+    index = {}
+    for f in safetensors_files(path):
+        with open(f, "rb") as fh:
+            header, _ = _header(fh, f, f.stat().st_size)
+        index |= {name: (info["dtype"], tuple(info["shape"])) for name, info in header.items()}
+    return index
+
+
+def sha256_files(paths: list[Path], chunk: int = 1 << 22) -> str:
+    """One sha256 over the files' bytes, in order (a model's identity)."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,248 @@
+"""Golden chains (JSONL, one recorded greedy generation a line) and the prompt files they come from.
+
+Scope: the file formats, their validation (errors name the file and line), atomic saving.
+Non-goals: recording or checking goldens with a model (the goldens command does that).
+Format: docs/goldens.md.
+"""
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.store.atomic import write_text_atomic
+
+# The goldens shipped with kolibri (package data): the default of `kolibri probe`.
+SHIPPED_GOLDENS = Path(__file__).parent / "data"
+DEFAULT_CHAT = SHIPPED_GOLDENS / "smollm2-135m-instruct" / "chat.jsonl"
+
+GOLDEN_FIELDS = (
+    "id", "category", "prompt", "chat", "prompt_ids", "output_ids", "model", "model_sha256",
+    "reference",
+)  # fmt: skip
+
+
+@dataclass
+class Golden:
+    """One recorded chain: the prompt's ids P and the greedy output ids G (g1 from prefill)."""
+
+    id: str | int  # unique within its file
+    category: str  # e.g. "code", "summarization": the probe reports per category
+    prompt: str  # the user text, before any chat template
+    chat: bool  # True when the chat template was applied to get prompt_ids
+    prompt_ids: list[int]  # P, exactly what the model saw
+    output_ids: list[int]  # G, including eos when generation stopped on it
+    model: str  # model name, e.g. "smollm2-135m-instruct"
+    model_sha256: str  # checksum of the model file the chain was recorded from
+    reference: dict = field(default_factory=dict)  # {"engine", "engine_version", "dtype", ...}
+    eos_ids: list[int] = field(default_factory=list)  # the model's eos ids (optional in files)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """A prompt to record a golden from."""
+
+    id: str | int
+    category: str
+    prompt: str
+
+
+def load_goldens(path: str | Path) -> list[Golden]:
+    """Every golden in the JSONL file `path`; a KolibriError naming file and line if any is bad."""
+    path = Path(path)
+    goldens, seen = [], {}
+    for lineno, obj in _jsonl_objects(path):
+        golden = _golden_from(obj, f"{path}:{lineno}")
+        if golden.id in seen:
+            raise KolibriError(
+                f"{path}:{lineno}: duplicate golden id {golden.id!r} "
+                f"(first on line {seen[golden.id]})"
+            )
+        seen[golden.id] = lineno
+        goldens.append(golden)
+    if not goldens:
+        raise KolibriError(f"{path}: no goldens in the file (it is empty)")
+    return goldens
+
+
+def save_goldens(path: str | Path, goldens: list[Golden]) -> None:
+    """Write `goldens` as JSONL, atomically (readers see the old file or the whole new one)."""
+    lines = [json.dumps(asdict(g), ensure_ascii=False) for g in goldens]
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def first_divergence(ours: list[int], golden: list[int]) -> int | None:
+    """The first index where two chains differ (a shorter chain differs where it ends)."""
+    for i, (a, b) in enumerate(zip(ours, golden, strict=False)):
+        if a != b:
+            return i
+    return None if len(ours) == len(golden) else min(len(ours), len(golden))
+
+
+def find_golden_files(paths: list[str | Path]) -> list[Path]:
+    """Files as given; folders expand to every golden file under them (sorted): each *.jsonl
+    except prompt files (whose first object has no "output_ids"), so data/prompts/ is skipped."""
+    files = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files.extend(p for p in sorted(path.rglob("*.jsonl")) if not _is_prompt_file(p))
+        elif path.exists():
+            files.append(path)
+        else:
+            raise KolibriError(f"goldens {path} not found: pass --goldens with a golden JSONL file "
+                               "or a folder of them (kolibri goldens record writes them); without "
+                               "--goldens the probe reads the goldens shipped with kolibri")
+    return files
+
+
+def _is_prompt_file(path: Path) -> bool:
+    first = next((line for line in _read_lines(path) if line.strip()), "")
+    try:
+        obj = json.loads(first)
+    except json.JSONDecodeError:
+        return False  # not a prompt file either: let load_goldens report the line
+    return isinstance(obj, dict) and "output_ids" not in obj and "prompt_ids" not in obj
+
+
+def read_prompts(
+    path: str | Path,
+    category: str | None = None,
+    limit: int | None = None,
+    per_category: int | None = None,
+) -> list[PromptSpec]:
+    """Prompts from JSONL ({"id","category","prompt"} or Spec-Bench's {"question_id","category",
+    "turns"}, first turn) or plain text (one prompt a line, id = line number, category "text").
+
+    `category`: keep only these (comma-separated); `per_category`: at most N of each category;
+    `limit`: at most N in all. File order is kept.
+    """
+    path = Path(path)
+    prompts = _read_jsonl_prompts(path) if _looks_like_jsonl(path) else _read_text_prompts(path)
+    if not prompts:
+        raise KolibriError(f"{path}: no prompts in the file (it is empty)")
+    return _select_prompts(prompts, category, limit, per_category, path)
+
+
+def _select_prompts(prompts, category, limit, per_category, path) -> list[PromptSpec]:
+    if category:
+        wanted = {c.strip() for c in category.split(",")}
+        known = sorted({p.category for p in prompts})
+        prompts = [p for p in prompts if p.category in wanted]
+        if not prompts:
+            raise KolibriError(f"{path}: no prompts of category {category!r}; it has {known}")
+    if per_category is not None:
+        counts: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            counts[p.category] = counts.get(p.category, 0) + 1
+            if counts[p.category] <= per_category:
+                kept.append(p)
+        prompts = kept
+    return prompts[:limit] if limit is not None else prompts
+
+
+def _looks_like_jsonl(path: Path) -> bool:
+    if path.suffix in (".jsonl", ".json"):
+        return True
+    first = next((line for line in _read_lines(path) if line.strip()), "")
+    return first.lstrip().startswith("{")
+
+
+def _read_text_prompts(path: Path) -> list[PromptSpec]:
+    return [
+        PromptSpec(id=lineno, category="text", prompt=line.rstrip("\r"))
+        for lineno, line in enumerate(_read_lines(path), start=1)
+        if line.strip()
+    ]
+
+
+def _read_jsonl_prompts(path: Path) -> list[PromptSpec]:
+    return [_prompt_from(obj, f"{path}:{lineno}") for lineno, obj in _jsonl_objects(path)]
+
+
+def _prompt_from(obj: dict, where: str) -> PromptSpec:
+    if "turns" in obj:  # Spec-Bench question.jsonl: first turn only
+        turns = obj["turns"]
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise KolibriError(f"{where}: 'turns' must be a non-empty list of strings")
+        obj = {"id": obj.get("question_id"), "category": obj.get("category"), "prompt": turns[0]}
+    _require(obj, ("id", "category", "prompt"), where)
+    _check_id(obj["id"], where)
+    _check_type(obj, "category", str, where)
+    _check_type(obj, "prompt", str, where)
+    if not obj["prompt"].strip():
+        raise KolibriError(f"{where}: 'prompt' is empty")
+    return PromptSpec(id=obj["id"], category=obj["category"], prompt=obj["prompt"])
+
+
+def _golden_from(obj: dict, where: str) -> Golden:
+    _require(obj, GOLDEN_FIELDS, where)
+    _check_id(obj["id"], where)
+    for name in ("category", "prompt", "model", "model_sha256"):
+        _check_type(obj, name, str, where)
+    _check_type(obj, "chat", bool, where)
+    _check_type(obj, "reference", dict, where)
+    for name in ("prompt_ids", "output_ids"):
+        _check_token_ids(obj[name], name, where)
+    eos_ids = obj.get("eos_ids", [])
+    if eos_ids:
+        _check_token_ids(eos_ids, "eos_ids", where)
+    return Golden(**{name: obj[name] for name in GOLDEN_FIELDS}, eos_ids=eos_ids)
+
+
+def _jsonl_objects(path: Path):
+    """(line number, dict) for every non-blank line; KolibriError on anything that is not."""
+    lines = _read_lines(path)
+    if not any(line.strip() for line in lines):
+        raise KolibriError(f"{path}: the file is empty")
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise KolibriError(
+                f"{path}:{lineno}: not JSONL (one JSON object a line): {e.msg}"
+            ) from None
+        if not isinstance(obj, dict):
+            raise KolibriError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        yield lineno, obj
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError:
+        raise KolibriError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise KolibriError(f"{path}: is a folder, expected a file") from None
+    except UnicodeDecodeError:
+        raise KolibriError(f"{path}: not UTF-8 text") from None
+
+
+def _require(obj: dict, names, where: str) -> None:
+    missing = [name for name in names if name not in obj]
+    if missing:
+        raise KolibriError(f"{where}: missing field(s) {', '.join(missing)}")
+
+
+def _check_type(obj: dict, name: str, kind: type, where: str) -> None:
+    if not isinstance(obj[name], kind):
+        raise KolibriError(
+            f"{where}: '{name}' must be a {kind.__name__}, got {type(obj[name]).__name__}"
+        )
+
+
+def _check_id(value, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise KolibriError(f"{where}: 'id' must be a string or an integer, got {value!r}")
+
+
+def _check_token_ids(ids, name: str, where: str) -> None:
+    if not isinstance(ids, list) or not ids:
+        raise KolibriError(f"{where}: '{name}' must be a non-empty list of token ids")
+    for i, tok in enumerate(ids):
+        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+            raise KolibriError(
+                f"{where}: '{name}'[{i}] is {tok!r}; token ids must be integers >= 0"
+            )

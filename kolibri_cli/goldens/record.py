@@ -1,0 +1,97 @@
+"""Record golden chains with an engine (kolibri or the transformers float32 reference) and
+check kolibri against them: identical, or the first divergent index with both tokens and the
+reference's top-2 logit margin there (a near-tie explains a divergence; a wide margin is a bug).
+"""
+
+from dataclasses import asdict, dataclass
+
+from kolibri_cli.callbacks import Ticks
+from kolibri_cli.decode.generate import generate_plain
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.goldens.chains import Golden, PromptSpec, first_divergence
+
+ENGINES = ("kolibri", "transformers")
+NEAR_TIE = 1e-3  # a divergence at a reference margin below this is float rounding, not a bug
+
+
+def _engine(model, engine: str):
+    """-> (greedy(prompt_ids, max_tokens) -> (output_ids, reference dict))."""
+    if engine == "kolibri":
+        def run(ids, n):
+            r = generate_plain(model, ids, n)
+            return r.output_ids, {"engine": "kolibri", "engine_version": _version(),
+                                  "dtype": "float32"}
+        return run
+    if engine == "transformers":
+        from kolibri_cli import reference
+
+        ref = reference.load(model.path)
+
+        def run(ids, n):
+            chain = reference.greedy(ref, ids, n, model.eos_ids)
+            return chain.output_ids, {"engine": "transformers", "engine_version":
+                                      chain.engine_version, "dtype": "float32",
+                                      "top2_margins": [round(m, 6) for m in chain.top2_margins]}
+        return run
+    raise KolibriError(f"unknown engine {engine!r} (kolibri or transformers)")
+
+
+def _version() -> str:
+    from kolibri_cli import __version__
+
+    return f"kolibri {__version__}"
+
+
+def record(model, prompts: list[PromptSpec], engine: str, max_tokens: int, chat: bool,
+           step: Ticks | None = None) -> list[Golden]:
+    run = _engine(model, engine)
+    goldens = []
+    for i, p in enumerate(prompts):
+        ids = model.tokenizer.encode_prompt(p.prompt, chat=chat)
+        output_ids, ref = run(ids, max_tokens)
+        goldens.append(Golden(p.id, p.category, p.prompt, chat, ids, output_ids, model.name,
+                              model.sha256, ref, list(model.eos_ids)))
+        if step:
+            step(i + 1, len(prompts))
+    return goldens
+
+
+@dataclass
+class CheckResult:
+    id: str | int
+    identical: bool
+    tokens: int  # golden output length
+    index: int | None = None  # first divergent output index
+    ours: int | None = None
+    reference: int | None = None
+    reference_margin: float | None = None  # top-2 logit margin of the reference there
+
+    @property
+    def explained(self) -> bool:
+        """Identical, or diverged at a reference near-tie."""
+        m = self.reference_margin
+        return self.identical or (m is not None and m < NEAR_TIE)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"explained": self.explained}
+
+
+def check_one(model, golden: Golden) -> CheckResult:
+    ours = generate_plain(model, golden.prompt_ids, len(golden.output_ids)).output_ids
+    ref = golden.output_ids
+    i = first_divergence(ours, ref)
+    if i is None:
+        return CheckResult(golden.id, True, len(ref))
+    margins = golden.reference.get("top2_margins") or []
+    at = lambda ids: ids[i] if i < len(ids) else None  # noqa: E731
+    return CheckResult(golden.id, False, len(ref), i, at(ours), at(ref), at(margins))
+
+
+def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> None:
+    wrong = [g for g in goldens if g.model_sha256 and g.model_sha256 != model.sha256]
+    if wrong and not allow_mismatch:
+        raise KolibriError(
+            f"golden {wrong[0].id!r} was recorded from model {wrong[0].model} "
+            f"(sha256 {wrong[0].model_sha256[:12]}…), not {model.name} "
+            f"(sha256 {model.sha256[:12]}…); pass --allow-model-mismatch to proceed anyway"
+        )
