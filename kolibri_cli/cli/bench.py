@@ -4,40 +4,29 @@ from typing import Annotated
 
 import typer
 
-from kolibri_cli.cli.options import (
-    WINDOW_DEFAULT,
-    JsonOpt,
-    KOpt,
-    ModelOpt,
-    ProposerOpt,
-    ThreadsOpt,
-    WindowOpt,
-    load_model,
-    print_json,
-    proposer,
-)
+from kolibri_cli.cli import options as opt
 from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
 
 
 def bench(
-    model: ModelOpt = None,
-    k: KOpt = DEFAULT_K,
-    window: WindowOpt = WINDOW_DEFAULT,
-    proposer_name: ProposerOpt = DEFAULT_PROPOSER,
+    model: opt.ModelOpt = None,
+    k: opt.KOpt = DEFAULT_K,
+    window: opt.WindowOpt = opt.WINDOW_DEFAULT,
+    proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1,
                                          help="Repeats; medians are reported.")] = 5,
-    threads: ThreadsOpt = None,
-    as_json: JsonOpt = False,
+    threads: opt.ThreadsOpt = None,
+    as_json: opt.JsonOpt = False,
 ) -> None:
     """Plain vs spec tok/s on the bench chain, c(n), and the memory-bandwidth bound (one run)."""
     from kolibri_cli.bench.run import run_bench
     from kolibri_cli.cli import render
     from kolibri_cli.engine.jit import get_threads
 
-    proposer(k, window, proposer_name)  # bad settings fail before the model loads
-    m = load_model(model, threads)
+    opt.proposer(k, window, proposer_name)  # bad settings fail before the model loads
+    m = opt.load_model(model, threads)
     render.err.print(f"benchmarking {m.name}: {repeats} repeats, {get_threads()} threads ...")
-    result = run_bench(m, lambda: proposer(k, window, proposer_name), repeats, get_threads())
+    result = run_bench(m, lambda: opt.proposer(k, window, proposer_name), repeats, get_threads())
     if as_json:
-        return print_json(result.to_dict())
+        return opt.print_json(result.to_dict())
     render.out.print(render.bench_table(result))

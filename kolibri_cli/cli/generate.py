@@ -5,35 +5,24 @@ from typing import Annotated
 
 import typer
 
-from kolibri_cli.cli.options import (
-    WINDOW_DEFAULT,
-    JsonOpt,
-    KOpt,
-    ModelOpt,
-    ProposerOpt,
-    ThreadsOpt,
-    WindowOpt,
-    load_model,
-    print_json,
-    proposer,
-)
+from kolibri_cli.cli import options as opt
 from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
 from kolibri_cli.errors import KolibriError
 
 
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt, or - to read it from stdin.")],
-    model: ModelOpt = None,
+    model: opt.ModelOpt = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most new tokens.")] = 256,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the bare prompt.")] = False,
     spec: Annotated[bool, typer.Option("--spec", help="n-gram speculative decoding.")] = False,
-    k: KOpt = DEFAULT_K,
-    window: WindowOpt = WINDOW_DEFAULT,
+    k: opt.KOpt = DEFAULT_K,
+    window: opt.WindowOpt = opt.WINDOW_DEFAULT,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Run plain then spec, check identical ids, print both speeds.")] = False,
-    proposer_name: ProposerOpt = DEFAULT_PROPOSER,
-    threads: ThreadsOpt = None,
-    as_json: JsonOpt = False,
+    proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
+    threads: opt.ThreadsOpt = None,
+    as_json: opt.JsonOpt = False,
 ) -> None:
     """Generate text greedily, plainly or with n-gram speculation (same text either way)."""
     from kolibri_cli.cli import render
@@ -41,10 +30,10 @@ def generate(
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
-    drafter = proposer(k, window, proposer_name)  # validated even when unused
+    drafter = opt.proposer(k, window, proposer_name)  # validated even when unused
     drafter = drafter if (spec or compare) else None
     text = _read_prompt(prompt)
-    m = load_model(model, threads)
+    m = opt.load_model(model, threads)
     ids, max_tokens = _prompt_ids(m, text, raw, max_tokens)
     if compare:
         return _compare(m, ids, max_tokens, drafter, as_json)
@@ -58,7 +47,7 @@ def generate(
         if streamer:
             streamer.finish()
     if as_json:
-        return print_json(_with_proposer(result.to_dict(m.name), drafter))
+        return opt.print_json(_with_proposer(result.to_dict(m.name), drafter))
     render.err.print(_stats_line(result), highlight=False)
 
 
@@ -110,7 +99,7 @@ def _compare(m, ids, max_tokens, drafter, as_json: bool) -> None:
     same = plain.output_ids == spec.output_ids
     ratio = spec.decode_tokens_per_s / plain.decode_tokens_per_s if plain.decode_s else 0.0
     if as_json:
-        print_json({"identical": same, "speedup": ratio, "plain": plain.to_dict(m.name),
+        opt.print_json({"identical": same, "speedup": ratio, "plain": plain.to_dict(m.name),
                     "spec": _with_proposer(spec.to_dict(m.name), drafter)})
     else:
         sys.stdout.write(plain.text + "\n")  # model text: never read as rich markup
