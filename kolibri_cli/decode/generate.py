@@ -1,7 +1,9 @@
-"""The two generators — plain greedy and n-gram speculative — on the one forward kernel.
+"""The two generators — plain and n-gram speculative — on the one forward kernel.
 
-Speculation never changes the text: a draft token is accepted only if it equals the target's
-argmax at its position, and the kernel is batch-invariant, so both generators emit the same ids.
+Speculation never changes the text: the token at every position is chosen from that position's
+logits by a rule that depends only on the position (decode/sampling.py), the kernel is
+batch-invariant, and a draft token is accepted only if it equals the token chosen at its
+position. So both generators emit the same ids, greedy or sampled, and stop at the same token.
 """
 
 import time
@@ -11,6 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kolibri_cli.decode.proposers import draft
+from kolibri_cli.decode.sampling import GREEDY, Sampler, Sampling
+from kolibri_cli.decode.stops import Stops
+from kolibri_cli.errors import KolibriError
 
 OnTokens = Callable[[list[int]], None]  # called with the ids each step adds
 
@@ -19,20 +24,32 @@ OnTokens = Callable[[list[int]], None]  # called with the ids each step adds
 class VerifyPass:
     pos: int  # output index of the first token this pass produces
     drafted: int  # drafts run through the pass
-    accepted: int  # drafts equal to the target's argmax (longest prefix)
+    accepted: int  # drafts equal to the token chosen at their position (longest prefix)
+
+
+@dataclass
+class KVState:
+    """A KV cache kept across generations (a chat): `ids` are the tokens whose keys and values
+    it holds at positions 0..len(ids)-1, so the next prompt's common prefix is not recomputed."""
+
+    cache: object  # engine KVCache
+    ids: list[int] = field(default_factory=list)
 
 
 @dataclass
 class GenerationResult:
     prompt_ids: list[int]
-    output_ids: list[int]  # includes the eos token when generation stopped on it
-    text: str
+    output_ids: list[int]  # includes the token generation stopped on (eos, stop string)
+    text: str  # the output's text, cut before a stop string
     prefill_s: float
     decode_s: float
     forward_passes: int  # prefill included
     mode: str = "plain"
     passes: list[VerifyPass] = field(default_factory=list)  # spec only, one per verify pass
     proposer_s: float = 0.0
+    sampling: Sampling = GREEDY
+    stop_reason: str = "length"  # "eos", "stop" (a stop string) or "length" (max tokens)
+    sample_s: float = 0.0  # of decode_s: time spent choosing tokens from logits
 
     @property
     def new_tokens(self) -> int:
@@ -62,8 +79,10 @@ class GenerationResult:
         }
         if self.mode == "spec":
             stats |= self.spec_stats() | {"proposer_s": self.proposer_s}
-        return {"model": model_name, "mode": self.mode, "prompt_ids": self.prompt_ids,
-                "output_ids": self.output_ids, "text": self.text, "stats": stats}
+        stats["sample_s"] = self.sample_s
+        return {"model": model_name, "mode": self.mode, "sampling": self.sampling.to_dict(),
+                "prompt_ids": self.prompt_ids, "output_ids": self.output_ids, "text": self.text,
+                "stop_reason": self.stop_reason, "stats": stats}
 
     def spec_stats(self) -> dict:
         counted = self.counted()
@@ -80,74 +99,130 @@ class GenerationResult:
         }
 
 
-def _emit(on_tokens: OnTokens | None, ids: list[int]) -> None:
-    if on_tokens is not None:
-        on_tokens(ids)
-
-
-def _argmax(logits: np.ndarray) -> np.ndarray:
-    return np.argmax(logits, axis=-1)  # [L, V] -> [L]; first index wins ties, like torch
-
-
-def _prefill(tf, prompt_ids: Sequence[int], max_tokens: int):
-    cache = tf.new_cache(len(prompt_ids) + max_tokens)
-    t0 = time.perf_counter()
-    first = int(_argmax(tf.forward(prompt_ids, 0, cache))[-1])
-    return cache, first, time.perf_counter() - t0
-
-
 def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
-                   on_tokens: OnTokens | None = None) -> GenerationResult:
-    tf, eos = model.transformer, set(model.eos_ids)
-    cache, tok, prefill_s = _prefill(tf, prompt_ids, max_tokens)
-    out = [tok]
-    _emit(on_tokens, [tok])
+                   on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
+                   stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
+    run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv)
+    run.commit([run.prefill()], on_tokens)
     t0 = time.perf_counter()
-    while tok not in eos and len(out) < max_tokens:
-        tok = int(_argmax(tf.forward([tok], len(prompt_ids) + len(out) - 1, cache))[0])
-        out.append(tok)
-        _emit(on_tokens, [tok])
-    decode_s = time.perf_counter() - t0
-    return GenerationResult(list(prompt_ids), out, model.tokenizer.decode(out), prefill_s,
-                            decode_s, forward_passes=len(out))
-
-
-def _verify(tf, last: int, drafts: list[int], pos: int, cache) -> tuple[int, list[int]]:
-    """Run [last, d1..dj] in one forward; return (accepted, the tokens this pass produces)."""
-    target = _argmax(tf.forward([last, *drafts], pos, cache))  # [j + 1]
-    a = 0
-    while a < len(drafts) and drafts[a] == target[a]:
-        a += 1
-    cache.length = pos + a + 1  # roll back: rejected drafts' K/V are simply overwritten later
-    return a, [*drafts[:a], int(target[a])]
+    while not run.done:
+        logits = run.tf.forward([run.out[-1]], run.last_pos, run.cache)  # [1, V]
+        run.commit([run.pick(logits[0], len(run.out))], on_tokens)
+    return run.result("plain", time.perf_counter() - t0, forward_passes=len(run.out))
 
 
 def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
-                  on_tokens: OnTokens | None = None) -> GenerationResult:
-    tf, eos = model.transformer, set(model.eos_ids)
-    cache, tok, prefill_s = _prefill(tf, prompt_ids, max_tokens)
-    context = np.empty(len(prompt_ids) + max_tokens, dtype=np.int64)
-    context[: len(prompt_ids)] = prompt_ids
-    n_ctx, out, passes, proposer_s = len(prompt_ids), [tok], [], 0.0
-    context[n_ctx] = tok
-    _emit(on_tokens, [tok])
+                  on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
+                  stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
+    run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv)
+    run.commit([run.prefill()], on_tokens)
+    passes, proposer_s = [], 0.0
     t0 = time.perf_counter()
-    while out[-1] not in eos and len(out) < max_tokens:
+    while not run.done:
         tp = time.perf_counter()
-        drafts = draft(proposer, context[: n_ctx + len(out)], max_tokens - len(out) - 1)
+        drafts = draft(proposer, run.context(), max_tokens - len(run.out) - 1)
         proposer_s += time.perf_counter() - tp
-        a, new = _verify(tf, out[-1], drafts, n_ctx + len(out) - 1, cache)
-        new = _cut_at_eos(new, eos)
-        passes.append(VerifyPass(len(out), len(drafts), a))
-        context[n_ctx + len(out) : n_ctx + len(out) + len(new)] = new
-        out += new
-        proposer_s += _observe(proposer, context[: n_ctx + len(out)], len(drafts), a,
-                               final=out[-1] in eos or len(out) >= max_tokens, produced=len(new))
-        _emit(on_tokens, new)
-    decode_s = time.perf_counter() - t0
-    return GenerationResult(list(prompt_ids), out, model.tokenizer.decode(out), prefill_s,
-                            decode_s, forward_passes=1 + len(passes),
-                            mode="spec", passes=passes, proposer_s=proposer_s)
+        a, new = run.verify(drafts)
+        passes.append(VerifyPass(len(run.out), len(drafts), a))
+        produced = run.commit(new, on_tokens)
+        proposer_s += _observe(proposer, run.context(), len(drafts), a, run.done, produced)
+    result = run.result("spec", time.perf_counter() - t0, forward_passes=1 + len(passes))
+    result.passes, result.proposer_s = passes, proposer_s
+    return result
+
+
+class _Run:
+    """What both generators share: the cache, the ids so far, choosing and committing tokens."""
+
+    def __init__(self, model, prompt_ids, max_tokens: int, sampling: Sampling, stop, kv):
+        self.model, self.tf, self.kv = model, model.transformer, kv
+        self.sampler = Sampler(sampling)
+        self.stops = Stops(model.eos_ids, stop, model.tokenizer)
+        self.n, self.max_tokens = len(prompt_ids), max_tokens
+        self.ids = np.empty(self.n + max_tokens, dtype=np.int64)  # prompt, then output
+        self.ids[: self.n] = prompt_ids
+        self.out: list[int] = []
+        self.reason: str | None = None
+        self.cache = self._cache(kv)
+
+    def _cache(self, kv):
+        if kv is None:
+            return self.tf.new_cache(self.n + self.max_tokens)
+        if self.n + self.max_tokens > kv.cache.max_len:
+            raise KolibriError(f"{self.n} prompt + {self.max_tokens} new tokens exceed the "
+                               f"context ({kv.cache.max_len})")
+        return kv.cache
+
+    @property
+    def done(self) -> bool:
+        return self.reason is not None or len(self.out) >= self.max_tokens
+
+    @property
+    def last_pos(self) -> int:
+        return self.n + len(self.out) - 1  # cache position of the last token
+
+    def context(self) -> np.ndarray:
+        return self.ids[: self.n + len(self.out)]  # [len(P) + len(out)] a view
+
+    def prefill(self) -> int:
+        """Forward the prompt (only past the prefix a kept cache already holds); the first
+        output token."""
+        t0, reuse, prompt = time.perf_counter(), 0, self.ids[: self.n]
+        if self.kv is not None:
+            reuse = _common_prefix(self.kv.ids, prompt, self.n - 1)
+            self.kv.ids, self.cache.length = [], min(self.cache.length, reuse)
+        logits = self.tf.forward(prompt[reuse:], reuse, self.cache)  # [len(P) - reuse, V]
+        if self.kv is not None:
+            self.kv.ids = prompt.tolist()
+        first = self.pick(logits[-1], 0)
+        self.prefill_s = time.perf_counter() - t0
+        self.sampler.seconds = 0.0  # sample_s counts decoding only, like decode_s
+        return first
+
+    def pick(self, logits: np.ndarray, i: int) -> int:
+        """The token at output index i, from its logits row and the ids before it."""
+        return self.sampler.pick(logits, self.n + i, self.ids[: self.n + i])
+
+    def verify(self, drafts: list[int]) -> tuple[int, list[int]]:
+        """Run [last, d1..dj] in one forward; choose tokens row by row while they equal the
+        drafts (later rows draw no noise); return (accepted, the tokens this pass produces)."""
+        pos, i = self.last_pos, len(self.out)
+        self.ids[pos + 1 : pos + 1 + len(drafts)] = drafts  # the context rows 1.. see
+        logits = self.tf.forward([self.out[-1], *drafts], pos, self.cache)  # [j + 1, V]
+        a, token = 0, self.pick(logits[0], i)
+        while a < len(drafts) and token == drafts[a]:
+            a += 1
+            token = self.pick(logits[a], i + a)
+        self.cache.length = pos + a + 1  # roll back: rejected drafts' K/V are overwritten later
+        return a, [*drafts[:a], token]
+
+    def commit(self, tokens: list[int], on_tokens: OnTokens | None) -> int:
+        """Append tokens one at a time until a stop; emit them; return how many were kept."""
+        kept = 0
+        for token in tokens:
+            self.ids[self.n + len(self.out)] = token
+            self.out.append(token)
+            kept += 1
+            self.reason = self.stops.reason(self.out)
+            if self.done:
+                break
+        if on_tokens is not None:
+            on_tokens(tokens[:kept])
+        return kept
+
+    def result(self, mode: str, decode_s: float, forward_passes: int) -> GenerationResult:
+        if self.kv is not None:
+            self.kv.ids = self.context()[:-1].tolist()  # the last token was never forwarded
+        return GenerationResult(
+            self.ids[: self.n].tolist(), self.out, self.stops.text(self.out), self.prefill_s,
+            decode_s, forward_passes, mode=mode, sampling=self.sampler.sampling,
+            stop_reason=self.reason or "length", sample_s=self.sampler.seconds)
+
+
+def _common_prefix(a: Sequence[int], b: np.ndarray, cap: int) -> int:
+    n = min(len(a), len(b), cap)
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != b[:n])
+    return int(diff[0]) if diff.size else n
 
 
 def _observe(proposer, context, drafted: int, accepted: int, final: bool, produced: int) -> float:
@@ -160,10 +235,3 @@ def _observe(proposer, context, drafted: int, accepted: int, final: bool, produc
     t0, last = time.perf_counter(), produced - 1 if final else drafted
     proposer.observe(context, min(drafted, last), min(accepted, last))
     return time.perf_counter() - t0
-
-
-def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens
