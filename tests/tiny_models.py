@@ -1,7 +1,8 @@
 """Tiny random models for the lossless-law property tests (no checkpoint needed).
 
 Tied head + small scale: the residual stream keeps the input token, so the model tends to copy
-and drafts get accepted; untied at 0.3: diverse chains where most drafts fail.
+and drafts get accepted; untied at 0.3: diverse chains where most drafts fail. `sharp` scales the
+final norm, hence the logits: a sharp copier still accepts drafts when sampling at T > 0.
 """
 
 from dataclasses import replace
@@ -23,14 +24,16 @@ class _Tok:
         return " ".join(map(str, ids))
 
 
-def tiny_model(seed: int, eos=(0,), tied: bool = False, scale: float = 0.3):
+def tiny_model(seed: int, eos=(0,), tied: bool = False, scale: float = 0.3, sharp: float = 1.0):
     config = replace(TINY, tie_word_embeddings=tied)
-    tf = Transformer(config, random_weights(config, seed=seed, scale=scale))
+    weights = random_weights(config, seed=seed, scale=scale)
+    weights.norm *= sharp  # [D] final norm: logits scale with it
+    tf = Transformer(config, weights)
     return SimpleNamespace(transformer=tf, eos_ids=eos, tokenizer=_Tok())
 
 
 MODELS = {0: tiny_model(0, tied=True, scale=0.1), 1: tiny_model(0),
-          2: tiny_model(1, tied=True, scale=0.1)}
+          2: tiny_model(1, tied=True, scale=0.1), 3: tiny_model(2, tied=True, scale=0.1, sharp=4)}
 
 prompts = st.one_of(
     st.lists(st.integers(1, 63), min_size=1, max_size=40),
