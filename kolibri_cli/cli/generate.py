@@ -1,4 +1,5 @@
-"""`kolibri generate`: text at the terminal, plain or n-gram speculative (the same ids)."""
+"""`kolibri generate`: text at the terminal, plain or n-gram speculative (the same ids, greedy or
+sampled)."""
 
 import sys
 from typing import Annotated
@@ -21,34 +22,46 @@ def generate(
     compare: Annotated[bool, typer.Option(
         "--compare", help="Run plain then spec, check identical ids, print both speeds.")] = False,
     proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
+    temperature: opt.TemperatureOpt = None,
+    top_k: opt.TopKOpt = None,
+    top_p: opt.TopPOpt = None,
+    min_p: opt.MinPOpt = None,
+    repetition_penalty: opt.RepetitionPenaltyOpt = None,
+    seed: opt.SeedOpt = None,
+    greedy: opt.GreedyOpt = False,
+    system: opt.SystemOpt = None,
+    stop: opt.StopOpt = None,
     threads: opt.ThreadsOpt = None,
     as_json: opt.JsonOpt = False,
 ) -> None:
-    """Generate text greedily, plainly or with n-gram speculation (same text either way)."""
+    """Generate text, plainly or with n-gram speculation: the same ids either way, greedy or
+    sampled (the noise is keyed by seed and position)."""
     from kolibri_cli.cli import render
     from kolibri_cli.decode.generate import generate_plain, generate_spec
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
+    given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     drafter = opt.proposer(k, window, proposer_name)  # validated even when unused
     drafter = drafter if (spec or compare) else None
     text = _read_prompt(prompt)
     m = opt.load_model(model, threads)
-    ids, max_tokens = _prompt_ids(m, text, raw, max_tokens)
+    ids, max_tokens = _prompt_ids(m, text, raw, max_tokens, system)
+    how = {"sampling": opt.resolve_sampling(m, given), "stop": stop or []}
     if compare:
-        return _compare(m, ids, max_tokens, drafter, as_json)
-    streamer = None if as_json else render.TextStreamer(m.tokenizer)
+        return _compare(m, ids, max_tokens, drafter, as_json, how)
+    streamer = None if as_json else render.TextStreamer(m.tokenizer, how["stop"])
     try:
         if drafter:
-            result = generate_spec(m, ids, max_tokens, drafter, streamer)
+            result = generate_spec(m, ids, max_tokens, drafter, streamer, **how)
         else:
-            result = generate_plain(m, ids, max_tokens, streamer)
+            result = generate_plain(m, ids, max_tokens, streamer, **how)
     finally:
         if streamer:
             streamer.finish()
     if as_json:
         return opt.print_json(_with_proposer(result.to_dict(m.name), drafter))
-    render.err.print(_stats_line(result), highlight=False)
+    render.err.print(stats_line(result), highlight=False)
 
 
 def _read_prompt(prompt: str) -> str:
@@ -58,12 +71,15 @@ def _read_prompt(prompt: str) -> str:
     return text
 
 
-def _prompt_ids(model, text: str, raw: bool, max_tokens: int) -> tuple[list[int], int]:
+def _prompt_ids(model, text: str, raw: bool, max_tokens: int,
+                system: str | None = None) -> tuple[list[int], int]:
     """Encode; refuse a prompt that fills the context, cap max_tokens to what is left."""
     from kolibri_cli.cli import render
 
     chat = not raw and model.tokenizer.chat_template is not None
-    ids = model.tokenizer.encode_prompt(text, chat=chat)
+    if system is not None and not chat:
+        raise KolibriError("--system needs the model's chat template (drop --raw)")
+    ids = model.tokenizer.encode_prompt(text, chat=chat, system=system)
     context = model.config.max_position_embeddings
     if len(ids) >= context:
         raise KolibriError(f"the prompt is {len(ids)} tokens; the model's context is {context}")
@@ -73,14 +89,18 @@ def _prompt_ids(model, text: str, raw: bool, max_tokens: int) -> tuple[list[int]
     return ids, max_tokens
 
 
-def _stats_line(result) -> str:
+def stats_line(result) -> str:
+    """The one stats line on stderr after a generation (chat prints one per turn)."""
     s = (f"prompt {len(result.prompt_ids)} tokens, prefill {result.prefill_s * 1e3:.0f} ms, "
          f"{result.new_tokens} new tokens, decode {result.decode_tokens_per_s:.1f} tok/s")
     if result.mode == "spec":
         st = result.spec_stats()
         s += (f", {st['verify_passes']} verify passes, "
               f"{st['drafts_accepted']}/{st['drafts_proposed']} drafts accepted")
-    return s
+    s += f", {result.sampling.describe()}"
+    if not result.sampling.greedy and result.decode_s > 0:
+        s += f" (sampling {result.sample_s / result.decode_s:.1%} of decode time)"
+    return s + ("" if result.stop_reason == "eos" else f", stopped by {result.stop_reason}")
 
 
 def _with_proposer(obj: dict, drafter) -> dict:
@@ -90,12 +110,12 @@ def _with_proposer(obj: dict, drafter) -> dict:
                   "window": [drafter.window_min, drafter.window_max]}
 
 
-def _compare(m, ids, max_tokens, drafter, as_json: bool) -> None:
+def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict) -> None:
     from kolibri_cli.cli import render
     from kolibri_cli.decode.generate import generate_plain, generate_spec
 
-    plain = generate_plain(m, ids, max_tokens)
-    spec = generate_spec(m, ids, max_tokens, drafter)
+    plain = generate_plain(m, ids, max_tokens, **how)
+    spec = generate_spec(m, ids, max_tokens, drafter, **how)
     same = plain.output_ids == spec.output_ids
     ratio = spec.decode_tokens_per_s / plain.decode_tokens_per_s if plain.decode_s else 0.0
     if as_json:
@@ -103,8 +123,8 @@ def _compare(m, ids, max_tokens, drafter, as_json: bool) -> None:
                     "spec": _with_proposer(spec.to_dict(m.name), drafter)})
     else:
         sys.stdout.write(plain.text + "\n")  # model text: never read as rich markup
-        render.err.print(f"plain: {_stats_line(plain)}", highlight=False)
-        render.err.print(f"spec:  {_stats_line(spec)}", highlight=False)
+        render.err.print(f"plain: {stats_line(plain)}", highlight=False)
+        render.err.print(f"spec:  {stats_line(spec)}", highlight=False)
         render.err.print(f"spec / plain decode speed: {ratio:.2f}x; ids identical: {same}")
     if not same:
-        raise KolibriError("speculative output differs from plain greedy output (a kernel bug)")
+        raise KolibriError("speculative output differs from plain output (a kernel or sampler bug)")

@@ -53,3 +53,60 @@ def proposer(k: int, window: str, name: str = DEFAULT_PROPOSER):
     if k < 1:  # name the option; make_proposer's own check speaks of "k"
         raise KolibriError(f"--k must be at least 1 (got {k})")
     return make_proposer(name, k, parse_window(window))
+
+
+# ---- sampling: shared by generate, chat, goldens record, bench and probe ---------------------
+
+TemperatureOpt = Annotated[float | None, typer.Option(
+    "--temperature", help="Sample at this temperature; 0 = greedy. [default: the model's "
+    "generation_config.json, else greedy]")]
+TopKOpt = Annotated[int | None, typer.Option(
+    "--top-k", help="Sample among the k most likely tokens; 0 = off.")]
+TopPOpt = Annotated[float | None, typer.Option(
+    "--top-p", help="Sample among the most likely tokens holding this much probability; 1 = off.")]
+MinPOpt = Annotated[float | None, typer.Option(
+    "--min-p", help="Drop tokens less likely than min-p times the most likely one; 0 = off.")]
+RepetitionPenaltyOpt = Annotated[float | None, typer.Option(
+    "--repetition-penalty",
+    help="transformers' penalty on tokens already in the context; 1 = off.")]
+SeedOpt = Annotated[int | None, typer.Option(
+    "--seed", help="Seed of the position-keyed noise (same seed, same text). [default: random, "
+    "printed]")]
+GreedyOpt = Annotated[bool, typer.Option(
+    "--greedy", help="Argmax decoding, whatever generation_config.json says.")]
+SystemOpt = Annotated[str | None, typer.Option(
+    "--system", help="System message (replaces the chat template's default one).")]
+StopOpt = Annotated[list[str] | None, typer.Option(
+    "--stop", metavar="STRING", help="Stop once the text contains STRING (repeatable).")]
+
+
+def sampling_options(temperature: float | None = None, top_k: int | None = None,
+                     top_p: float | None = None, min_p: float | None = None,
+                     repetition_penalty: float | None = None, seed: int | None = None,
+                     greedy: bool = False) -> dict:
+    """The sampling options given (None = not given), checked before a model loads."""
+    from kolibri_cli.decode.sampling import Sampling
+
+    if greedy and temperature not in (None, 0):
+        raise KolibriError("--greedy and --temperature contradict each other: pass one")
+    given = {"temperature": 0.0 if greedy else temperature, "top_k": top_k, "top_p": top_p,
+             "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed}
+    given = {key: value for key, value in given.items() if value is not None}
+    Sampling(**given).check()
+    return given
+
+
+def resolve_sampling(model, given: dict):
+    """The Sampling of the options given on top of the model's generation_config.json; a random
+    seed (noted on stderr) when sampling without --seed."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.decode.sampling import Sampling, new_seed
+    from kolibri_cli.engine.config import generation_defaults
+
+    settings = generation_defaults(model.path) | given
+    chosen = Sampling(**settings).check()
+    if not chosen.greedy and "seed" not in given:
+        chosen = Sampling(**(settings | {"seed": new_seed()}))
+        render.err.print(f"seed {chosen.seed} (pass --seed {chosen.seed} to repeat this run)",
+                         highlight=False)
+    return chosen

@@ -160,14 +160,54 @@ def eos_token_ids(d: dict) -> tuple[int, ...]:
 def generation_eos(folder: Path, config: "ModelConfig") -> "ModelConfig":
     """transformers' generate stops on generation_config.json's eos ids when the folder has that
     file and it sets them; config.json's otherwise."""
-    path = Path(folder) / "generation_config.json"
-    if not path.is_file():
-        return config
+    gen = _generation_config(folder)
     try:
-        eos = eos_token_ids(json.loads(path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError, AttributeError):
-        raise KolibriError(f"{path}: not a valid generation config") from None
+        eos = eos_token_ids(gen)
+    except (TypeError, ValueError):
+        raise KolibriError(f"{Path(folder) / GENERATION_CONFIG}: not a valid generation config") \
+            from None
     return dataclasses.replace(config, eos_token_ids=eos) if eos else config
+
+
+GENERATION_CONFIG = "generation_config.json"
+# transformers' GenerationConfig defaults for sampling, applied when the file sets do_sample
+_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": 0.0}
+
+
+def generation_defaults(folder: Path) -> dict:
+    """The sampling settings generation_config.json asks for, as transformers reads them:
+    temperature (0 = greedy unless `do_sample`), top_k, top_p, min_p, repetition_penalty.
+    {} without the file; only the keys the file implies."""
+    gen, where = _generation_config(folder), Path(folder) / GENERATION_CONFIG
+    out = {}
+    if gen.get("repetition_penalty") is not None:
+        out["repetition_penalty"] = _number(gen, "repetition_penalty", where)
+    if not gen.get("do_sample"):
+        return out | ({"temperature": 0.0} if gen else {})
+    for key, default in _SAMPLING_DEFAULTS.items():
+        out[key] = default if gen.get(key) is None else _number(gen, key, where)
+    out["top_k"] = int(out["top_k"])
+    return out
+
+
+def _number(gen: dict, key: str, where: Path) -> float:
+    value = gen[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise KolibriError(f"{where}: {key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _generation_config(folder: Path) -> dict:
+    path = Path(folder) / GENERATION_CONFIG
+    if not path.is_file():
+        return {}
+    try:
+        gen = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        gen = None
+    if not isinstance(gen, dict):
+        raise KolibriError(f"{path}: not a valid generation config")
+    return gen
 
 
 def _fields(d: dict, model_type: str) -> dict:

@@ -2,7 +2,7 @@
 
 The chat template is rendered with jinja2 exactly as transformers' `apply_chat_template` does
 (sandboxed environment, trim_blocks + lstrip_blocks, loopcontrols, `raise_exception`, the named
-special tokens that are set, `tools`/`documents` None). Non-goals: tool calling, multi-turn chats.
+special tokens that are set, `tools`/`documents` None). Non-goals: tool calling.
 """
 
 import json
@@ -91,15 +91,21 @@ class Tokenizer:
         except TemplateError as e:
             raise KolibriError(f"the chat template does not parse ({e}); use --raw") from None
 
-    def render_chat(self, user_message: str) -> str:
-        """One user turn + generation prompt, as transformers' apply_chat_template renders it."""
+    def render_chat(self, user_message: str, system: str | None = None) -> str:
+        """One user turn (after an optional system message) + generation prompt."""
+        system_turn = [] if system is None else [{"role": "system", "content": system}]
+        return self.render_messages([*system_turn, {"role": "user", "content": user_message}])
+
+    def render_messages(self, messages: list[dict]) -> str:
+        """A conversation [{"role", "content"}, ...] + generation prompt, as transformers'
+        apply_chat_template renders it (a system message replaces the template's default)."""
         from jinja2 import TemplateError
 
         if not self.chat_template:
             raise KolibriError("this model has no chat template; use --raw")
         try:
             return self._template.render(
-                messages=[{"role": "user", "content": user_message}],
+                messages=messages,
                 tools=None,
                 documents=None,
                 add_generation_prompt=True,
@@ -108,10 +114,12 @@ class Tokenizer:
         except (TemplateError, TypeError, ValueError) as e:
             raise KolibriError(f"the chat template failed to render ({e}); use --raw") from None
 
-    def encode_prompt(self, prompt: str, chat: bool) -> list[int]:
+    def encode_prompt(self, prompt: str, chat: bool, system: str | None = None) -> list[int]:
         """Chat: the rendered template carries its own special tokens, so none are added."""
         if chat:
-            return self.encode(self.render_chat(prompt), add_special_tokens=False)
+            return self.encode(self.render_chat(prompt, system), add_special_tokens=False)
+        if system is not None:
+            raise KolibriError("a system message needs the chat template (drop --raw)")
         return self.encode(prompt)
 
 

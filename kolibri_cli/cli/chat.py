@@ -1,0 +1,125 @@
+"""`kolibri chat`: an interactive multi-turn session at the terminal — answers streamed on stdout,
+per-turn stats on stderr, Ctrl-C stops the current answer and keeps the session."""
+
+from typing import Annotated
+
+import typer
+
+from kolibri_cli.cli.options import (
+    WINDOW_DEFAULT,
+    GreedyOpt,
+    KOpt,
+    MinPOpt,
+    ModelOpt,
+    ProposerOpt,
+    RepetitionPenaltyOpt,
+    SeedOpt,
+    StopOpt,
+    SystemOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    WindowOpt,
+    load_model,
+    proposer,
+    resolve_sampling,
+    sampling_options,
+)
+from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
+
+HELP = ("/reset forgets the conversation, /spec on|off switches n-gram speculation, /exit (or "
+        "Ctrl-D) leaves; Ctrl-C stops an answer.")
+
+
+def chat(
+    model: ModelOpt = None,
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens", "-n", min=1, help="Most new tokens per answer.")] = 512,
+    spec: Annotated[bool, typer.Option("--spec", help="Start with n-gram speculation on.")] = False,
+    k: KOpt = DEFAULT_K,
+    window: WindowOpt = WINDOW_DEFAULT,
+    proposer_name: ProposerOpt = DEFAULT_PROPOSER,
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    seed: SeedOpt = None,
+    greedy: GreedyOpt = False,
+    system: SystemOpt = None,
+    stop: StopOpt = None,
+    threads: ThreadsOpt = None,
+) -> None:
+    """Chat with the model, turn by turn (the whole conversation stays in its context)."""
+    from kolibri_cli.decode.chat import Conversation
+
+    given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
+    proposer(k, window, proposer_name)  # bad settings fail before the model loads
+    m = load_model(model, threads)
+    conversation = Conversation(m, system)
+    settings = {"sampling": resolve_sampling(m, given), "stop": stop or [],
+                "new_proposer": lambda: proposer(k, window, proposer_name), "spec": spec}
+    _say(f"kolibri chat with {m.name}. {HELP}")
+    while (line := _read_line()) is not None:
+        if line.startswith("/"):
+            if not _command(line, conversation, settings):
+                break
+        elif line.strip():
+            _turn(conversation, line, max_tokens, settings)
+
+
+def _read_line() -> str | None:
+    """The next line typed; None at end of input. Ctrl-C at the prompt clears the line."""
+    while True:
+        try:
+            return input(">>> ")
+        except EOFError:
+            print()
+            return None
+        except KeyboardInterrupt:
+            print()
+
+
+def _command(line: str, conversation, settings: dict) -> bool:
+    """Run a /command; False to leave the session."""
+    word, _, arg = line.strip().partition(" ")
+    if word in ("/exit", "/quit", "/bye"):
+        return False
+    if word == "/reset":
+        conversation.reset()
+        _say("history cleared")
+    elif word == "/spec" and arg.strip() in ("on", "off"):
+        settings["spec"] = arg.strip() == "on"
+        _say(f"speculation {arg.strip()}")
+    else:
+        _say(f"unknown command {line.strip()!r}. {HELP}")
+    return True
+
+
+def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
+    from kolibri_cli.cli import render
+    from kolibri_cli.cli.generate import stats_line
+    from kolibri_cli.errors import KolibriError
+
+    streamer = render.TextStreamer(conversation.model.tokenizer, settings["stop"])
+    drafter = settings["new_proposer"]() if settings["spec"] else None
+    try:
+        result = conversation.reply(line, max_tokens, drafter, settings["sampling"],
+                                    settings["stop"], streamer)
+    except KeyboardInterrupt:
+        streamer.finish()
+        _say("(answer stopped)")
+        return
+    except KolibriError as e:
+        streamer.finish()
+        _say(f"error: {e}")
+        return
+    streamer.finish()
+    _say(stats_line(result))
+
+
+def _say(text: str) -> None:
+    from kolibri_cli.cli import render
+
+    render.err.print(text, highlight=False, markup=False)
