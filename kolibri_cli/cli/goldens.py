@@ -6,10 +6,25 @@ from typing import Annotated
 import typer
 
 from kolibri_cli.cli.app import make_typer
-from kolibri_cli.cli.options import JsonOpt, ModelOpt, ThreadsOpt, load_model, print_json
+from kolibri_cli.cli.options import (
+    GreedyOpt,
+    JsonOpt,
+    MinPOpt,
+    ModelOpt,
+    RepetitionPenaltyOpt,
+    SeedOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    load_model,
+    print_json,
+    resolve_sampling,
+    sampling_options,
+)
 from kolibri_cli.errors import KolibriError
 
-app = make_typer("Record and check golden greedy chains.")
+app = make_typer("Record and check golden chains (greedy or sampled).")
 
 
 @app.command("record")
@@ -27,10 +42,20 @@ def record(
     per_category: Annotated[int | None, typer.Option(
         min=1, help="At most N prompts per category.")] = None,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template.")] = False,
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    seed: SeedOpt = None,
+    greedy: GreedyOpt = False,
+    seeds: Annotated[int, typer.Option(
+        "--seeds", min=1, help="Sampled chains per prompt, seeds --seed, +1, ...")] = 1,
     model: ModelOpt = None,
     threads: ThreadsOpt = None,
 ) -> None:
-    """Record greedy chains for a prompt file (written atomically when all are done)."""
+    """Record chains for a prompt file, greedy or sampled (written atomically when all are
+    done); a sampled chain records its sampling parameters and seed."""
     from kolibri_cli.cli import render
     from kolibri_cli.goldens import record as recorder
     from kolibri_cli.goldens.chains import read_prompts, save_goldens
@@ -39,13 +64,16 @@ def record(
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
     if engine not in recorder.ENGINES:
         raise KolibriError(f"unknown engine {engine!r} ({' or '.join(recorder.ENGINES)})")
+    given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
     if output.is_dir():
         raise KolibriError(f"cannot write {output}: it is a folder")
     m = load_model(model, threads)
     chat = not raw and m.tokenizer.chat_template is not None
-    with render.progress_bar(f"recording ({engine}) ") as bar:
-        goldens = recorder.record(m, specs, engine, max_tokens, chat, lambda d, t: bar("", d, t))
+    how = resolve_sampling(m, given)
+    with render.progress_bar(f"recording ({engine}, {how.describe()}) ") as bar:
+        goldens = recorder.record(m, specs, engine, max_tokens, chat, lambda d, t: bar("", d, t),
+                                  how, seeds)
     save_goldens(output, goldens)
     render.err.print(f"wrote {len(goldens)} goldens to {output}")
 

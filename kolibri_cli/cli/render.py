@@ -101,12 +101,12 @@ def check_table(results) -> "FitTable":
     rows = []
     for r in results:
         if r.identical:
-            rows.append([escape(str(r.id)), r.tokens, "identical", "", "", ""])
+            rows.append([escape(str(r.id)), str(r.tokens), "identical", "", "", ""])
         else:
             margin = "" if r.reference_margin is None else f"{r.reference_margin:.2e}"
             verdict = "near-tie" if r.explained else "DIVERGES"
             pair = f"{r.ours} vs {r.reference}"
-            rows.append([escape(str(r.id)), r.tokens, verdict, r.index, pair, margin])
+            rows.append([escape(str(r.id)), str(r.tokens), verdict, str(r.index), pair, margin])
     cols = [Col("id", numeric=False), Col("tokens", drop=2), Col("result", numeric=False),
             Col("index"), Col("ours vs ref", numeric=False), Col("ref margin", drop=1)]
     return FitTable("kolibri vs golden", cols, rows)

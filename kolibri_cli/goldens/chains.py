@@ -1,4 +1,5 @@
-"""Golden chains (JSONL, one recorded greedy generation a line) and the prompt files they come from.
+"""Golden chains (JSONL, one recorded generation a line, greedy or sampled) and the prompt files
+they come from.
 
 Scope: the file formats, their validation (errors name the file and line), atomic saving.
 Non-goals: recording or checking goldens with a model (the goldens command does that).
@@ -9,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.store.atomic import write_text_atomic
 
@@ -24,7 +26,8 @@ GOLDEN_FIELDS = (
 
 @dataclass
 class Golden:
-    """One recorded chain: the prompt's ids P and the greedy output ids G (g1 from prefill)."""
+    """One recorded chain: the prompt's ids P and the output ids G (g1 from prefill), chosen
+    greedily or sampled with the recorded parameters."""
 
     id: str | int  # unique within its file
     category: str  # e.g. "code", "summarization": the probe reports per category
@@ -36,6 +39,16 @@ class Golden:
     model_sha256: str  # checksum of the model file the chain was recorded from
     reference: dict = field(default_factory=dict)  # {"engine", "engine_version", "dtype", ...}
     eos_ids: list[int] = field(default_factory=list)  # the model's eos ids (optional in files)
+    sampling: dict = field(default_factory=dict)  # Sampling.to_dict(); {} (or absent) = greedy
+
+    @property
+    def sampler(self) -> Sampling:
+        return Sampling.from_dict(self.sampling)
+
+    @property
+    def seed(self) -> int | None:
+        """The sampling seed; None for a greedy chain."""
+        return None if self.sampler.greedy else self.sampler.seed
 
 
 @dataclass(frozen=True)
@@ -66,9 +79,17 @@ def load_goldens(path: str | Path) -> list[Golden]:
 
 
 def save_goldens(path: str | Path, goldens: list[Golden]) -> None:
-    """Write `goldens` as JSONL, atomically (readers see the old file or the whole new one)."""
-    lines = [json.dumps(asdict(g), ensure_ascii=False) for g in goldens]
+    """Write `goldens` as JSONL, atomically (readers see the old file or the whole new one).
+    Greedy chains carry no "sampling" key, as before sampling existed."""
+    lines = [json.dumps(_golden_dict(g), ensure_ascii=False) for g in goldens]
     write_text_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def _golden_dict(golden: Golden) -> dict:
+    d = asdict(golden)
+    if not d["sampling"]:
+        del d["sampling"]
+    return d
 
 
 def first_divergence(ours: list[int], golden: list[int]) -> int | None:
@@ -187,7 +208,15 @@ def _golden_from(obj: dict, where: str) -> Golden:
     eos_ids = obj.get("eos_ids", [])
     if eos_ids:
         _check_token_ids(eos_ids, "eos_ids", where)
-    return Golden(**{name: obj[name] for name in GOLDEN_FIELDS}, eos_ids=eos_ids)
+    sampling = obj.get("sampling", {})
+    if not isinstance(sampling, dict):
+        raise KolibriError(f"{where}: 'sampling' must be an object, got {sampling!r}")
+    try:
+        sampling = Sampling.from_dict(sampling).to_dict()
+    except KolibriError as e:
+        raise KolibriError(f"{where}: {e}") from None
+    return Golden(**{name: obj[name] for name in GOLDEN_FIELDS}, eos_ids=eos_ids,
+                  sampling=sampling)
 
 
 def _jsonl_objects(path: Path):

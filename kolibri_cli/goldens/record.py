@@ -1,12 +1,14 @@
-"""Record golden chains with an engine (kolibri or the transformers float32 reference) and
-check kolibri against them: identical, or the first divergent index with both tokens and the
-reference's top-2 logit margin there (a near-tie explains a divergence; a wide margin is a bug).
+"""Record golden chains with an engine (kolibri or the transformers float32 reference), greedy or
+sampled, and check kolibri against them: identical, or the first divergent index with both
+tokens and the reference's top-2 margin there (a near-tie explains a divergence; a wide margin is
+a bug). A sampled chain's margin is between the top-2 perturbed scores (decode/sampling.py).
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.decode.generate import generate_plain
+from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, PromptSpec, first_divergence
 
@@ -15,20 +17,20 @@ NEAR_TIE = 1e-3  # a divergence at a reference margin below this is float roundi
 
 
 def _engine(model, engine: str):
-    """-> (greedy(prompt_ids, max_tokens) -> (output_ids, reference dict))."""
+    """-> (run(prompt_ids, max_tokens, sampling) -> (output_ids, reference dict))."""
     if engine == "kolibri":
-        def run(ids, n):
-            r = generate_plain(model, ids, n)
+        def run(ids, n, sampling):
+            r = generate_plain(model, ids, n, sampling=sampling)
             return r.output_ids, {"engine": "kolibri", "engine_version": _version(),
                                   "dtype": "float32"}
         return run
     if engine == "transformers":
-        from kolibri_cli import reference
+        from kolibri_cli.goldens import reference
 
         ref = reference.load(model.path)
 
-        def run(ids, n):
-            chain = reference.greedy(ref, ids, n, model.eos_ids)
+        def run(ids, n, sampling):
+            chain = reference.generate(ref, ids, n, model.eos_ids, sampling)
             return chain.output_ids, {"engine": "transformers", "engine_version":
                                       chain.engine_version, "dtype": "float32",
                                       "top2_margins": [round(m, 6) for m in chain.top2_margins]}
@@ -43,17 +45,28 @@ def _version() -> str:
 
 
 def record(model, prompts: list[PromptSpec], engine: str, max_tokens: int, chat: bool,
-           step: Ticks | None = None) -> list[Golden]:
+           step: Ticks | None = None, sampling: Sampling = GREEDY,
+           seeds: int = 1) -> list[Golden]:
+    """One chain per prompt, or with `seeds` > 1 (sampled), one per prompt and seed: seeds
+    sampling.seed, +1, ..., ids suffixed "/seed<N>"."""
     run = _engine(model, engine)
+    runs = [(p, s) for p in prompts for s in _seeded(sampling, seeds)]
     goldens = []
-    for i, p in enumerate(prompts):
+    for i, (p, s) in enumerate(runs):
         ids = model.tokenizer.encode_prompt(p.prompt, chat=chat)
-        output_ids, ref = run(ids, max_tokens)
-        goldens.append(Golden(p.id, p.category, p.prompt, chat, ids, output_ids, model.name,
-                              model.sha256, ref, list(model.eos_ids)))
+        output_ids, ref = run(ids, max_tokens, s)
+        gid = p.id if seeds == 1 else f"{p.id}/seed{s.seed}"
+        goldens.append(Golden(gid, p.category, p.prompt, chat, ids, output_ids, model.name,
+                              model.sha256, ref, list(model.eos_ids), s.to_dict()))
         if step:
-            step(i + 1, len(prompts))
+            step(i + 1, len(runs))
     return goldens
+
+
+def _seeded(sampling: Sampling, seeds: int) -> list[Sampling]:
+    if seeds < 1 or (seeds > 1 and sampling.greedy):
+        raise KolibriError(f"--seeds {seeds}: several seeds need sampling (--temperature > 0)")
+    return [replace(sampling, seed=(sampling.seed + i) % 2**64) for i in range(seeds)]
 
 
 @dataclass
@@ -77,7 +90,9 @@ class CheckResult:
 
 
 def check_one(model, golden: Golden) -> CheckResult:
-    ours = generate_plain(model, golden.prompt_ids, len(golden.output_ids)).output_ids
+    """Replay the golden with its own sampling parameters (greedy when it has none)."""
+    ours = generate_plain(model, golden.prompt_ids, len(golden.output_ids),
+                          sampling=golden.sampler).output_ids
     ref = golden.output_ids
     i = first_divergence(ours, ref)
     if i is None:

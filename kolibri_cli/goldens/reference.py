@@ -1,7 +1,9 @@
 """The float32 reference engine: transformers + torch over the same HF-layout folder.
 
-A manual greedy loop (transformers' `generate()` was seen to flip near-ties) that also records,
-per step, the margin between the top-2 logits — what explains a divergence when one occurs.
+A manual decoding loop (transformers' `generate()` was seen to flip near-ties) that also records,
+per step, the margin between the top-2 scores — what explains a divergence when one occurs.
+Scores are the logits (greedy) or kolibri's perturbed scores (sampled: the same filters and
+position-keyed noise over the reference's own float32 logits).
 Needs the optional extra `kolibri[reference]`; `kolibri generate` never imports this module.
 """
 
@@ -9,6 +11,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from kolibri_cli.decode.sampling import GREEDY, Sampling, penalized, perturbed
 from kolibri_cli.errors import KolibriError
 
 
@@ -39,21 +42,38 @@ def load(folder: Path):
 
 def greedy(model, prompt_ids: list[int], max_tokens: int,
            eos_ids: tuple[int, ...]) -> ReferenceChain:
+    return generate(model, prompt_ids, max_tokens, eos_ids, GREEDY)
+
+
+def generate(model, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, ...],
+             sampling: Sampling) -> ReferenceChain:
     import torch
     import transformers
 
     out, margins = [], []
     r = model(torch.tensor([prompt_ids]), use_cache=True)
     while True:
-        top2 = torch.topk(r.logits[0, -1].float(), 2)
+        row = r.logits[0, -1].float().numpy()  # [V]
+        scores = torch.from_numpy(_scores(row, prompt_ids + out, sampling))
+        top2 = torch.topk(scores, 2)
         tok = int(top2.indices[0])
         out.append(tok)
-        margins.append(float(top2.values[0] - top2.values[1]))
+        margins.append(min(float(top2.values[0] - top2.values[1]), 1e9))  # one kept token: inf
         if tok in eos_ids or len(out) >= max_tokens:
             break
         r = model(torch.tensor([[tok]]), past_key_values=r.past_key_values, use_cache=True)
     version = f"transformers {transformers.__version__}, torch {torch.__version__}"
     return ReferenceChain(out, margins, version)
+
+
+def _scores(row, before: list[int], sampling: Sampling):
+    """[V] what the token is the argmax of (ties: torch.topk and numpy argmax both pick the
+    first index for the top-1)."""
+    import numpy as np
+
+    if sampling.greedy:
+        return penalized(row, np.array(before), sampling.repetition_penalty)
+    return perturbed(row, len(before), np.array(before), sampling)
 
 
 def logits(model, ids: list[int]):
