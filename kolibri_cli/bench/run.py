@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.timing import costs, forward_times, measure_read_bandwidth
 from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.sampling import GREEDY, Sampling
 
 COST_CONTEXT = 100  # tokens in the cache when c(n) is timed (a short chat prompt)
 
@@ -35,6 +36,9 @@ class BenchResult:
     drafts_proposed: int
     drafts_accepted: int
     identical: bool  # spec ids == plain ids on every repeat
+    sampling: dict  # Sampling.to_dict() of both runs ({} = greedy)
+    sample_us_per_token: float  # median time choosing a token from its logits (plain run)
+    sample_fraction: float  # median share of plain decode time spent choosing tokens
 
     @property
     def pass_ratio(self) -> float:
@@ -47,18 +51,21 @@ class BenchResult:
         return d
 
 
-def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0) -> BenchResult:
+def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
+              sampling: Sampling = GREEDY) -> BenchResult:
     """`new_proposer()` gives a fresh proposer per repeat: stateful ones (suffix, adaptive) then
-    repeat the same run."""
+    repeat the same run. The sampling cost is the plain run's time in the sampler over its
+    decode time, taken in the same run."""
     prompt = bench_prompt(model)
     bandwidth = measure_read_bandwidth()
-    plain_tps, spec_tps, identical = [], [], True
+    plain_tps, spec_tps, identical, sample_s = [], [], True, []
     for _ in range(repeats):  # alternate, so machine noise hits both modes alike
         proposer = new_proposer()
-        plain = generate_plain(model, prompt, BENCH_NEW_TOKENS)
-        spec = generate_spec(model, prompt, BENCH_NEW_TOKENS, proposer)
+        plain = generate_plain(model, prompt, BENCH_NEW_TOKENS, sampling=sampling)
+        spec = generate_spec(model, prompt, BENCH_NEW_TOKENS, proposer, sampling=sampling)
         plain_tps.append(plain.decode_tokens_per_s)
         spec_tps.append(spec.decode_tokens_per_s)
+        sample_s.append((plain.sample_s, plain.decode_s, plain.new_tokens - 1))
         identical &= spec.output_ids == plain.output_ids
     k = proposer.k
     times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats)
@@ -74,5 +81,7 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0) -> BenchR
         chain_seed=BENCH_SEED, chain_tokens=len(plain.output_ids),
         plain_steps=len(plain.output_ids) - 1, verify_passes=stats["verify_passes"],
         drafts_proposed=stats["drafts_proposed"], drafts_accepted=stats["drafts_accepted"],
-        identical=identical,
+        identical=identical, sampling=sampling.to_dict(),
+        sample_us_per_token=statistics.median(1e6 * s / max(n, 1) for s, _, n in sample_s),
+        sample_fraction=statistics.median(s / d if d else 0.0 for s, d, _ in sample_s),
     )

@@ -13,6 +13,14 @@ from pathlib import Path
 
 import typer
 
+from kolibri_cli.cli.options import (
+    MinPOpt,
+    RepetitionPenaltyOpt,
+    SeedOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
+)
 from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
 from kolibri_cli.decode.proposers import (
     DEFAULT_K,
@@ -133,8 +141,16 @@ def probe(
         "--allow-model-mismatch/--no-allow-model-mismatch",
         help="Measure goldens recorded for another model.",
     ),
+    temperature: TemperatureOpt = None,
+    top_k: TopKOpt = None,
+    top_p: TopPOpt = None,
+    min_p: MinPOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    seed: SeedOpt = None,
 ) -> None:
-    """Simulate n-gram speculation over golden chains: exact counts, no model needed."""
+    """Simulate n-gram speculation over golden chains: exact counts, no model needed. With
+    --measure, each golden is run as it was recorded (greedy or sampled) unless sampling options
+    override that for all."""
     overrides = dict(locals())  # option name -> value; None = not given (PROBE.toml decides)
     overrides.pop("config")
     overrides["json"] = overrides.pop("json_out")
@@ -203,17 +219,21 @@ def _measure(cfg, model, goldens, runs) -> dict:
     of each proposer when comparing: measuring a whole sweep would take minutes per
     configuration."""
     from kolibri_cli.cli import render
+    from kolibri_cli.cli.options import resolve_sampling, sampling_options
     from kolibri_cli.goldens import record as recorder
     from kolibri_cli.probe.measure import measure_run
     from kolibri_cli.probe.report import run_key
     from kolibri_cli.probe.simulate import best_per_proposer, best_run
 
     recorder.check_model_matches(model, goldens, cfg.allow_model_mismatch)
+    given = cfg.sampling_overrides()
+    override = resolve_sampling(model, sampling_options(**given)) if given else None
     chosen = best_per_proposer(runs) if len(cfg.proposer) > 1 else [best_run(runs)]
     measured = {}
     for run in chosen:
         with render.progress_bar(f"measuring {run.name} ") as bar:
-            measured[run_key(run)] = measure_run(model, goldens, run, lambda d, t: bar("", d, t))
+            measured[run_key(run)] = measure_run(model, goldens, run, lambda d, t: bar("", d, t),
+                                                 override)
     return measured
 
 
@@ -249,6 +269,8 @@ def _command(cfg) -> str:
                 "--max-tokens": cfg.max_tokens, "--model": cfg.model, "--threads": cfg.threads,
                 "--min-ratio": cfg.min_ratio, "--min-acceptance": cfg.min_acceptance,
                 "--min-speedup": cfg.min_speedup}
+    optional |= {"--" + key.replace("_", "-"): value
+                 for key, value in cfg.sampling_overrides().items()}
     for flag, value in optional.items():
         if value is not None and value != "":
             args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]

@@ -127,8 +127,16 @@ def bench_table(r) -> Table:
                         f"verify passes (ratio {r.pass_ratio:.2f}), {r.drafts_accepted}/"
                         f"{r.drafts_proposed} drafts accepted, ids identical: {r.identical}"),
     ]
+    rows.append(("choosing tokens", f"{_describe(r.sampling)}: {r.sample_us_per_token:.0f} us per "
+                 f"token = {r.sample_fraction:.2%} of plain decode time"))
     rows += [(f"c({n})", f"{c:.3f}  ({r.forward_ms[n]:.1f} ms)") for n, c in r.costs.items()]
     return kv_table("kolibri bench", rows)
+
+
+def _describe(sampling: dict) -> str:
+    from kolibri_cli.decode.sampling import Sampling
+
+    return Sampling.from_dict(sampling).describe()
 
 
 @dataclass

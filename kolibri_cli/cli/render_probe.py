@@ -18,14 +18,17 @@ from kolibri_cli.errors import KolibriError
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
     MEASURED_COLUMNS,
+    SEED_COLUMNS,
     category_cell,
     comparison_cells,
     count_cells,
     fmt_pct,
     fmt_ratio,
     run_key,
+    seed_cells,
     sweep_grid,
 )
+from kolibri_cli.probe.seeds import seed_spread
 from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
 from kolibri_cli.store.atomic import atomic_path
 
@@ -53,11 +56,22 @@ def render_probe(runs: list[SimRun], by_category: bool, measured: dict | None = 
     if by_category:
         console.print(category_table(best))
     console.print(position_bars(best.total, best.label))
+    spread = seed_spread(best)
+    if spread is not None:
+        console.print(seeds_table(spread, best.label))
     if len(compared) > 1:
         console.print(comparison_table(compared, measured or {}))
         console.print(comparison_category_table(compared))
     for (proposer, k, window), m in (measured or {}).items():
         console.print(measured_table(m, f"{proposer} k={k} window={format_window(window)}"))
+
+
+def seeds_table(spread: dict, label: str) -> FitTable:
+    """Per category: acceptance, ratio and modelled speedup as mean ± sd over sampling seeds."""
+    cols = [Col(n, numeric=n != "category") for n in SEED_COLUMNS]
+    rows = [[escape(c) for c in seed_cells(category, figures)]
+            for category, figures in spread.items()]
+    return FitTable(f"over sampling seeds ({label}): mean ± sd", cols, rows, title_justify="left")
 
 
 # Column drop ranks when the terminal is narrow: derived counts go first, the verdicts last.

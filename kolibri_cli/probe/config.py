@@ -42,6 +42,13 @@ class ProbeConfig:
     threads: int | None = None  # kernel threads for --measure (default: all cores)
     bench: bool = False  # add the bench chain (the model generates its chain)
     allow_model_mismatch: bool = False  # measure goldens recorded for another model
+    # --measure samples as each golden was recorded, unless these override it for every golden
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
     min_ratio: float | None = None  # gate: every run's total ratio >= this
     min_acceptance: float | None = None  # gate: every run's acceptance rate >= this
     min_speedup: float | None = None  # gate: every run's measured speedup >= this
@@ -69,11 +76,17 @@ class ProbeConfig:
             "min_ratio": self.min_ratio,
             "min_acceptance": self.min_acceptance,
             "min_speedup": self.min_speedup,
+            "sampling": self.sampling_overrides(),
         }
+
+    def sampling_overrides(self) -> dict:
+        """The sampling settings given for --measure (empty: each golden's own)."""
+        return {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
 
 
 FIELDS = [f.name for f in dataclasses.fields(ProbeConfig) if f.name != "source"]
 PATH_KEYS = ("markdown", "plot")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 
 
 def load_config(toml_path: Path | None, overrides: dict) -> ProbeConfig:
@@ -138,6 +151,14 @@ def _parse(key: str, value):
         return str(_expect(value, key, str | Path))
     if key in ("limit", "max_tokens", "threads"):
         return _positive_int(value, key)
+    if key in ("top_k", "seed"):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise KolibriError(f"{key} must be a whole number >= 0, got {value!r}")
+        return value
+    if key in SAMPLING_KEYS:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise KolibriError(f"{key} must be a number, got {value!r}")
+        return float(value)
     if key in ("min_ratio", "min_acceptance", "min_speedup"):
         return _threshold(value, key)
     if key in PATH_KEYS:

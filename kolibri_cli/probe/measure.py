@@ -14,6 +14,7 @@ Non-goals: rendering (report.py, render_probe.py).
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
+from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.goldens.chains import Golden, first_divergence
 from kolibri_cli.probe.report import Measured, MeasuredGolden
 from kolibri_cli.probe.simulate import (
@@ -32,14 +33,15 @@ def _step_s(plain: GenerationResult) -> float:
     return plain.decode_s / max(plain.new_tokens - 1, 1)
 
 
-def measure_golden(model, golden: Golden, sim_counts, run: SimRun,
-                   proposers: tuple | None = None) -> tuple[MeasuredGolden, dict]:
+def measure_golden(model, golden: Golden, sim_counts, run: SimRun, proposers: tuple | None = None,
+                   sampling: Sampling | None = None) -> tuple[MeasuredGolden, dict]:
     """`proposers` = (for the spec run, for the simulation over the plain chain); fresh ones by
-    default."""
+    default. `sampling`: how to choose tokens (default: as the golden was recorded)."""
     n = len(golden.output_ids)
     spec_proposer, sim_proposer = proposers or (run.new_proposer(), run.new_proposer())
-    plain = generate_plain(model, golden.prompt_ids, n)
-    spec = generate_spec(model, golden.prompt_ids, n, spec_proposer)
+    how = golden.sampler if sampling is None else sampling
+    plain = generate_plain(model, golden.prompt_ids, n, sampling=how)
+    spec = generate_spec(model, golden.prompt_ids, n, spec_proposer, sampling=how)
     stats = spec.spec_stats()
     own = simulate_chain(golden.prompt_ids, plain.output_ids, sim_proposer, run.k)
     context = len(golden.prompt_ids) + n // 2  # c(n) at the golden's (mid-chain) context length
@@ -70,12 +72,13 @@ def measure_golden(model, golden: Golden, sim_counts, run: SimRun,
     return measured, totals
 
 
-def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = None) -> Measured:
+def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = None,
+                sampling: Sampling | None = None) -> Measured:
     """Measure one configuration over every golden; overall figures are sums."""
     per, totals = [], []
     proposers = (run.new_proposer(), run.new_proposer())
     for i, (golden, sim) in enumerate(zip(goldens, run.goldens, strict=True)):
-        m, t = measure_golden(model, golden, sim.counts, run, proposers)
+        m, t = measure_golden(model, golden, sim.counts, run, proposers, sampling)
         per.append(m)
         totals.append(t)
         if step:

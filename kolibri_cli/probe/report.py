@@ -11,6 +11,7 @@ from pathlib import Path
 from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.probe.config import ProbeConfig
+from kolibri_cli.probe.seeds import FIGURES, seed_spread
 from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
 
 SCHEMA_VERSION = 1
@@ -105,7 +106,16 @@ def run_json(run: SimRun, best: bool, measured: Measured | None) -> dict:
             for g in run.goldens
         ],
         "measured": None if measured is None else measured.to_json(),
+        "seeds": seeds_json(run),
     }
+
+
+def seeds_json(run: SimRun) -> dict | None:
+    """Mean and spread over sampling seeds, per category and "all" (None: under two seeds)."""
+    spread = seed_spread(run)
+    if spread is None:
+        return None
+    return {c: {f: s.to_json() for f, s in figures.items()} for c, figures in spread.items()}
 
 
 def build_report(
@@ -237,6 +247,9 @@ def render_markdown(
             "Per golden", [(f"{g.id} ({g.category})", g.counts) for g in best.goldens], "golden"
         ),
     ]
+    spread = seed_spread(best)
+    if spread is not None:
+        parts.append(md_seeds(spread, best.name))
     for run in compared if len(compared) > 1 else [best]:
         m = (measured or {}).get(run_key(run))
         if m is not None:
@@ -244,6 +257,26 @@ def render_markdown(
     if plot is not None:
         parts.append(f"![sweep and per-position acceptance]({plot})\n")
     return "\n".join(parts)
+
+
+SEED_COLUMNS = ["category", "seeds", "acceptance", "ratio", "modelled speedup"]
+
+
+def seed_cells(category: str, figures: dict) -> list[str]:
+    """One SEED_COLUMNS row: each figure as mean ± sd over seeds."""
+    def cell(figure: str, fmt) -> str:
+        s = figures[figure]
+        return "n/a" if s.mean is None else f"{fmt(s.mean)} ± {fmt(s.sd)}"
+
+    pct = lambda v: fmt_pct(v)  # noqa: E731
+    return [category, str(figures[FIGURES[0]].n), cell("acceptance_rate", pct),
+            cell("ratio", fmt_ratio), cell("modelled_speedup", fmt_ratio)]
+
+
+def md_seeds(spread: dict, name: str) -> str:
+    rows = [seed_cells(category, figures) for category, figures in spread.items()]
+    return (f"## Over sampling seeds ({name})\n\nEach seed's chains give one figure per category; "
+            "shown as mean ± standard deviation over seeds.\n\n" + _md_table(SEED_COLUMNS, rows))
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:

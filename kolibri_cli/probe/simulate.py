@@ -92,6 +92,7 @@ class GoldenSim:
     id: str | int
     category: str
     counts: Counts
+    seed: int | None = None  # the chain's sampling seed; None when greedy
 
 
 @dataclass
@@ -166,7 +167,7 @@ def simulate(
     eos_ids = tuple(sorted({t for g in goldens for t in g.eos_ids}))
     drafter = make_proposer(proposer, k, window, costs, cross_request, eos_ids)
     sims = [
-        GoldenSim(g.id, g.category, simulate_chain(g.prompt_ids, g.output_ids, drafter, k))
+        GoldenSim(g.id, g.category, simulate_chain(g.prompt_ids, g.output_ids, drafter, k), g.seed)
         for g in goldens
     ]
     total = merge_counts([s.counts for s in sims], k)

@@ -1,0 +1,54 @@
+"""Figures over sampling seeds: a sampled golden set holds one chain per prompt and seed, so each
+seed gives its own acceptance, pass ratio and modelled speedup; the probe reports their mean and
+spread, per category and overall. The counts themselves stay exact (a sampled chain is a chain).
+Non-goals: rendering (report.py, render_probe.py).
+"""
+
+import statistics
+from dataclasses import dataclass
+
+from kolibri_cli.probe.simulate import SimRun, merge_counts
+
+FIGURES = ("acceptance_rate", "ratio", "modelled_speedup")
+
+
+@dataclass
+class Spread:
+    mean: float | None
+    sd: float | None  # sample standard deviation over seeds
+    n: int  # seeds with a value
+
+    def to_json(self) -> dict:
+        return {"mean": self.mean, "sd": self.sd, "seeds": self.n}
+
+
+def seed_spread(run: SimRun) -> dict[str, dict[str, Spread]] | None:
+    """{category (and "all"): {figure: Spread over seeds}}; None with fewer than two seeds."""
+    seeds = sorted({g.seed for g in run.goldens if g.seed is not None})
+    if len(seeds) < 2:
+        return None
+    per_seed = [_figures(run, seed) for seed in seeds]  # [{category: {figure: value}}]
+    categories = list(dict.fromkeys(c for figures in per_seed for c in figures))
+    return {c: {f: _spread([p[c][f] for p in per_seed if c in p]) for f in FIGURES}
+            for c in categories}
+
+
+def _figures(run: SimRun, seed: int) -> dict[str, dict[str, float | None]]:
+    chains = [g for g in run.goldens if g.seed == seed]
+    groups: dict[str, list] = {"all": [g.counts for g in chains]}
+    for g in chains:
+        groups.setdefault(g.category, []).append(g.counts)
+    out = {}
+    for category, counts in groups.items():
+        c = merge_counts(counts, run.k)
+        out[category] = {"acceptance_rate": c.acceptance_rate, "ratio": c.ratio,
+                         "modelled_speedup": run.modelled_speedup(c)}
+    return out
+
+
+def _spread(values: list[float | None]) -> Spread:
+    values = [v for v in values if v is not None]
+    if not values:
+        return Spread(None, None, 0)
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return Spread(statistics.fmean(values), sd, len(values))
