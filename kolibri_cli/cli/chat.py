@@ -122,4 +122,4 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
 def _say(text: str) -> None:
     from kolibri_cli.cli import render
 
-    render.err.print(text, highlight=False, markup=False)
+    render.err.print(text, highlight=False, markup=False, soft_wrap=True)
