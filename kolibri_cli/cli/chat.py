@@ -5,27 +5,7 @@ from typing import Annotated
 
 import typer
 
-from kolibri_cli.cli.options import (
-    WINDOW_DEFAULT,
-    GreedyOpt,
-    KOpt,
-    MinPOpt,
-    ModelOpt,
-    ProposerOpt,
-    RepetitionPenaltyOpt,
-    SeedOpt,
-    StopOpt,
-    SystemOpt,
-    TemperatureOpt,
-    ThreadsOpt,
-    TopKOpt,
-    TopPOpt,
-    WindowOpt,
-    load_model,
-    proposer,
-    resolve_sampling,
-    sampling_options,
-)
+from kolibri_cli.cli import options as opt
 from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
 
 HELP = ("/reset forgets the conversation, /spec on|off switches n-gram speculation, /exit (or "
@@ -33,33 +13,33 @@ HELP = ("/reset forgets the conversation, /spec on|off switches n-gram speculati
 
 
 def chat(
-    model: ModelOpt = None,
+    model: opt.ModelOpt = None,
     max_tokens: Annotated[int, typer.Option(
         "--max-tokens", "-n", min=1, help="Most new tokens per answer.")] = 512,
     spec: Annotated[bool, typer.Option("--spec", help="Start with n-gram speculation on.")] = False,
-    k: KOpt = DEFAULT_K,
-    window: WindowOpt = WINDOW_DEFAULT,
-    proposer_name: ProposerOpt = DEFAULT_PROPOSER,
-    temperature: TemperatureOpt = None,
-    top_k: TopKOpt = None,
-    top_p: TopPOpt = None,
-    min_p: MinPOpt = None,
-    repetition_penalty: RepetitionPenaltyOpt = None,
-    seed: SeedOpt = None,
-    greedy: GreedyOpt = False,
-    system: SystemOpt = None,
-    stop: StopOpt = None,
-    threads: ThreadsOpt = None,
+    k: opt.KOpt = DEFAULT_K,
+    window: opt.WindowOpt = opt.WINDOW_DEFAULT,
+    proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
+    temperature: opt.TemperatureOpt = None,
+    top_k: opt.TopKOpt = None,
+    top_p: opt.TopPOpt = None,
+    min_p: opt.MinPOpt = None,
+    repetition_penalty: opt.RepetitionPenaltyOpt = None,
+    seed: opt.SeedOpt = None,
+    greedy: opt.GreedyOpt = False,
+    system: opt.SystemOpt = None,
+    stop: opt.StopOpt = None,
+    threads: opt.ThreadsOpt = None,
 ) -> None:
     """Chat with the model, turn by turn (the whole conversation stays in its context)."""
     from kolibri_cli.decode.chat import Conversation
 
-    given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
-    proposer(k, window, proposer_name)  # bad settings fail before the model loads
-    m = load_model(model, threads)
+    given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
+    opt.proposer(k, window, proposer_name)  # bad settings fail before the model loads
+    m = opt.load_model(model, threads)
     conversation = Conversation(m, system)
-    settings = {"sampling": resolve_sampling(m, given), "stop": stop or [],
-                "new_proposer": lambda: proposer(k, window, proposer_name), "spec": spec}
+    settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop or [],
+                "new_proposer": lambda: opt.proposer(k, window, proposer_name), "spec": spec}
     _say(f"kolibri chat with {m.name}. {HELP}")
     while (line := _read_line()) is not None:
         if line.startswith("/"):
