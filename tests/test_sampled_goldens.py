@@ -103,3 +103,71 @@ def test_the_reference_samples_the_same_chains(tmp_path, tiny_llama_folder):
     check = CliRunner().invoke(app, ["goldens", "check", str(out["transformers"]), "--model",
                                      str(folder)])
     assert check.exit_code == 0, check.output
+
+
+def test_seed_spread_is_mean_and_sd_over_seeds():
+    """Two seeds with hand-countable chains: the spread is over per-seed figures, per category
+    and overall; fewer than two seeds gives no spread."""
+    from kolibri_cli.probe.seeds import seed_spread
+    from kolibri_cli.probe.simulate import simulate
+
+    def golden(gid, category, seed, output):
+        sampling = SAMPLED | {"seed": seed}
+        return Golden(gid, category, "p", False, [1, 2, 3, 4, 5], output, "m", "",
+                      sampling=sampling)
+
+    chains = [golden("a", "code", 1, [1, 2, 3, 9, 1, 2, 3, 4]),  # 7 steps, 3 passes
+              golden("b", "code", 2, [1, 9, 9])]  # 2 steps, 2 passes
+    run = simulate(chains, 3, (1, 2))
+    ratios = [g.counts.ratio for g in run.goldens]
+    spread = seed_spread(run)
+    assert set(spread) == {"all", "code"}
+    ratio = spread["all"]["ratio"]
+    assert ratio.n == 2 and ratio.mean == pytest.approx(sum(ratios) / 2)
+    assert ratio.sd == pytest.approx(abs(ratios[0] - ratios[1]) / 2 ** 0.5)
+    assert seed_spread(simulate(chains[:1], 3, (1, 2))) is None
+
+
+@pytest.mark.parametrize("gen,expected", [
+    (None, {}),
+    ({"eos_token_id": 2}, {"temperature": 0.0}),
+    ({"do_sample": True, "temperature": 0.6, "top_p": 0.9},
+     {"temperature": 0.6, "top_k": 50, "top_p": 0.9, "min_p": 0.0}),
+    ({"do_sample": False, "temperature": 0.6, "repetition_penalty": 1.1},
+     {"temperature": 0.0, "repetition_penalty": 1.1}),
+])
+def test_generation_defaults_read_like_transformers(tmp_path, gen, expected):
+    """Sampling only when do_sample; transformers' defaults (top_k 50) for what the file leaves
+    out; no file means no defaults."""
+    from kolibri_cli.engine.config import generation_defaults
+
+    if gen is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps(gen))
+    assert generation_defaults(tmp_path) == expected
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[1, 2]", "not a valid generation config"),
+    ('{"do_sample": true, "temperature": "hot"}', "temperature must be a number"),
+])
+def test_bad_generation_config_is_one_error(tmp_path, text, message):
+    from kolibri_cli.engine.config import generation_defaults
+
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(KolibriError, match=message):
+        generation_defaults(tmp_path)
+
+
+def test_probe_toml_sampling_keys(tmp_path):
+    from kolibri_cli.probe.config import load_config
+
+    toml = tmp_path / "p.toml"
+    toml.write_text("temperature = 0.7\nseed = 3\ntop_k = 40\n")
+    cfg = load_config(toml, {})
+    assert cfg.sampling_overrides() == {"temperature": 0.7, "top_k": 40, "seed": 3}
+    toml.write_text('temperature = "hot"\n')
+    with pytest.raises(KolibriError, match="temperature must be a number"):
+        load_config(toml, {})
+    toml.write_text("seed = -1\n")
+    with pytest.raises(KolibriError, match="seed must be a whole number >= 0"):
+        load_config(toml, {})
