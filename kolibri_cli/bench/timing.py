@@ -10,6 +10,8 @@ import time
 import numpy as np
 from numba import njit, prange
 
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
+
 
 @njit(parallel=True, fastmath=True, cache=True)
 def _parallel_sum(a):

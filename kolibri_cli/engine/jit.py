@@ -7,6 +7,7 @@ import llvmlite.binding as llvm
 import numba
 import numpy as np
 
+from kolibri_cli.engine import jitcache  # noqa: F401  (before any kernel is defined)
 from kolibri_cli.errors import KolibriError
 
 # libgomp reads this once, when numba starts its OpenMP threads (the first parallel call, not an
@@ -36,3 +37,14 @@ def set_threads(n: int) -> None:
 
 def get_threads() -> int:
     return numba.get_num_threads()
+
+
+def start_threads() -> None:
+    """Start numba's thread pool; call before the first kernel call.
+
+    numba saves a function compiled from parallel parts it loaded from its disk cache without
+    the hook that starts the pool. Loaded into a fresh process, such a kernel jumps into an
+    unstarted pool at its first parallel loop: SIGSEGV (the crash of a second model shape, or of
+    any kernel compiled after its parts were cached on their own, e.g. by a test).
+    `numba.get_num_threads()` starts the pool."""
+    numba.get_num_threads()

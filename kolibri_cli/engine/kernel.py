@@ -35,6 +35,7 @@ from numba.typed import List
 
 from kolibri_cli.engine.attention import add_bias, attention, head_norms, qkv_to_cache, rmsnorm
 from kolibri_cli.engine.config import ModelConfig
+from kolibri_cli.engine.jit import start_threads
 from kolibri_cli.engine.matmul import gate_up_silu, matmul, matmul_add
 from kolibri_cli.engine.rope import rope_tables
 from kolibri_cli.engine.weights import Weights
@@ -126,6 +127,7 @@ class Transformer:
             self._layers.append(lw.arrays())
         n_layers = config.num_hidden_layers
         self._windows = np.array([config.layer_window(i) for i in range(n_layers)], np.int64)
+        start_threads()
 
     def warm_up(self) -> None:
         """Compile (first run) or load the kernel from numba's cache now, not inside a timing."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from kolibri_cli.callbacks import Notify, Progress
 from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
+from kolibri_cli.home import cache_root
 from kolibri_cli.store.atomic import atomic_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -42,13 +43,6 @@ REGISTRY = {
     ),
 }
 
-
-
-def cache_root() -> Path:
-    if home := os.environ.get("KOLIBRI_HOME"):
-        return Path(home)
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg) / "kolibri"
 
 
 def model_dir(name: str) -> Path:

@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit
 
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 
 
 @njit(cache=True)

@@ -1,0 +1,70 @@
+"""Where kolibri's compiled code is cached: a folder under the kolibri cache root, keyed by the
+sources it was compiled from. Never the package folder (a read-only install must work).
+
+Import this module before defining any `@njit(cache=True)` function of kolibri (engine/jit.py
+does; other packages with compiled code import it themselves): numba picks a function's cache
+folder when its decorator runs. `NUMBA_CACHE_DIR`, when set, wins.
+"""
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+import llvmlite
+import numba
+from numba.core import caching
+
+from kolibri_cli.home import cache_root
+
+PACKAGE = Path(__file__).resolve().parents[1]  # kolibri_cli/
+
+
+def cache_dir(source: Path) -> Path:
+    """The folder numba caches the compiled functions of `source` in: under the kolibri cache
+    root, one folder per package and version of that package's sources.
+
+    numba checks a cached function against its own file only. A kernel inlines the functions it
+    calls from sibling modules, so after an upgrade that changed only attention.py, numba would
+    keep serving the old attention inside the kernel. Keying the folder by every source of the
+    package (and by numba, llvmlite and bounds checking, which numba's index ignores too) makes
+    any change a fresh folder. Compiled code may only call compiled code of its own package."""
+    package = Path(source).resolve().parent
+    name = package.relative_to(PACKAGE).as_posix().replace("/", ".")
+    return cache_root() / "numba" / f"{name}-{_sources_key(package, numba.config.BOUNDSCHECK)}"
+
+
+@lru_cache
+def _sources_key(package: Path, boundscheck) -> str:
+    h = hashlib.sha256(f"{numba.__version__} {llvmlite.__version__} {boundscheck}".encode())
+    for path in sorted(package.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+class _KolibriCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+    """numba cache locator for kolibri's own files: `cache_dir`, never the package folder (a
+    read-only install must work) nor numba's user-wide folder."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = str(cache_dir(Path(py_file)))
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if numba.config.CACHE_DIR or not Path(py_file).resolve().is_relative_to(PACKAGE):
+            return None  # NUMBA_CACHE_DIR set by the user wins; other code keeps numba's rules
+        return super().from_function(py_func, py_file)  # None if the folder is not writable
+
+
+def _use_kolibri_cache() -> None:
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
+    locators = getattr(impl, "_locator_classes", None)
+    if isinstance(locators, list) and _KolibriCacheLocator not in locators:
+        locators.insert(0, _KolibriCacheLocator)  # numba internals moved: keep numba's rules
+
+
+_use_kolibri_cache()

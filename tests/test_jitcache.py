@@ -1,0 +1,107 @@
+"""numba's on-disk cache of the kernel: where it lives, what it is keyed by, and that a kernel
+compiled from cached parts runs when loaded in a later process."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kolibri_cli.engine import jitcache
+
+PACKAGE = Path(jitcache.__file__).resolve().parents[1]
+
+# One forward of a tiny random model. argv[1] "readonly": a read-only embedding table and final
+# norm, which numba types differently (memory-mapped weights are read-only), while every
+# parallel part of the kernel sees the same types as before.
+FORWARD = """
+import hashlib, sys
+import numpy as np
+from kolibri_cli.engine.config import ModelConfig
+from kolibri_cli.engine.kernel import Transformer
+from kolibri_cli.engine.weights import random_weights
+c = ModelConfig(vocab_size=97, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+w = random_weights(c, seed=1, scale=0.3)
+if sys.argv[1] == "readonly":
+    w.embed.flags.writeable = w.norm.flags.writeable = False
+tf = Transformer(c, w)
+logits = tf.forward([3, 1, 4, 1, 5], 0, tf.new_cache(8))
+print(hashlib.sha256(logits.tobytes()).hexdigest())
+"""
+
+
+def run_python(code: str, *args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=os.environ | env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The forward in three processes sharing a fresh KOLIBRI_HOME: compile and cache; a second
+    weight type, compiled around the cached parts; that second kernel loaded from the cache."""
+    home = tmp_path_factory.mktemp("home")
+    env = {"KOLIBRI_HOME": str(home), "NUMBA_CACHE_DIR": ""}
+    before = set(PACKAGE.rglob("*.nb[ic]"))
+    runs = [run_python(FORWARD, kind, env=env) for kind in ("writable", "readonly", "readonly")]
+    return home, runs, before
+
+
+def test_kernel_compiled_from_cached_parts_runs_from_the_cache(runs):
+    """A second weight type compiles a new kernel around parallel parts numba loads from its
+    cache; numba saves that kernel without the hook that starts its thread pool, so loading it in
+    a fresh process crashed with SIGSEGV (first seen as a Qwen3 folder after the default model)."""
+    _, runs, _ = runs
+    assert [r.returncode for r in runs] == [0, 0, 0], runs[-1].stderr[-2000:]
+    assert len({r.stdout for r in runs}) == 1  # and the same logits, bit for bit
+
+
+def test_cache_lives_under_kolibri_home_not_the_package(tmp_path):
+    code = ("from kolibri_cli.engine import kernel; "
+            "print(kernel._forward._cache.cache_path)")
+    out = run_python(code, env={"KOLIBRI_HOME": str(tmp_path), "NUMBA_CACHE_DIR": ""})
+    path = Path(out.stdout.strip())
+    assert path.parent == tmp_path / "numba" and path.name.startswith("engine-")
+    proposers = run_python("from kolibri_cli.decode.proposers import ngram; "
+                           "print(ngram.longest_match._cache.cache_path)",
+                           env={"KOLIBRI_HOME": str(tmp_path), "NUMBA_CACHE_DIR": ""})
+    assert Path(proposers.stdout.strip()).parent == tmp_path / "numba"
+
+
+def test_numba_cache_dir_set_by_the_user_wins(tmp_path):
+    code = "from kolibri_cli.engine import kernel; print(kernel._forward._cache.cache_path)"
+    out = run_python(code, env={"KOLIBRI_HOME": str(tmp_path / "home"),
+                                "NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    assert Path(out.stdout.strip()).is_relative_to(tmp_path / "numba")
+
+
+def test_bounds_checked_builds_get_their_own_folder(tmp_path):
+    """numba's index ignores NUMBA_BOUNDSCHECK: without its own folder, a checked run would be
+    served the unchecked build."""
+    code = "from kolibri_cli.engine import kernel; print(kernel._forward._cache.cache_path)"
+    env = {"KOLIBRI_HOME": str(tmp_path), "NUMBA_CACHE_DIR": ""}
+    plain = run_python(code, env=env | {"NUMBA_BOUNDSCHECK": ""}).stdout
+    checked = run_python(code, env=env | {"NUMBA_BOUNDSCHECK": "1"}).stdout
+    assert plain.strip() and checked.strip() and plain != checked
+
+
+def test_folder_changes_with_any_source_of_the_package(tmp_path, monkeypatch):
+    """A kernel inlines its callees from sibling modules: editing only attention.py must not let
+    numba serve the kernel compiled against the old one."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "kernel.py").write_text("def forward(): pass\n")
+    (package / "attention.py").write_text("def attend(): pass\n")
+    before = jitcache._sources_key(package, None)
+    (package / "attention.py").write_text("def attend(): return 1\n")
+    jitcache._sources_key.cache_clear()
+    assert jitcache._sources_key(package, None) != before
+    assert jitcache._sources_key(package, 1) != jitcache._sources_key(package, None)
+
+
+def test_package_folder_gets_no_cache_files(runs):
+    """A read-only install must work: nothing is written beside the sources."""
+    home, _, before = runs
+    assert set(PACKAGE.rglob("*.nb[ic]")) == before
+    assert list((home / "numba").glob("engine-*/kernel._forward-*.nbi"))
