@@ -49,6 +49,21 @@ CASES = {
     "qwen3-yarn-mscale": ("Qwen3ForCausalLM", {"rope_parameters": YARN | {
         "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16.0}}),
 }
+# Attention widths that differ from the hidden size (64) on every architecture, KV widths that
+# are not D / (H / KVH), head dims that are no multiple of the SIMD width: q 4 x 32 = 128 > 64
+# (Qwen3-0.6B: 16 x 128 = 2048 against 1024), q 8 x 6 = 48 < 64 with kv 2 x 6, and 16 query
+# heads of 10 sharing one KV head.
+SHAPES = {
+    "q-wide": {"head_dim": 32},
+    "q-narrow": {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 6},
+    "mqa-odd": {"num_attention_heads": 16, "num_key_value_heads": 1, "head_dim": 10},
+}
+FAMILIES = {"llama": ("LlamaForCausalLM", {}),
+            "mistral": ("MistralForCausalLM", {"sliding_window": 8}),
+            "qwen2": ("Qwen2ForCausalLM", {}),
+            "qwen3": ("Qwen3ForCausalLM", {})}
+CASES |= {f"{family}-{shape}": (arch, changes | SHAPES[shape])
+          for family, (arch, changes) in FAMILIES.items() for shape in SHAPES}
 BF16 = ["llama", "mistral-window", "qwen2-tied", "qwen3"]
 PROMPT = [5, 17, 923, 4, 4, 88, 5, 17, 923, 4, 31, 5, 17]  # repeats: drafts get proposed
 
