@@ -154,6 +154,7 @@ def test_greedy_and_spec_match_transformers(built, name, dtype):
     assert spec.spec_stats()["drafts_proposed"] > 0
 
 
+@pytest.mark.bitwise
 @pytest.mark.parametrize("name", list(CASES))
 def test_batch_invariance(built, name):
     tf = built(name, "f32")[0].transformer

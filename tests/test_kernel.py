@@ -2,11 +2,16 @@
 naive reference forward (and transformers when installed), and the batch-invariance law — a
 position's logits are bitwise equal however the tokens are split into calls."""
 
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from kolibri_cli.engine import attention, matmul, rope
-from kolibri_cli.engine.config import ModelConfig
+from kolibri_cli.engine import attention, kernel, matmul, rope
+from kolibri_cli.engine.config import ModelConfig, RopeScaling
 from kolibri_cli.engine.kernel import KVCache, Transformer
 from kolibri_cli.engine.weights import random_weights
 from kolibri_cli.errors import KolibriError
@@ -141,8 +146,7 @@ def test_attention_gqa_causal_at_offset(n_heads, n_kv):
     q, k, v = rand(rng, n_tok, n_heads, dh), rand(rng, n_kv, t_max, dh), rand(rng, n_kv, t_max, dh)
     k[:, start + n_tok:] = np.nan  # beyond the causal window: must never be read
     out = np.empty((n_tok, n_heads * dh), np.float32)
-    scores = np.empty((n_tok * n_heads, start + n_tok), np.float32)
-    attention.attention(q, start, k, v, scores, out)
+    attention.attention(q, start, k, v, out)
     assert out.dtype == np.float32
     np.testing.assert_allclose(out, ref_attention(q, k, v, start), rtol=1e-5, atol=1e-5)
 
@@ -187,6 +191,7 @@ def random_cuts(rng, n):
     return sorted(rng.choice(np.arange(1, n), size=n_cuts, replace=False))
 
 
+@pytest.mark.bitwise
 @pytest.mark.parametrize("config", [TINY, ODD], ids=["tiny", "odd"])
 def test_prefill_equals_decode_equals_any_split(config):
     model = Transformer(config, random_weights(config, seed=8, scale=0.2))
@@ -199,6 +204,7 @@ def test_prefill_equals_decode_equals_any_split(config):
         assert np.array_equal(prefill, run_split(model, ids, random_cuts(rng, 40)))
 
 
+@pytest.mark.bitwise
 def test_every_chunk_length_1_to_16_after_any_prefix():
     """The verify pattern: a prefix, then one call of L tokens, for every L 1..16."""
     model = Transformer(TINY, random_weights(TINY, seed=10, scale=0.2))
@@ -213,6 +219,7 @@ def test_every_chunk_length_1_to_16_after_any_prefix():
             assert np.array_equal(got, alone[start:start + n])
 
 
+@pytest.mark.bitwise
 def test_matmul_rows_independent_of_call_size():
     rng = np.random.default_rng(12)
     x, w = rand(rng, 16, 576), rand(rng, 203, 576)
@@ -226,6 +233,7 @@ def test_matmul_rows_independent_of_call_size():
             assert np.array_equal(out, alone[s:s + n])
 
 
+@pytest.mark.bitwise
 def test_register_tiles_round_alike():
     """1-, 2- and 3-token tiles give bitwise equal dots (relies on no loop interleaving)."""
     rng = np.random.default_rng(19)
@@ -241,6 +249,7 @@ def test_register_tiles_round_alike():
         assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
+@pytest.mark.bitwise
 def test_rollback_then_continue_equals_plain():
     """A rejected draft leaves stale K/V past `length`; overwriting them gives plain logits."""
     model = Transformer(TINY, random_weights(TINY, seed=13, scale=0.2))
@@ -253,6 +262,7 @@ def test_rollback_then_continue_equals_plain():
     assert np.array_equal(model.forward(ids[10:20], 10, cache), plain[10:20])
 
 
+@pytest.mark.bitwise
 def test_smollm2_shapes_invariant_and_close_to_reference():
     model = Transformer(SMOL2, random_weights(SMOL2, seed=15))
     rng = np.random.default_rng(16)
@@ -262,6 +272,120 @@ def test_smollm2_shapes_invariant_and_close_to_reference():
     assert np.array_equal(prefill, run_split(model, ids, [3, 9]))
     ref = ref_forward(SMOL2, model.weights, ids)
     assert np.abs(prefill - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.bitwise
+def test_long_prefill_split_anywhere_equals_one_call():
+    """Past kernel.CHUNK tokens a forward runs in chunks and the RoPE tables grow; neither may
+    show in the bits: 700 tokens in one call, one at a time, split at random points, and the
+    prefill row all agree."""
+    long = replace(TINY, max_position_embeddings=2048)
+    model = Transformer(long, random_weights(long, seed=20, scale=0.2))
+    rng = np.random.default_rng(21)
+    ids = rng.integers(0, long.vocab_size, 700)
+    whole = run_split(model, ids, [])
+    assert np.array_equal(whole, run_split(model, ids, list(range(1, 700))))
+    for _ in range(4):
+        assert np.array_equal(whole, run_split(model, ids, random_cuts(rng, 700)))
+    cache = model.new_cache(700)
+    assert np.array_equal(model.prefill(ids, 0, cache), whole[-1]) and cache.length == 700
+
+
+@pytest.mark.bitwise
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 16])
+def test_chunk_boundaries_do_not_show(monkeypatch, chunk):
+    model = Transformer(ODD, random_weights(ODD, seed=23, scale=0.2))
+    ids = np.random.default_rng(24).integers(0, ODD.vocab_size, 40)
+    whole = run_split(model, ids, [])
+    monkeypatch.setattr(kernel, "CHUNK", chunk)
+    assert np.array_equal(run_split(model, ids, [5, 17]), whole)
+    cache = model.new_cache(40)
+    model.forward(ids[:9], 0, cache)
+    assert np.array_equal(model.prefill(ids[9:], 9, cache), whole[-1])
+
+
+def test_rope_tables_are_prefixes_of_longer_tables():
+    """Tables grow on demand: a position's cos/sin must not depend on the table's length."""
+    yarn = replace(TINY, head_dim=6, rope_scaling=RopeScaling(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=64))
+    for config in (TINY, ODD, yarn):
+        cos, sin = rope.rope_tables(config, 5000)
+        for n in (1, 7, 256, 257, 1000, 4097):
+            small_cos, small_sin = rope.rope_tables(config, n)
+            assert np.array_equal(small_cos, cos[:n]) and np.array_equal(small_sin, sin[:n])
+
+
+def test_rope_tables_cover_the_positions_used_not_the_context():
+    """A 2e7-position context took 22 s and 5.7 GB of tables before the first token."""
+    huge = replace(TINY, max_position_embeddings=20_000_000)
+    model = Transformer(huge, random_weights(huge, seed=25, scale=0.2))
+    assert model._cos.shape[0] <= kernel.CHUNK
+    model.forward(np.arange(300) % huge.vocab_size, 0, model.new_cache(300))
+    assert 300 <= model._cos.shape[0] == model._sin.shape[0] <= 1024
+
+
+PREFILL_PEAK = """
+import resource
+from types import SimpleNamespace
+import numpy as np
+from kolibri_cli.decode.generate import generate_plain
+from kolibri_cli.engine.config import ModelConfig, RopeScaling
+from kolibri_cli.engine.kernel import Transformer
+from kolibri_cli.engine.weights import random_weights
+c = ModelConfig(vocab_size=32000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                max_position_embeddings=4096)
+model = SimpleNamespace(transformer=Transformer(c, random_weights(c)), eos_ids=(),
+                        tokenizer=SimpleNamespace(decode=str))
+ids = np.random.default_rng(0).integers(0, c.vocab_size, 4000).tolist()
+generate_plain(model, ids[:300], 1)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+generate_plain(model, ids, 1)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_prefill_peak_memory_does_not_grow_with_prompt_length_squared():
+    """A 4000-token prefill of a 32k-vocabulary model: [L, V] logits would be 512 MB and
+    [L*H, T] attention scores 256 MB per layer; bounded, the peak grows by the KV cache (1 MB)
+    and per-chunk buffers."""
+    run = [sys.executable, "-c", PREFILL_PEAK]
+    subprocess.run(run, capture_output=True, timeout=900)  # compiling peaks higher: not in there
+    out = subprocess.run(run, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) < 64 * 1024  # KiB
+
+
+def _mapping(address: int) -> dict[str, int]:
+    """The /proc/self/smaps fields (kB) of the mapping holding `address`."""
+    fields, inside = {}, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.split()[-1] == "kB":
+            fields[head.rstrip(":")] = int(line.split()[1])
+    return fields
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc")
+def test_kv_cache_commits_only_the_pages_written():
+    """numpy backs big arrays with transparent huge pages: the first write into each (layer,
+    head) block then committed 2 MiB (here 4 blocks x 2 MiB for 2 positions)."""
+    config = replace(TINY, max_position_embeddings=1 << 16)  # blocks of 4 MiB
+    model = Transformer(config, random_weights(config, seed=26, scale=0.2))
+    cache = model.new_cache()
+    model.forward([1, 2], 0, cache)
+    k = _mapping(cache.k.ctypes.data)
+    assert k["Size"] >= cache.k.nbytes // 1024
+    assert k["Rss"] < 1024 and k.get("AnonHugePages", 0) == 0
+
+
+def test_kv_cache_larger_than_the_address_space_is_an_error():
+    huge = replace(TINY, max_position_embeddings=1 << 42)  # 2^50 bytes of keys
+    with pytest.raises(KolibriError, match="cannot reserve"):
+        Transformer(huge, random_weights(huge)).new_cache()
 
 
 # ---------------------------------------------------------------- errors
@@ -283,6 +407,10 @@ def test_errors_are_kolibri_errors():
         model.forward([], 3, cache)
     with pytest.raises(KolibriError, match="cache length"):
         model.new_cache(TINY.max_position_embeddings + 1)
+    with pytest.raises(KolibriError, match="does not fit this model"):
+        model.forward([1], 0, Transformer(ODD, random_weights(ODD)).new_cache(8))
+    with pytest.raises(KolibriError, match="does not fit this model"):
+        model.forward([1], 0, KVCache(2, 2, TINY.max_position_embeddings + 1, 16))
     assert cache.length == 3  # failed calls change nothing
 
 

@@ -39,7 +39,7 @@ def _filled_cache(model, context_len: int, n_tokens: int, seed: int = 0):
     cache = model.new_cache(context_len + n_tokens)
     ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, context_len + n_tokens)
     if context_len:
-        model.forward(ids[:context_len], 0, cache)
+        model.prefill(ids[:context_len], 0, cache)
     return cache, ids[context_len:]
 
 

@@ -171,10 +171,10 @@ class _Run:
         if self.kv is not None:
             reuse = _common_prefix(self.kv.ids, prompt, self.n - 1)
             self.kv.ids, self.cache.length = [], min(self.cache.length, reuse)
-        logits = self.tf.forward(prompt[reuse:], reuse, self.cache)  # [len(P) - reuse, V]
+        logits = self.tf.prefill(prompt[reuse:], reuse, self.cache)  # [V]
         if self.kv is not None:
             self.kv.ids = prompt.tolist()
-        first = self.pick(logits[-1], 0)
+        first = self.pick(logits, 0)
         self.prefill_s = time.perf_counter() - t0
         self.sampler.seconds = 0.0  # sample_s counts decoding only, like decode_s
         return first

@@ -108,9 +108,10 @@ def _attend_one(q, k, v, scale, scores, out):
 
 
 @njit(parallel=True, cache=True)
-def attention(q, start, k_cache, v_cache, scores, out, window=0):
+def attention(q, start, k_cache, v_cache, out, window=0):
     """Causal GQA: row l attends to positions 0..start+l, or to the last `window` of them.
-    q [L, H, Dh], k/v_cache [KVH, T, Dh], scores [L*H, start+L] -> out [L, H*Dh]"""
+    q [L, H, Dh], k/v_cache [KVH, T, Dh] -> out [L, H*Dh]. Each (row, head) gets its own
+    scores [<= start+L] while it runs: memory O(threads * T), not O(L * H * T)."""
     n_q, n_heads, dh = q.shape
     group = n_heads // k_cache.shape[0]
     scale = np.float32(1.0 / np.sqrt(dh))
@@ -119,6 +120,6 @@ def attention(q, start, k_cache, v_cache, scores, out, window=0):
         n = start + j + 1
         lo = max(0, n - window) if window > 0 else 0  # transformers: kv > q - window
         g = h // group
-        _attend_one(q[j, h], k_cache[g, lo:n], v_cache[g, lo:n], scale, scores[i, :n - lo],
-                    out[j, h * dh:(h + 1) * dh])
+        _attend_one(q[j, h], k_cache[g, lo:n], v_cache[g, lo:n], scale,
+                    np.empty(n - lo, np.float32), out[j, h * dh:(h + 1) * dh])
 

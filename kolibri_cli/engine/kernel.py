@@ -23,10 +23,17 @@ pass in register tiles, so an L-token forward reads the weights from memory once
 five parallel regions plus a little serial work on the calling thread; the whole stack is one
 compiled call (`cache=True`: compiled once per machine, ~11 s, then ~0.02 s to load).
 
+Memory: weights + the KV cache + O(CHUNK) activations, whatever the prompt length. An input
+longer than CHUNK tokens runs as consecutive kernel calls (invisible in the bits, by batch
+invariance); attention keeps one row of scores per running thread; `prefill` computes the output
+head for the last token only; the KV cache commits memory only for positions written (no
+transparent huge pages); RoPE tables cover the positions used so far, not the whole context.
+
 Non-goals: quantized weights, float16/bfloat16, batches of independent sequences, sampling,
 dynamic/longrope RoPE, I/O of any kind (the caller loads weights).
 """
 
+import mmap
 import os
 
 import numpy as np
@@ -69,8 +76,7 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window):
     q = np.empty((n_tok, n_heads, dh), np.float32)  # [L, H, Dh]
     qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q)
     att = np.empty((n_tok, n_heads * dh), np.float32)  # [L, H*Dh]
-    scores = np.empty((n_tok * n_heads, start + n_tok), np.float32)  # [L*H, T]
-    attention(q, start, k_cache, v_cache, scores, att, window)
+    attention(q, start, k_cache, v_cache, att, window)
     matmul_add(att, wo, x, h)
     rmsnorm(h, mlp_norm, eps, x)
     n_ff = w_down.shape[1]
@@ -80,32 +86,54 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window):
 
 
 @njit(cache=True)
-def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_heads, windows):
-    """tokens [L] -> logits [L, V]; k/v [n_layers, KVH, T, Dh] written at start..start+L-1;
-    windows [n_layers] int64"""
+def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_heads, windows,
+             logits):
+    """tokens [L] -> logits [M, V] of the last M tokens (M <= L; 0 = none); k/v [n_layers, KVH,
+    T, Dh] written at start..start+L-1; windows [n_layers] int64"""
     h = np.empty((tokens.shape[0], embed.shape[1]), np.float32)  # [L, D]
     for j in range(tokens.shape[0]):
         h[j] = embed[tokens[j]]
     for i in range(len(layers)):
         _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i])
-    x = np.empty_like(h)
-    rmsnorm(h, norm, eps, x)
-    logits = np.empty((tokens.shape[0], head.shape[0]), np.float32)  # [L, V]
-    matmul(x, head, logits)
-    return logits
+    if logits.shape[0]:
+        last = h[h.shape[0] - logits.shape[0]:]  # [M, D]
+        x = np.empty_like(last)
+        rmsnorm(last, norm, eps, x)
+        matmul(x, head, logits)
 
 
 
 # ---------------------------------------------------------------- Python API
 
+CHUNK = 256  # most tokens per kernel call: longer inputs run in chunks of this many
+
+
+def _untouched_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """float32 zeros whose pages are committed one 4 KiB page at a time, when first written.
+
+    numpy advises the kernel to back big arrays with transparent huge pages, so the first write
+    into each (layer, head) block of a KV cache committed (and zeroed) 2 MiB: ~360 MB and most of
+    a second before the first token on the default model, whatever the prompt. A fresh anonymous
+    mapping advised against huge pages commits only what is written."""
+    n = int(np.prod(shape, dtype=np.int64))
+    try:
+        buf = mmap.mmap(-1, max(4 * n, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, OverflowError):
+        raise KolibriError(f"cannot reserve {4 * n / 1e9:.1f} GB for a KV cache of shape "
+                           f"{shape}; use fewer tokens (a smaller --max-tokens)") from None
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        buf.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(buf, np.float32, count=n).reshape(shape)
+
 
 class KVCache:
-    """Keys and values by absolute position. Rollback = set `length`; nothing is ever copied."""
+    """Keys and values by absolute position. Rollback = set `length`; nothing is ever copied.
+    Memory is committed as positions are written, not when the cache is made."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, max_len: int, head_dim: int):
         shape = (n_layers, n_kv_heads, max_len, head_dim)  # [n_layers, KVH, T, Dh]
-        self.k = np.zeros(shape, np.float32)  # zeros: pages are only touched when written
-        self.v = np.zeros(shape, np.float32)
+        self.k = _untouched_zeros(shape)
+        self.v = _untouched_zeros(shape)
         self.length = 0  # positions 0..length-1 hold valid keys/values
 
     @property
@@ -113,15 +141,15 @@ class KVCache:
         return self.k.shape[2]
 
 
-
 class Transformer:
-    """A Llama decoder over float32 weights; `forward` is the one entry point."""
+    """A Llama decoder over float32 weights; `forward` is the one entry point (`prefill` is
+    forward keeping only the last row)."""
 
     def __init__(self, config: ModelConfig, weights: Weights):
         self.config = config
         self.weights = weights
         self._eps = np.float32(config.rms_norm_eps)
-        self._cos, self._sin = rope_tables(config, config.max_position_embeddings)
+        self._cos, self._sin = rope_tables(config, min(CHUNK, config.max_position_embeddings))
         self._layers = List()
         for lw in weights.layers:
             self._layers.append(lw.arrays())
@@ -144,16 +172,45 @@ class Transformer:
     def forward(self, tokens, start_pos: int, cache: KVCache) -> np.ndarray:
         """tokens [L] at positions start_pos.. -> logits [L, V] float32, one row per token."""
         ids = self._check(tokens, start_pos, cache)
-        w = self.weights
-        logits = _forward(ids, start_pos, w.embed, self._layers, w.norm, w.head, cache.k, cache.v,
-                          self._cos, self._sin, self._eps, self.config.num_attention_heads,
-                          self._windows)
-        cache.length = start_pos + len(ids)
+        logits = np.empty((len(ids), self.config.vocab_size), np.float32)  # [L, V]
+        self._run(ids, start_pos, cache, logits)
         return logits
+
+    def prefill(self, tokens, start_pos: int, cache: KVCache) -> np.ndarray:
+        """forward's last row only: logits [V] of the last token. Memory stays O(one row) for any
+        prompt length (forward's [L, V] would be 1.6 GB for 8k tokens of a 49k vocabulary)."""
+        ids = self._check(tokens, start_pos, cache)
+        last = np.empty((1, self.config.vocab_size), np.float32)  # [1, V]
+        self._run(ids, start_pos, cache, last)
+        return last[0]
+
+    def _run(self, ids: np.ndarray, start_pos: int, cache: KVCache, logits: np.ndarray) -> None:
+        """The kernel over chunks of at most CHUNK tokens; logits [M, V] receives the rows of the
+        last M tokens. Batch invariance makes the chunking invisible in the bits; it bounds the
+        per-layer activations to O(CHUNK * (D + F)) whatever L is."""
+        n, m = len(ids), logits.shape[0]
+        self._grow_rope(start_pos + n)
+        w = self.weights
+        for a in range(0, n, CHUNK):
+            b = min(a + CHUNK, n)
+            first = max(a, n - m)  # the chunk's first token with a logits row
+            rows = logits[first - (n - m) : max(first, b) - (n - m)]  # [<= CHUNK, V]
+            _forward(ids[a:b], start_pos + a, w.embed, self._layers, w.norm, w.head, cache.k,
+                     cache.v, self._cos, self._sin, self._eps, self.config.num_attention_heads,
+                     self._windows, rows)
+        cache.length = start_pos + n
+
+    def _grow_rope(self, n_pos: int) -> None:
+        """cos/sin tables for positions 0..n_pos-1 at least, doubled as positions grow (a
+        position's values do not depend on the table's length), never past the context."""
+        if n_pos > self._cos.shape[0]:
+            n = min(max(n_pos, 2 * self._cos.shape[0]), self.config.max_position_embeddings)
+            self._cos, self._sin = rope_tables(self.config, n)
 
     def _check(self, tokens, start_pos: int, cache: KVCache) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         end = start_pos + len(ids)
+        self._check_cache(cache)
         if len(ids) == 0:
             raise KolibriError("forward needs at least one token")
         if not 0 <= start_pos <= cache.length:
@@ -164,3 +221,14 @@ class Transformer:
         if ids.min() < 0 or ids.max() >= self.config.vocab_size:
             raise KolibriError(f"token ids must be in 0..{self.config.vocab_size - 1}")
         return ids
+
+    def _check_cache(self, cache: KVCache) -> None:
+        """The kernel indexes the cache without bounds checks: a cache of another model's shape
+        (or longer than the context, past the RoPE tables) would be read out of bounds."""
+        c = self.config
+        shape = (c.num_hidden_layers, c.num_key_value_heads, cache.max_len, c.head_dim)
+        fits = cache.k.shape == cache.v.shape == shape and cache.k.dtype == cache.v.dtype
+        if not (fits and cache.k.dtype == np.float32 and shape[2] <= c.max_position_embeddings):
+            raise KolibriError(f"a KV cache of shape {cache.k.shape} does not fit this model "
+                               f"({shape[:2]} x up to {c.max_position_embeddings} x {shape[3]}); "
+                               "make it with this model's new_cache")
