@@ -3,8 +3,10 @@ process per case, so each peak is that case's alone.
 
 Cases: a 1-token raw prompt; an N-token raw prompt (default 8000, the default model's context is
 8192), both with -n 1; and "hi" with -n N, whose KV cache is sized for N positions but barely
-written. Prints prompt tokens, prefill ms and peak RSS (the kernel's ru_maxrss of the child);
---repeats runs every case that many times, alternating, and prints medians.
+written. Prints prompt tokens, prefill ms, peak RSS (ru_maxrss of the child) and the child's
+CPU seconds (user + system: less sensitive to other load than wall time);
+--repeats runs every case that many times, alternating, and prints medians. A first
+unmeasured run compiles the kernel (or loads it) so no case pays for that.
 
     .venv/bin/python benchmarks/memory_bench.py [--tokens 8000] [--repeats 3] [--model NAME]
 """
@@ -24,8 +26,8 @@ def long_prompt(n_words: int) -> str:
     return " ".join(WORDS[(i * 7 + i // 20) % len(WORDS)] for i in range(n_words))
 
 
-def measure(args: list[str], stdin: str) -> tuple[int, float, float]:
-    """(prompt tokens, prefill ms, peak RSS MB) of one process."""
+def measure(args: list[str], stdin: str) -> tuple[int, float, float, float]:
+    """(prompt tokens, prefill ms, peak RSS MB, CPU s) of one process."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: stdin from the pipe, stdout to a file we read back
@@ -46,7 +48,8 @@ def measure(args: list[str], stdin: str) -> tuple[int, float, float]:
                  f"{os.waitstatus_to_exitcode(status)}")
     with open(OUT) as f:
         stats = json.load(f)["stats"]
-    return stats["prompt_tokens"], stats["prefill_s"] * 1e3, usage.ru_maxrss / 1024
+    cpu = usage.ru_utime + usage.ru_stime
+    return stats["prompt_tokens"], stats["prefill_s"] * 1e3, usage.ru_maxrss / 1024, cpu
 
 
 OUT = f"/tmp/kolibri-memory-bench-{os.getpid()}.json"
@@ -65,20 +68,20 @@ def main() -> None:
                                            long_prompt(a.tokens)),
         f'"hi", -n {a.tokens}': (["-n", str(a.tokens), *model, "-"], "hi"),
     }
-    results: dict[str, list[tuple[int, float, float]]] = {name: [] for name in cases}
+    results: dict[str, list[tuple[int, float, float, float]]] = {name: [] for name in cases}
     try:
+        measure(["--raw", "-n", "1", *model, "-"], "warm")  # compiling peaks higher: not counted
         for _ in range(a.repeats):
             for name, (args, stdin) in cases.items():
                 results[name].append(measure(args, stdin))
     finally:
         if os.path.exists(OUT):
             os.remove(OUT)
-    print(f"{'case':<28} {'prompt tokens':>13} {'prefill ms':>11} {'peak RSS MB':>12}")
+    print(f"{'case':<28} {'prompt tokens':>13} {'prefill ms':>11} {'peak RSS MB':>12} "
+          f"{'process CPU s':>14}")
     for name, rows in results.items():
-        tokens = rows[0][0]
-        prefill = statistics.median(r[1] for r in rows)
-        rss = statistics.median(r[2] for r in rows)
-        print(f"{name:<28} {tokens:>13} {prefill:>11.0f} {rss:>12.0f}")
+        prefill, rss, cpu = (statistics.median(r[i] for r in rows) for i in (1, 2, 3))
+        print(f"{name:<28} {rows[0][0]:>13} {prefill:>11.0f} {rss:>12.0f} {cpu:>14.1f}")
 
 
 if __name__ == "__main__":

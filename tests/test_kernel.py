@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kolibri_cli.engine import attention, kernel, matmul, rope
 from kolibri_cli.engine.config import ModelConfig, RopeScaling
@@ -51,32 +53,44 @@ def ref_rope(x, pos, theta):
     return x * cos + rot * sin
 
 
-def ref_attention(q, k, v, start):
-    """q [L, H, Dh], k/v [KVH, T, Dh] with T >= start+L -> [L, H*Dh], causal, GQA (float64)"""
+def ref_attention(q, k, v, start, window=0):
+    """q [L, H, Dh], k/v [KVH, T, Dh] with T >= start+L -> [L, H*Dh], causal, GQA (float64);
+    window > 0: each row sees its last `window` positions only"""
     n_tok, n_heads, dh = q.shape
     group = n_heads // k.shape[0]
     out = np.zeros((n_tok, n_heads, dh))
     for j in range(n_tok):
         n = start + j + 1
+        lo = max(0, n - window) if window else 0
         for h in range(n_heads):
-            s = k[h // group, :n].astype(np.float64) @ q[j, h] / np.sqrt(dh)
+            s = k[h // group, lo:n].astype(np.float64) @ q[j, h] / np.sqrt(dh)
             p = np.exp(s - s.max())
-            out[j, h] = (p / p.sum()) @ v[h // group, :n]
+            out[j, h] = (p / p.sum()) @ v[h // group, lo:n]
     return out.reshape(n_tok, -1)
+
+
+def ref_qkv(config, lw, x):
+    """x [L, D] -> q [L, H, Dh], k/v [L, KVH, Dh] before RoPE: biases, per-head norms (float64)"""
+    c = config
+    H, KVH, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    qkv = x @ lw.wqkv.T.astype(np.float64) + (lw.bqkv if c.qkv_bias else 0.0)
+    q = qkv[:, :H * Dh].reshape(-1, H, Dh)
+    k = qkv[:, H * Dh:(H + KVH) * Dh].reshape(-1, KVH, Dh)
+    if c.qk_norm:
+        q, k = ref_rmsnorm(q, lw.q_norm, c.rms_norm_eps), ref_rmsnorm(k, lw.k_norm, c.rms_norm_eps)
+    return q, k, qkv[:, (H + KVH) * Dh:].reshape(-1, KVH, Dh)
 
 
 def ref_forward(config, weights, ids):
     """Logits [L, V] of a fresh prefill, float64, straight from the formulas."""
     c = config
-    H, KVH, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
     pos = np.arange(len(ids))
     h = weights.embed[ids].astype(np.float64)
-    for lw in weights.layers:
-        qkv = ref_rmsnorm(h, lw.attn_norm, c.rms_norm_eps) @ lw.wqkv.T.astype(np.float64)
-        q = ref_rope(qkv[:, :H * Dh].reshape(-1, H, Dh), pos, c.rope_theta)
-        k = ref_rope(qkv[:, H * Dh:(H + KVH) * Dh].reshape(-1, KVH, Dh), pos, c.rope_theta)
-        v = qkv[:, (H + KVH) * Dh:].reshape(-1, KVH, Dh)
-        h = h + ref_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 0) @ lw.wo.T
+    for i, lw in enumerate(weights.layers):
+        q, k, v = ref_qkv(c, lw, ref_rmsnorm(h, lw.attn_norm, c.rms_norm_eps))
+        q, k = ref_rope(q, pos, c.rope_theta), ref_rope(k, pos, c.rope_theta)
+        att = ref_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 0, c.layer_window(i))
+        h = h + att @ lw.wo.T
         gu = ref_rmsnorm(h, lw.mlp_norm, c.rms_norm_eps) @ lw.w_gate_up.T.astype(np.float64)
         g, u = gu[:, :c.intermediate_size], gu[:, c.intermediate_size:]
         h = h + (g / (1 + np.exp(-g)) * u) @ lw.w_down.T
@@ -171,6 +185,40 @@ def test_head_may_differ_from_embed():
     assert model.weights.head is not model.weights.embed  # TINY is untied
     logits = model.forward([3, 1, 4], 0, model.new_cache(8))
     assert np.abs(logits - ref_forward(TINY, model.weights, [3, 1, 4])).max() < 1e-4
+
+
+@st.composite
+def shapes(draw):
+    """Any small decoder: odd widths, 1-layer, MQA to MHA, windows inside and beyond the
+    context, biases and q/k norms, vocabularies down to one token."""
+    n_kv, group = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    n_layers = draw(st.integers(1, 3))
+    return ModelConfig(
+        vocab_size=draw(st.integers(1, 300)), hidden_size=draw(st.integers(1, 70)),
+        intermediate_size=draw(st.integers(1, 90)), num_hidden_layers=n_layers,
+        num_attention_heads=n_kv * group, num_key_value_heads=n_kv,
+        head_dim=2 * draw(st.integers(1, 17)), rope_theta=draw(st.sampled_from([1e2, 1e4, 1e6])),
+        max_position_embeddings=draw(st.integers(1, 48)),
+        tie_word_embeddings=draw(st.booleans()), qkv_bias=draw(st.booleans()),
+        qk_norm=draw(st.booleans()), sliding_window=draw(st.integers(0, 60)),
+        sliding_layers=tuple(i for i in range(n_layers) if draw(st.booleans())))
+
+
+@settings(max_examples=60, deadline=None)
+@given(config=shapes(), data=st.data())
+def test_any_shape_matches_the_reference_in_any_split(config, data):
+    """The kernel indexes without bounds checks: every shape must stay in bounds (the CI runs
+    this with NUMBA_BOUNDSCHECK=1) and compute the formulas, however the tokens are split."""
+    model = Transformer(config, random_weights(config, seed=data.draw(st.integers(0, 99)),
+                                               scale=0.3))
+    n = data.draw(st.integers(1, config.max_position_embeddings))
+    ids = np.array(data.draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=n,
+                                      max_size=n)))
+    cuts = data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4, unique=True))
+    got = run_split(model, ids, sorted(c for c in cuts if c < n))
+    ref = ref_forward(config, model.weights, ids)
+    assert got.dtype == np.float32 and got.shape == (n, config.vocab_size)
+    assert np.abs(got - ref).max() < 1e-4 * max(1.0, np.abs(ref).max())
 
 
 # ---------------------------------------------------------------- batch invariance
