@@ -2,6 +2,7 @@
 compiled from cached parts runs when loaded in a later process."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,31 @@ def test_cache_lives_under_kolibri_home_not_the_package(tmp_path):
                            "print(ngram.longest_match._cache.cache_path)",
                            env={"KOLIBRI_HOME": str(tmp_path), "NUMBA_CACHE_DIR": ""})
     assert Path(proposers.stdout.strip()).parent == tmp_path / "numba"
+
+
+# The cache folders of a module's own compiled functions, the module imported first thing.
+CACHE_PATHS = """
+import importlib, sys
+module = importlib.import_module(sys.argv[1])
+for obj in vars(module).values():
+    if getattr(obj, "__module__", None) == module.__name__ and hasattr(obj, "_cache"):
+        print(obj._cache.cache_path)
+"""
+COMPILING = sorted(".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)
+                   for p in PACKAGE.rglob("*.py")
+                   if re.search(r"^@njit\(.*cache=True", p.read_text(), re.MULTILINE))
+
+
+@pytest.mark.parametrize("module", COMPILING)
+def test_every_compiled_function_caches_under_kolibri_home(tmp_path, module):
+    """numba picks a function's cache folder when its decorator runs: a module that defines
+    compiled code before jitcache is imported caches beside its sources, whichever module a
+    process happens to import first."""
+    out = run_python(CACHE_PATHS, module,
+                     env={"KOLIBRI_HOME": str(tmp_path), "NUMBA_CACHE_DIR": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    paths = [Path(line) for line in out.stdout.splitlines()]
+    assert paths and all(p.parent == tmp_path / "numba" for p in paths), out.stdout
 
 
 def test_numba_cache_dir_set_by_the_user_wins(tmp_path):

@@ -9,6 +9,8 @@ Checked against Random123's published known-answer vectors (tests/test_sampling.
 import numpy as np
 from numba import njit
 
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
+
 _M0 = np.uint64(0xD2511F53)  # Random123's multipliers and Weyl key increments
 _M1 = np.uint64(0xCD9E8D57)
 _W0 = np.uint64(0x9E3779B9)

@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit
 
 from kolibri_cli.decode.philox import block, words
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 from kolibri_cli.errors import KolibriError
 
 _TWO32 = 2.0**32
