@@ -1,17 +1,29 @@
-"""Atomic file writes: a reader sees the old file or the whole new one, never half of it.
+"""Writing the files a user names, and folders in the cache, so a reader never sees half of one.
 
-Temporary names start with a dot and live beside the target (same filesystem, so the final
-`os.replace` is atomic). Non-goal: durability across power loss for whole folders (no fsync of
-every file in `atomic_dir`; single files are fsynced).
+A regular file (or a new path) is written to a temporary beside it and renamed over it: a reader
+sees the old file or the whole new one. A symlink is followed: its target is replaced, the link
+kept. What cannot be renamed over — a FIFO, a character device (/dev/null, a terminal), one of
+our own standard streams (/dev/stdout, /dev/fd/N) — is written through; a block device, a socket
+or a folder is refused. Every failure is one KolibriError line.
+Temporary names start with a dot (never taken for a model or a report). Non-goal: durability
+across power loss for whole folders (no fsync of every file in `atomic_dir`; files are fsynced).
 """
 
 import os
+import re
+import secrets
 import shutil
+import stat
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
+
+# /dev/stdout, /dev/fd/1, /proc/self/fd/1: our own open descriptors, written through as they are
+_STREAMS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+_FD_PATH = re.compile(r"/(?:dev|proc/(?:self|thread-self|\d+))/fd/(\d+)")
 
 
 def default_mode(is_dir: bool) -> int:
@@ -21,38 +33,142 @@ def default_mode(is_dir: bool) -> int:
     return (0o777 if is_dir else 0o666) & ~umask
 
 
+def _fail(path, e: OSError) -> KolibriError:
+    return KolibriError(f"cannot write {path}: {e.strerror or e}")
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds.
-
-    A path that cannot be written (a folder, no permission, disk full) is a KolibriError."""
+    """Yield a temporary path to write; it becomes `path` only if the block succeeds (see the
+    module docstring for links, devices and FIFOs). Any failure to write is a KolibriError."""
     path = Path(path)
-    if path.is_dir():
-        raise KolibriError(f"cannot write {path}: it is a folder")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise KolibriError(f"cannot write {path}: {e.strerror}") from None
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        mode = path.stat().st_mode & 0o7777 if path.exists() else default_mode(is_dir=False)
-        os.chmod(tmp, mode)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise KolibriError(f"cannot write {path}: {e.strerror}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    fd = _stream_fd(path)
+    if fd is not None:
+        with _through(path, lambda data: _write_fd(fd, data)) as tmp:
+            yield tmp
+        return
+    kind = _kind(path)
+    if kind == "special":
+        with _through(path, lambda data: _write_special(path, data)) as tmp:
+            yield tmp
+        return
+    with _replace(Path(os.path.realpath(path)), path) as tmp:
+        yield tmp
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def _stream_fd(path: Path) -> int | None:
+    """The descriptor `path` names if it is one of this process's own (/dev/stdout, /dev/fd/N)."""
+    text = os.path.normpath(str(path))
+    if text in _STREAMS:
+        return _STREAMS[text]
+    m = _FD_PATH.fullmatch(text)
+    if m and (not text.startswith("/proc/") or text.split("/")[2] in ("self", "thread-self",
+                                                                      str(os.getpid()))):
+        return int(m.group(1))
+    return None
+
+
+def _kind(path: Path) -> str:
+    """"new", "regular" or "special" (written through); a folder, block device or socket is
+    refused here."""
+    try:
+        st = os.stat(path)  # follows links: what a write would reach
+    except FileNotFoundError:
+        return "new"
+    except OSError as e:
+        raise _fail(path, e) from None
+    if stat.S_ISREG(st.st_mode):
+        return "regular"
+    if stat.S_ISDIR(st.st_mode):
+        raise KolibriError(f"cannot write {path}: it is a folder")
+    if stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode):
+        return "special"
+    what = "a block device" if stat.S_ISBLK(st.st_mode) else "a socket or special file"
+    raise KolibriError(f"cannot write {path}: it is {what}; name a regular file")
+
+
+@contextmanager
+def _replace(target: Path, shown: Path):
+    """Temp file beside `target` (the link's target when `shown` is a symlink), renamed over it."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as e:
+        raise _fail(shown, e) from None
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        mode = target.stat().st_mode & 0o7777 if target.exists() else default_mode(is_dir=False)
+        os.chmod(tmp, mode)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise _fail(shown, e) from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def _through(shown: Path, write):
+    """A private temporary file; when the block succeeds its bytes go to `write` (a FIFO, a
+    device or a stream sees only the finished content)."""
+    folder = tempfile.mkdtemp(prefix=".kolibri-write-")
+    tmp = Path(folder) / shown.name
+    try:
+        yield tmp
+        write(tmp.read_bytes() if tmp.exists() else b"")
+    except OSError as e:
+        raise _fail(shown, e) from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_special(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:  # O_TRUNC is ignored by FIFOs and devices
+        f.write(data)
+
+
+def _write_fd(fd: int, data: bytes) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()  # what was printed before comes first
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# ---------------------------------------------------------------- folders in the cache
+
+
+def temp_name(name: str, kind: str) -> str:
+    """`.NAME.<16 hex>.KIND`: a temporary of `name` that no other name's pattern matches."""
+    return f".{name}.{secrets.token_hex(8)}.{kind}"
+
+
+def is_temp_of(entry: str, name: str, kinds: tuple[str, ...]) -> bool:
+    """Whether `entry` is exactly a `temp_name(name, kind)` for one of `kinds` (no prefix
+    match: `.qwen.` must not claim `.qwen.q4.…`)."""
+    kind = "|".join(map(re.escape, kinds))
+    return re.fullmatch(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}\.(?:{kind})", entry) is not None
+
+
+def make_temp_dir(parent: Path, name: str, kind: str) -> Path:
+    parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        path = parent / temp_name(name, kind)
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            continue
 
 
 @contextmanager
@@ -63,14 +179,13 @@ def atomic_dir(path: str | os.PathLike):
     finds `path` missing or half-replaced.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    tmp = make_temp_dir(path.parent, path.name, "partial")
     try:
         yield tmp
         tmp.chmod(default_mode(is_dir=True))
         old = None
         if path.is_symlink() or path.exists():
-            old = path.parent / f"{tmp.name[:-len('.partial')]}.old"
+            old = path.parent / temp_name(path.name, "old")
             os.replace(path, old)
         os.replace(tmp, path)
     except BaseException:
