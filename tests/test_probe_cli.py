@@ -90,7 +90,7 @@ def test_gates(goldens):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--k", "0"], "k must be a whole number >= 1"),
+        (["--k", "0"], "k must be a whole number in 1..1024"),
         (["--window", "4-1"], "window 4-1 is invalid"),
         (["--window", "a-b"], "window 'a-b' is invalid"),
         (["--proposer", "eagle"], "unknown proposer 'eagle'"),

@@ -9,10 +9,12 @@ not supported.
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.text import printable, shown
 
 # architecture -> the model_type its config.json carries
 ARCHITECTURES = {
@@ -23,6 +25,8 @@ ARCHITECTURES = {
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+MAX_CONTEXT = 1 << 24  # positions are float32 in the RoPE tables: exact up to 2^24
+MAX_LAYERS = 1024  # an order of magnitude above the deepest released decoders
 
 
 @dataclass(frozen=True)
@@ -67,21 +71,20 @@ class ModelConfig:
     def from_dict(cls, d: dict) -> "ModelConfig":
         if not isinstance(d, dict):
             raise KolibriError("not a JSON object")
-        archs = d.get("architectures") or ["LlamaForCausalLM"]
-        arch = archs[0] if isinstance(archs, list) else archs
+        arch = _architecture(d)
         model_type = d.get("model_type", ARCHITECTURES.get(arch))
         if ARCHITECTURES.get(arch) != model_type:
             known = ", ".join(f"{a} ({t})" for a, t in ARCHITECTURES.items())
             raise KolibriError(
-                f"unsupported architecture {arch!r} (model_type {model_type!r}); "
+                f"unsupported architecture {shown(arch)} (model_type {shown(model_type)}); "
                 f"kolibri supports {known}"
             )
         try:
             config = cls(**_fields(d, model_type), architecture=arch)
         except KeyError as e:
-            raise KolibriError(f"missing required field {e.args[0]!r}") from None
-        except (TypeError, ValueError, AttributeError) as e:
-            raise KolibriError(f"a field has the wrong type ({e})") from None
+            raise KolibriError(f"missing required field {shown(e.args[0])}") from None
+        except (TypeError, ValueError, AttributeError, OverflowError) as e:
+            raise KolibriError(f"a field has the wrong type ({printable(str(e), 120)})") from None
         config.validate()
         return config
 
@@ -90,6 +93,17 @@ class ModelConfig:
                  self.num_attention_heads, self.num_key_value_heads, self.head_dim)
         if min(sizes) < 1:
             raise KolibriError(f"sizes must be positive, got {sizes}")
+        if not 1 <= self.max_position_embeddings <= MAX_CONTEXT:
+            raise KolibriError(f"max_position_embeddings (the context length) must be in "
+                               f"1..{MAX_CONTEXT}, got {self.max_position_embeddings}")
+        if self.num_hidden_layers > MAX_LAYERS:
+            raise KolibriError(f"num_hidden_layers {self.num_hidden_layers} is more than "
+                               f"kolibri supports ({MAX_LAYERS})")
+        floats = {"rope_theta": self.rope_theta, "rms_norm_eps": self.rms_norm_eps,
+                  "rope factor": self.rope_scaling.factor}
+        for name, value in floats.items():
+            if not math.isfinite(value) or value < 0 or (value == 0 and name != "rms_norm_eps"):
+                raise KolibriError(f"{name} must be a finite number > 0, got {value}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise KolibriError(
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
@@ -109,8 +123,10 @@ class ModelConfig:
             d = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise KolibriError(f"{path}: not found — not a Hugging Face model folder") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise KolibriError(f"{path}: not valid JSON ({e})") from None
+        except OSError as e:
+            raise KolibriError(f"{path}: cannot be read ({e.strerror})") from None
+        except (ValueError, RecursionError) as e:  # JSON, UTF-8, 4300+ digit ints, deep nesting
+            raise KolibriError(f"{path}: not valid JSON ({printable(str(e), 120)})") from None
         try:
             return cls.from_dict(d)
         except KolibriError as e:
@@ -153,8 +169,38 @@ class ModelConfig:
 def eos_token_ids(d: dict) -> tuple[int, ...]:
     """`eos_token_id` of a config.json or generation_config.json dict: an int, a list or absent."""
     eos = d.get("eos_token_id")
-    return tuple(int(e) for e in eos) if isinstance(eos, list) else (
-        () if eos is None else (int(eos),))
+    ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in ids):
+        raise ValueError(f"eos_token_id must be a token id or a list of them, got {shown(eos)}")
+    return tuple(ids)
+
+
+def _architecture(d: dict) -> str:
+    archs = d.get("architectures") or ["LlamaForCausalLM"]
+    arch = archs[0] if isinstance(archs, list) else archs
+    if not isinstance(arch, str):
+        raise KolibriError(f"architectures must be a list of names, got {shown(archs)}")
+    return arch
+
+
+def _whole(d: dict, key: str, default=None) -> int:
+    """An integer field: a JSON int, or a float with no fraction (1e5); never a bool or text."""
+    value = d.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        value = default
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be a whole number, got {shown(value)}")
+    return value
+
+
+def _real(value, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key} must be a number, got {shown(value)}")
+    return float(value)
 
 
 def generation_eos(folder: Path, config: "ModelConfig") -> "ModelConfig":
@@ -192,8 +238,8 @@ def generation_defaults(folder: Path) -> dict:
 
 def _number(gen: dict, key: str, where: Path) -> float:
     value = gen[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise KolibriError(f"{where}: {key} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise KolibriError(f"{where}: {key} must be a finite number, got {shown(value)}")
     return float(value)
 
 
@@ -203,7 +249,7 @@ def _generation_config(folder: Path) -> dict:
         return {}
     try:
         gen = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not JSON or UTF-8, too deep
         gen = None
     if not isinstance(gen, dict):
         raise KolibriError(f"{path}: not a valid generation config")
@@ -214,22 +260,25 @@ def _fields(d: dict, model_type: str) -> dict:
     """The ModelConfig fields of an HF config dict (raises KeyError/TypeError/ValueError)."""
     # transformers >= 5 writes rope settings under "rope_parameters"; older files at top level.
     rope = d.get("rope_parameters") or {}
-    n_heads, hidden = int(d["num_attention_heads"]), int(d["hidden_size"])
-    n_layers = int(d["num_hidden_layers"])
-    max_pos = int(d.get("max_position_embeddings", 2048))
+    n_heads, hidden = _whole(d, "num_attention_heads"), _whole(d, "hidden_size")
+    n_layers = _whole(d, "num_hidden_layers")
+    max_pos = _whole(d, "max_position_embeddings", 2048)
+    if not 1 <= n_layers <= MAX_LAYERS or n_heads < 1:
+        raise ValueError(f"num_hidden_layers {n_layers} must be in 1..{MAX_LAYERS} and "
+                         f"num_attention_heads {n_heads} at least 1")
     _refuse_unsupported(d, model_type)
     eos_ids = eos_token_ids(d)
     window, window_layers = _sliding_window(d, model_type, n_layers)
     return dict(
-        vocab_size=int(d["vocab_size"]),
+        vocab_size=_whole(d, "vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(d["intermediate_size"]),
+        intermediate_size=_whole(d, "intermediate_size"),
         num_hidden_layers=n_layers,
         num_attention_heads=n_heads,
-        num_key_value_heads=int(d.get("num_key_value_heads") or n_heads),
-        head_dim=int(d.get("head_dim") or hidden // n_heads),
-        rope_theta=float(d.get("rope_theta") or rope.get("rope_theta") or 10000.0),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+        num_key_value_heads=_whole(d, "num_key_value_heads", 0) or n_heads,
+        head_dim=_whole(d, "head_dim", 0) or hidden // n_heads,
+        rope_theta=_real(d.get("rope_theta") or rope.get("rope_theta") or 10000.0, "rope_theta"),
+        rms_norm_eps=_real(d.get("rms_norm_eps", 1e-5), "rms_norm_eps"),
         max_position_embeddings=max_pos,
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         eos_token_ids=eos_ids,
@@ -249,11 +298,12 @@ def _refuse_unsupported(d: dict, model_type: str) -> None:
     if d.get("mlp_bias"):
         raise KolibriError("mlp_bias=true is not supported")
     if d.get("hidden_act", "silu") != "silu":
-        raise KolibriError(f"hidden_act {d['hidden_act']!r} is not supported (kolibri: silu)")
+        raise KolibriError(f"hidden_act {shown(d['hidden_act'])} is not supported (kolibri: silu)")
     rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
     partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
-        raise KolibriError(f"partial_rotary_factor {partial} is not supported (kolibri: 1.0)")
+        raise KolibriError(f"partial_rotary_factor {shown(partial)} is not supported "
+                           "(kolibri: 1.0)")
 
 
 def _sliding_window(d: dict, model_type: str, n_layers: int) -> tuple[int, tuple[int, ...]]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.text import printable
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry; recomputed from config
@@ -53,6 +54,9 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
+MAX_HEADER = 100_000_000  # bytes; the safetensors library's own limit
+
+
 def _header(f, path: Path, size: int) -> tuple[dict, int]:
     """(name -> {dtype, shape, data_offsets}, offset of the data section), validated."""
     raw = f.read(8)
@@ -61,9 +65,11 @@ def _header(f, path: Path, size: int) -> tuple[dict, int]:
     (n,) = struct.unpack("<Q", raw)
     if n > size - 8:
         raise KolibriError(f"{path}: truncated safetensors file (header runs past the end)")
+    if n > MAX_HEADER:
+        raise KolibriError(f"{path}: not a safetensors file (a {n}-byte header)")
     try:
         header = json.loads(f.read(n))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # bad JSON or UTF-8, an int of 4300+ digits, nesting
         raise KolibriError(f"{path}: not a safetensors file (unreadable header)") from None
     if not isinstance(header, dict):
         raise KolibriError(f"{path}: not a safetensors file (header is not a JSON object)")
@@ -73,17 +79,30 @@ def _header(f, path: Path, size: int) -> tuple[dict, int]:
     return header, 8 + n
 
 
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
 def _check_entry(path: Path, name: str, info) -> None:
+    """dtype one we read, shape a list of counts, data_offsets [start, stop] of exactly its
+    bytes: anything else (floats, strings, negatives, absurd sizes) is one error naming it."""
+    name = printable(name)
     try:
-        dtype, shape, (start, stop) = info["dtype"], info["shape"], info["data_offsets"]
-    except (KeyError, TypeError, ValueError):
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    except (KeyError, TypeError):
         raise KolibriError(f"{path}: tensor {name} has a malformed header entry") from None
-    if dtype not in _DTYPES:
-        raise KolibriError(
-            f"{path}: tensor {name} has dtype {dtype}; kolibri reads F32/F16/BF16"
-        )
-    itemsize = np.dtype(_DTYPES[dtype]).itemsize
-    if not 0 <= start <= stop or stop - start != prod(shape) * itemsize:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        dtype = printable(str(dtype), 20)
+        raise KolibriError(f"{path}: tensor {name} has dtype {dtype}; kolibri reads F32/F16/BF16")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(map(_is_count, shape)):
+        raise KolibriError(f"{path}: tensor {name} has an invalid shape (a list of at most 8 "
+                           "whole numbers >= 0)")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_count, offsets))
+            or offsets[0] > offsets[1]):
+        raise KolibriError(f"{path}: tensor {name} has invalid data_offsets (want [start, stop], "
+                           "0 <= start <= stop)")
+    start, stop = offsets
+    if stop - start != prod(shape) * np.dtype(_DTYPES[dtype]).itemsize:
         raise KolibriError(
             f"{path}: tensor {name}: {stop - start} bytes of data do not fit {dtype} {shape}"
         )
@@ -126,19 +145,23 @@ def load_tensors(path: Path, config: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def check_tensors(tensors: dict, expected: dict[str, tuple[int, ...]], path: Path) -> None:
-    missing = [n for n in expected if n not in tensors]
+    check_shapes({name: t.shape for name, t in tensors.items()}, expected, path)
+
+
+def check_shapes(found: dict[str, tuple], expected: dict[str, tuple[int, ...]], where) -> None:
+    """Every expected tensor present with its shape, nothing else (names as the config implies)."""
+    missing = [n for n in expected if n not in found]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise KolibriError(f"{path}: missing tensors {', '.join(missing[:3])}{more}")
+        raise KolibriError(f"{where}: missing tensors {', '.join(missing[:3])}{more}")
     for name, shape in expected.items():
-        if tuple(tensors[name].shape) != shape:
-            got = tuple(tensors[name].shape)
-            raise KolibriError(f"{path}: tensor {name} has shape {got}, config expects {shape}")
-    extra = sorted(set(tensors) - set(expected))
+        if tuple(found[name]) != shape:
+            got = tuple(found[name])
+            raise KolibriError(f"{where}: tensor {name} has shape {got}, config expects {shape}")
+    extra = sorted(set(found) - set(expected))
     if extra:
-        raise KolibriError(
-            f"{path}: unexpected tensors {', '.join(extra[:3])} (architecture mismatch?)"
-        )
+        names = ", ".join(printable(n) for n in extra[:3])
+        raise KolibriError(f"{where}: unexpected tensors {names} (architecture mismatch?)")
 
 
 def tensor_index(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -1,16 +1,17 @@
 """Text <-> ids with the checkpoint's tokenizer.json, and chat templates rendered like transformers.
 
 The chat template is rendered with jinja2 exactly as transformers' `apply_chat_template` does
-(sandboxed environment, trim_blocks + lstrip_blocks, loopcontrols, `raise_exception`, the named
-special tokens that are set, `tools`/`documents` None). Non-goals: tool calling.
+(engine/template.py: the sandbox, with bounds on time, memory and output; the named special
+tokens that are set, `tools`/`documents` None). Non-goals: tool calling.
 """
 
 import json
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
+from kolibri_cli.engine import template
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.text import printable
 
 # transformers passes these to the template when the tokenizer config sets them (and only then).
 _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
@@ -27,16 +28,7 @@ class Tokenizer:
         except Exception as e:  # tokenizers raises a bare Exception on a bad file
             raise KolibriError(f"{folder}/tokenizer.json: cannot be read ({e})") from None
         self.config = _read_config(folder / "tokenizer_config.json")
-        self.chat_template = self.config.get("chat_template")
-        # transformers >= 4.43 saves the template beside the config, and that file wins.
-        jinja = folder / "chat_template.jinja"
-        if jinja.is_file():
-            self.chat_template = jinja.read_text(encoding="utf-8")
-        if isinstance(self.chat_template, list):  # named templates: take "default"
-            named = {t.get("name"): t.get("template") for t in self.chat_template}
-            self.chat_template = named.get("default")
-        if self.chat_template is not None and not isinstance(self.chat_template, str):
-            raise KolibriError(f"{folder}/tokenizer_config.json: chat_template is not a string")
+        self.chat_template = _chat_template(folder, self.config)
 
     @property
     def vocab_size(self) -> int:
@@ -49,7 +41,11 @@ class Tokenizer:
         return [i for i in range(min(n_rows, self.vocab_size)) if i not in added]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except Exception as e:  # tokenizers raises bare Exceptions (a broken tokenizer.json)
+            raise KolibriError(f"the tokenizer cannot encode the text ({printable(str(e), 120)})"
+                               ) from None
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
@@ -69,27 +65,7 @@ class Tokenizer:
 
     @cached_property
     def _template(self):
-        from jinja2 import TemplateError
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise KolibriError(f"chat template: {message}")
-
-        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                              separators=separators, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-        )
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        try:
-            return env.from_string(self.chat_template)
-        except TemplateError as e:
-            raise KolibriError(f"the chat template does not parse ({e}); use --raw") from None
+        return template.compile_template(self.chat_template)
 
     def render_chat(self, user_message: str, system: str | None = None) -> str:
         """One user turn (after an optional system message) + generation prompt."""
@@ -99,20 +75,16 @@ class Tokenizer:
     def render_messages(self, messages: list[dict]) -> str:
         """A conversation [{"role", "content"}, ...] + generation prompt, as transformers'
         apply_chat_template renders it (a system message replaces the template's default)."""
-        from jinja2 import TemplateError
-
         if not self.chat_template:
             raise KolibriError("this model has no chat template; use --raw")
-        try:
-            return self._template.render(
-                messages=messages,
-                tools=None,
-                documents=None,
-                add_generation_prompt=True,
-                **self.special_tokens(),
-            )
-        except (TemplateError, TypeError, ValueError) as e:
-            raise KolibriError(f"the chat template failed to render ({e}); use --raw") from None
+        return template.render(
+            self._template,
+            messages=messages,
+            tools=None,
+            documents=None,
+            add_generation_prompt=True,
+            **self.special_tokens(),
+        )
 
     def encode_prompt(self, prompt: str, chat: bool, system: str | None = None) -> list[int]:
         """Chat: the rendered template carries its own special tokens, so none are added."""
@@ -128,8 +100,29 @@ def _read_config(path: Path) -> dict:
         return {}
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise KolibriError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot be read ({e.strerror})") from None
+    except (ValueError, RecursionError) as e:  # JSON, UTF-8, 4300+ digit ints, deep nesting
+        raise KolibriError(f"{path}: not valid JSON ({printable(str(e), 120)})") from None
     if not isinstance(cfg, dict):
         raise KolibriError(f"{path}: not a JSON object")
     return cfg
+
+
+def _chat_template(folder: Path, config: dict) -> str | None:
+    """chat_template.jinja (transformers >= 4.43 saves it beside the config, and it wins), else
+    the config's chat_template: a string, or named templates of which "default" is taken."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise KolibriError(f"{jinja}: cannot be read as UTF-8 text ({e})") from None
+    found = config.get("chat_template")
+    if isinstance(found, list):
+        named = {t.get("name"): t.get("template") for t in found
+                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
+        found = named.get("default")
+    if found is not None and not isinstance(found, str):
+        raise KolibriError(f"{folder}/tokenizer_config.json: chat_template is not a string")
+    return found

@@ -13,10 +13,13 @@ from pathlib import Path
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.store.atomic import write_text_atomic
+from kolibri_cli.text import shown
 
 # The goldens shipped with kolibri (package data): the default of `kolibri probe`.
 SHIPPED_GOLDENS = Path(__file__).parent / "data"
 DEFAULT_CHAT = SHIPPED_GOLDENS / "smollm2-135m-instruct" / "chat.jsonl"
+
+MAX_TOKEN_ID = 2**31 - 1  # ids are int32 in every tokenizer and kernel; vocabularies are far below
 
 GOLDEN_FIELDS = (
     "id", "category", "prompt", "chat", "prompt_ids", "output_ids", "model", "model_sha256",
@@ -40,6 +43,7 @@ class Golden:
     reference: dict = field(default_factory=dict)  # {"engine", "engine_version", "dtype", ...}
     eos_ids: list[int] = field(default_factory=list)  # the model's eos ids (optional in files)
     sampling: dict = field(default_factory=dict)  # Sampling.to_dict(); {} (or absent) = greedy
+    where: str = field(default="", compare=False, repr=False)  # "file:line" it was read from
 
     @property
     def sampler(self) -> Sampling:
@@ -68,7 +72,7 @@ def load_goldens(path: str | Path) -> list[Golden]:
         golden = _golden_from(obj, f"{path}:{lineno}")
         if golden.id in seen:
             raise KolibriError(
-                f"{path}:{lineno}: duplicate golden id {golden.id!r} "
+                f"{path}:{lineno}: duplicate golden id {shown(golden.id)} "
                 f"(first on line {seen[golden.id]})"
             )
         seen[golden.id] = lineno
@@ -81,12 +85,13 @@ def load_goldens(path: str | Path) -> list[Golden]:
 def save_goldens(path: str | Path, goldens: list[Golden]) -> None:
     """Write `goldens` as JSONL, atomically (readers see the old file or the whole new one).
     Greedy chains carry no "sampling" key, as before sampling existed."""
-    lines = [json.dumps(_golden_dict(g), ensure_ascii=False) for g in goldens]
+    lines = [json.dumps(_golden_dict(g), ensure_ascii=False, allow_nan=False) for g in goldens]
     write_text_atomic(path, "".join(line + "\n" for line in lines))
 
 
 def _golden_dict(golden: Golden) -> dict:
     d = asdict(golden)
+    del d["where"]
     if not d["sampling"]:
         del d["sampling"]
     return d
@@ -120,7 +125,7 @@ def _is_prompt_file(path: Path) -> bool:
     first = next((line for line in _read_lines(path) if line.strip()), "")
     try:
         obj = json.loads(first)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return False  # not a prompt file either: let load_goldens report the line
     return isinstance(obj, dict) and "output_ids" not in obj and "prompt_ids" not in obj
 
@@ -150,7 +155,8 @@ def _select_prompts(prompts, category, limit, per_category, path) -> list[Prompt
         known = sorted({p.category for p in prompts})
         prompts = [p for p in prompts if p.category in wanted]
         if not prompts:
-            raise KolibriError(f"{path}: no prompts of category {category!r}; it has {known}")
+            raise KolibriError(f"{path}: no prompts of category {shown(category)}; it has "
+                               f"{shown(known, 200)}")
     if per_category is not None:
         counts: dict[str, int] = {}
         kept = []
@@ -191,6 +197,7 @@ def _prompt_from(obj: dict, where: str) -> PromptSpec:
     _check_id(obj["id"], where)
     _check_type(obj, "category", str, where)
     _check_type(obj, "prompt", str, where)
+    _check_unicode(obj, ("id", "category", "prompt"), where)
     if not obj["prompt"].strip():
         raise KolibriError(f"{where}: 'prompt' is empty")
     return PromptSpec(id=obj["id"], category=obj["category"], prompt=obj["prompt"])
@@ -201,6 +208,7 @@ def _golden_from(obj: dict, where: str) -> Golden:
     _check_id(obj["id"], where)
     for name in ("category", "prompt", "model", "model_sha256"):
         _check_type(obj, name, str, where)
+    _check_unicode(obj, ("id", "category", "prompt", "model", "model_sha256"), where)
     _check_type(obj, "chat", bool, where)
     _check_type(obj, "reference", dict, where)
     for name in ("prompt_ids", "output_ids"):
@@ -210,13 +218,13 @@ def _golden_from(obj: dict, where: str) -> Golden:
         _check_token_ids(eos_ids, "eos_ids", where)
     sampling = obj.get("sampling", {})
     if not isinstance(sampling, dict):
-        raise KolibriError(f"{where}: 'sampling' must be an object, got {sampling!r}")
+        raise KolibriError(f"{where}: 'sampling' must be an object, got {shown(sampling)}")
     try:
         sampling = Sampling.from_dict(sampling).to_dict()
     except KolibriError as e:
         raise KolibriError(f"{where}: {e}") from None
     return Golden(**{name: obj[name] for name in GOLDEN_FIELDS}, eos_ids=eos_ids,
-                  sampling=sampling)
+                  sampling=sampling, where=where)
 
 
 def _jsonl_objects(path: Path):
@@ -233,6 +241,9 @@ def _jsonl_objects(path: Path):
             raise KolibriError(
                 f"{path}:{lineno}: not JSONL (one JSON object a line): {e.msg}"
             ) from None
+        except (ValueError, RecursionError):  # an integer of 4300+ digits; nesting too deep
+            raise KolibriError(f"{path}:{lineno}: not JSONL (a number too long or nesting too "
+                               "deep)") from None
         if not isinstance(obj, dict):
             raise KolibriError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         yield lineno, obj
@@ -264,14 +275,22 @@ def _check_type(obj: dict, name: str, kind: type, where: str) -> None:
 
 def _check_id(value, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise KolibriError(f"{where}: 'id' must be a string or an integer, got {value!r}")
+        raise KolibriError(f"{where}: 'id' must be a string or an integer, got {shown(value)}")
+
+
+def _check_unicode(obj: dict, names, where: str) -> None:
+    """JSON can spell a lone surrogate (\\ud800), which no UTF-8 file, terminal or tokenizer
+    takes: refuse it here, naming the field."""
+    for name in names:
+        value = obj[name]
+        if isinstance(value, str) and any("\ud800" <= ch <= "\udfff" for ch in value):
+            raise KolibriError(f"{where}: '{name}' is not valid Unicode (a lone surrogate)")
 
 
 def _check_token_ids(ids, name: str, where: str) -> None:
     if not isinstance(ids, list) or not ids:
         raise KolibriError(f"{where}: '{name}' must be a non-empty list of token ids")
     for i, tok in enumerate(ids):
-        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
-            raise KolibriError(
-                f"{where}: '{name}'[{i}] is {tok!r}; token ids must be integers >= 0"
-            )
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= MAX_TOKEN_ID:
+            raise KolibriError(f"{where}: '{name}'[{i}] is {shown(tok)}; token ids must be "
+                               f"integers in 0..{MAX_TOKEN_ID}")

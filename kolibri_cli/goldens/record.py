@@ -11,6 +11,7 @@ from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, PromptSpec, first_divergence
+from kolibri_cli.text import shown
 
 ENGINES = ("kolibri", "transformers")
 NEAR_TIE = 1e-3  # a divergence at a reference margin below this is float rounding, not a bug
@@ -103,10 +104,31 @@ def check_one(model, golden: Golden) -> CheckResult:
 
 
 def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> None:
+    """The goldens were recorded from this model's weights (unless allowed otherwise), and every
+    one fits it whatever: ids inside its vocabulary, prompt + output inside its context."""
     wrong = [g for g in goldens if g.model_sha256 and g.model_sha256 != model.sha256]
     if wrong and not allow_mismatch:
         raise KolibriError(
-            f"golden {wrong[0].id!r} was recorded from model {wrong[0].model} "
-            f"(sha256 {wrong[0].model_sha256[:12]}…), not {model.name} "
+            f"golden {shown(wrong[0].id)} was recorded from model {shown(wrong[0].model)} "
+            f"(sha256 {shown(wrong[0].model_sha256[:12])}…), not {model.name} "
             f"(sha256 {model.sha256[:12]}…); pass --allow-model-mismatch to proceed anyway"
         )
+    for g in goldens:
+        check_fits(model, g)
+
+
+def check_fits(model, golden: Golden) -> None:
+    vocab, context = model.config.vocab_size, model.config.max_position_embeddings
+    where = f"{golden.where} (golden {shown(golden.id)})" if golden.where else \
+        f"golden {shown(golden.id)}"
+    for name in ("prompt_ids", "output_ids"):
+        ids = getattr(golden, name)
+        bad = next((i for i, t in enumerate(ids) if t >= vocab), None)
+        if bad is not None:
+            raise KolibriError(f"{where}: {name}[{bad}] = {ids[bad]} is outside the vocabulary "
+                               f"of {model.name} (0..{vocab - 1}); the golden was recorded with "
+                               "another tokenizer")
+    need = len(golden.prompt_ids) + len(golden.output_ids)
+    if need > context:
+        raise KolibriError(f"{where}: prompt and output take {need} positions, more than the "
+                           f"context of {model.name} ({context})")

@@ -6,6 +6,7 @@ selecting the goldens the config asks for. Keys: docs/probe.md.
 """
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from kolibri_cli.decode.proposers import (
 )
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden, find_golden_files, load_goldens
+from kolibri_cli.text import shown
 
 
 @dataclass
@@ -111,8 +113,13 @@ def read_probe_toml(path: Path) -> dict:
         raise KolibriError(f"{path}: probe config not found") from None
     except OSError as e:
         raise KolibriError(f"{path}: cannot read the probe config ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise KolibriError(f"{path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8") \
+            from None
     except tomllib.TOMLDecodeError as e:
         raise KolibriError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise KolibriError(f"{path}: not valid TOML: nested too deeply") from None
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise KolibriError(
@@ -190,11 +197,12 @@ def _costs(value) -> dict[int, float]:
     items = value.split(",") if isinstance(value, str) else _as_list(value, "costs", int | float)
     try:
         costs = [float(item) for item in items]
-    except ValueError:
+    except (ValueError, OverflowError):
         costs = []
-    if not costs or any(c <= 0 for c in costs):
+    if not costs or any(not math.isfinite(c) or c <= 0 for c in costs):
         raise KolibriError(
-            f"costs must be positive numbers c(1),c(2),... (e.g. 1,1.05,1.1), got {value!r}"
+            f"costs must be finite positive numbers c(1),c(2),... (e.g. 1,1.05,1.1), got "
+            f"{shown(value)}"
         )
     return {n: c for n, c in enumerate(costs, start=1)}
 
@@ -202,16 +210,18 @@ def _costs(value) -> dict[int, float]:
 def _positive_int(value, key: str) -> int:
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = 0
     if isinstance(value, bool) or isinstance(value, float) or number < 1:
-        raise KolibriError(f"{key} must be a whole number >= 1, got {value!r}")
+        raise KolibriError(f"{key} must be a whole number >= 1, got {shown(value)}")
     return number
 
 
 def _threshold(value, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise KolibriError(f"{key} must be a number >= 0, got {value!r}")
+    """A gate's threshold: a finite number >= 0 (a NaN would pass every gate)."""
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            or value < 0):
+        raise KolibriError(f"{key} must be a finite number >= 0, got {shown(value)}")
     if key == "min_acceptance" and value > 1:
         raise KolibriError(f"min_acceptance is a fraction between 0 and 1, got {value!r}")
     return float(value)
@@ -220,7 +230,7 @@ def _threshold(value, key: str) -> float:
 def _expect(value, key: str, kind):
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         what = "true or false" if kind is bool else "a string"
-        raise KolibriError(f"{key} must be {what}, got {value!r}")
+        raise KolibriError(f"{key} must be {what}, got {shown(value)}")
     return value
 
 

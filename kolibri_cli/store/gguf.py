@@ -11,6 +11,7 @@ PRETOKENIZERS.
 """
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.store.atomic import default_mode
+from kolibri_cli.text import shown
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -79,53 +81,96 @@ def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def _field(reader, key: str, default=None):
     f = reader.fields.get(key)
-    return default if f is None else f.contents()
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except (UnicodeDecodeError, ValueError, IndexError, TypeError) as e:
+        raise KolibriError(f"GGUF metadata {key} is unreadable ({e})") from None
+
+
+def _typed(reader, key: str, kind, what: str, default=None):
+    """`key`'s value if it is a `kind` (never a bool standing in for a number), else `default`
+    when absent; anything else is a KolibriError naming the key."""
+    value = _field(reader, key, default)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise KolibriError(f"GGUF metadata {key} must be {what}, got {shown(value)}")
+    return value
+
+
+def _whole(reader, key: str, default=None, low: int = 1) -> int:
+    value = _typed(reader, key, int, "a whole number", default)
+    if value is None:
+        raise KolibriError(f"GGUF metadata lacks {key}")
+    if value < low:
+        raise KolibriError(f"GGUF metadata {key} must be >= {low}, got {value}")
+    return value
+
+
+def _positive(reader, key: str, default: float) -> float:
+    value = _typed(reader, key, int | float, "a number", default)
+    if not math.isfinite(value) or value <= 0:
+        raise KolibriError(f"GGUF metadata {key} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _strings(reader, key: str) -> list[str]:
+    value = _typed(reader, key, list, "a list of strings")
+    if value is None or not all(isinstance(v, str) for v in value):
+        raise KolibriError(f"GGUF metadata lacks {key} (a list of strings)")
+    return value
+
+
+def _token_id(reader, key: str, n_tokens: int) -> int | None:
+    """A special token's id, which must name a token of the vocabulary."""
+    value = _typed(reader, key, int, "a token id")
+    if value is not None and not 0 <= value < n_tokens:
+        raise KolibriError(f"GGUF metadata {key} = {value} is outside the vocabulary "
+                           f"(0..{n_tokens - 1})")
+    return value
 
 
 def gguf_architecture(reader) -> str:
     arch = _field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise KolibriError(f"GGUF architecture {arch!r} is not supported "
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
+        raise KolibriError(f"GGUF architecture {shown(arch)} is not supported "
                            f"(kolibri reads {', '.join(ARCHITECTURES)})")
     return arch
 
 
 def read_config(reader) -> dict:
+    """The HF config.json of the GGUF; every value read is type- and range-checked."""
     arch = gguf_architecture(reader)
-
-    def g(key: str, default=None):
-        value = _field(reader, f"{arch}.{key}", default)
-        if value is None:
-            raise KolibriError(f"GGUF metadata lacks {arch}.{key}")
-        return value
-
-    n_head = int(g("attention.head_count"))
-    hidden = int(g("embedding_length"))
+    whole = lambda key, default=None: _whole(reader, f"{arch}.{key}", default)  # noqa: E731
+    n_head, hidden = whole("attention.head_count"), whole("embedding_length")
     names = {t.name for t in reader.tensors}
-    if "tokenizer.ggml.tokens" not in reader.fields:
-        raise KolibriError("GGUF metadata lacks tokenizer.ggml.tokens (no vocabulary)")
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    head_dim = int(g("attention.key_length", hidden // n_head))
-    if int(g("rope.dimension_count", head_dim)) != head_dim:
+    tokens = _strings(reader, "tokenizer.ggml.tokens")
+    if not tokens:
+        raise KolibriError("GGUF metadata tokenizer.ggml.tokens is empty (no vocabulary)")
+    head_dim = whole("attention.key_length", max(hidden // n_head, 1))
+    if whole("rope.dimension_count", head_dim) != head_dim:
         raise KolibriError(f"GGUF {arch}.rope.dimension_count differs from the head size "
                            f"{head_dim} (partial RoPE is not supported)")
+    eps = _positive(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     hf_arch, model_type = ARCHITECTURES[arch]
     config = {
         "architectures": [hf_arch],
         "model_type": model_type,
-        "vocab_size": int(g("vocab_size", vocab)),
+        "vocab_size": whole("vocab_size", len(tokens)),
         "hidden_size": hidden,
-        "intermediate_size": int(g("feed_forward_length")),
-        "num_hidden_layers": int(g("block_count")),
+        "intermediate_size": whole("feed_forward_length"),
+        "num_hidden_layers": whole("block_count"),
         "num_attention_heads": n_head,
-        "num_key_value_heads": int(g("attention.head_count_kv", n_head)),
+        "num_key_value_heads": whole("attention.head_count_kv", n_head),
         "head_dim": head_dim,
-        "rope_theta": float(g("rope.freq_base", 10000.0)),
-        "rms_norm_eps": float(f"{g('attention.layer_norm_rms_epsilon', 1e-5):.7g}"),  # f32 -> 1e-05
-        "max_position_embeddings": int(g("context_length", 2048)),
+        "rope_theta": _positive(reader, f"{arch}.rope.freq_base", 10000.0),
+        "rms_norm_eps": float(f"{eps:.7g}"),  # the GGUF's float32 -> 1e-05
+        "max_position_embeddings": whole("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "bos_token_id": _token_id(reader, "tokenizer.ggml.bos_token_id", len(tokens)),
+        "eos_token_id": _token_id(reader, "tokenizer.ggml.eos_token_id", len(tokens)),
         "hidden_act": "silu",
         "torch_dtype": "float32",
     }
@@ -135,11 +180,27 @@ def read_config(reader) -> dict:
     return config
 
 
+def check_loadable(reader, config: dict) -> None:
+    """Refuse now what loading the converted folder would refuse: the config, and every
+    tensor's name and shape against it (so an import never writes a model that cannot load)."""
+    from kolibri_cli.engine.config import ModelConfig
+    from kolibri_cli.engine.loader import check_shapes
+
+    model_config = ModelConfig.from_dict(config)
+    shapes = {hf_name(t.name): tuple(int(n) for n in reversed(t.shape))
+              for t in reader.tensors if t.name not in SKIPPED}
+    check_shapes(shapes, model_config.weight_shapes(), "the GGUF")
+
+
 def _rope_scaling(reader, arch: str, config: dict) -> dict | None:
     """The HF rope_scaling dict for the GGUF's `{arch}.rope.scaling.*` keys or `rope_freqs`."""
-    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
-    factor = _field(reader, f"{arch}.rope.scaling.factor")
-    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    kind = _typed(reader, f"{arch}.rope.scaling.type", str, "a string", "none")
+    factor = _typed(reader, f"{arch}.rope.scaling.factor", int | float, "a number")
+    if factor is not None and not (math.isfinite(factor) and factor > 0):
+        raise KolibriError(f"GGUF {arch}.rope.scaling.factor must be a finite number > 0, "
+                           f"got {factor!r}")
+    original = _typed(reader, f"{arch}.rope.scaling.original_context_length", int,
+                      "a whole number")
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         return _llama3_scaling(_dequantize(freqs), config)
@@ -152,8 +213,8 @@ def _rope_scaling(reader, arch: str, config: dict) -> dict | None:
         if original:
             out["original_max_position_embeddings"] = int(original)
         return out
-    raise KolibriError(f"GGUF rope scaling {kind!r} is not supported (kolibri: linear, yarn, "
-                       "Llama 3 rope_freqs)")
+    raise KolibriError(f"GGUF rope scaling {shown(kind)} is not supported (kolibri: linear, "
+                       "yarn, Llama 3 rope_freqs)")
 
 
 def _llama3_scaling(freqs: np.ndarray, config: dict) -> dict:
@@ -221,23 +282,24 @@ def dequantized_tensors(reader, config: dict, progress: Ticks | None = None):
 
 def build_tokenizer(reader):
     """A `tokenizers` byte-level BPE equal to llama.cpp's tokenization of this GGUF."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers
     from tokenizers import pre_tokenizers as pre_tok
 
     model = _field(reader, "tokenizer.ggml.model")
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
+    pre = _typed(reader, "tokenizer.ggml.pre", str, "a string", "default")
     if model != "gpt2":
         raise KolibriError(
-            f"GGUF tokenizer model {model!r} is not supported (kolibri reads 'gpt2')"
+            f"GGUF tokenizer model {shown(model)} is not supported (kolibri reads 'gpt2')"
         )
     if pre not in PRETOKENIZERS:
         raise KolibriError(
-            f"GGUF pre-tokenizer {pre!r} is not supported ({', '.join(PRETOKENIZERS)})"
+            f"GGUF pre-tokenizer {shown(pre)} is not supported ({', '.join(PRETOKENIZERS)})"
         )
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    types = _field(reader, "tokenizer.ggml.token_type")
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tokens, types, merges = _vocabulary(reader)
+    try:
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    except Exception as e:  # tokenizers raises a bare Exception (a merge of unknown tokens)
+        raise KolibriError(f"GGUF tokenizer cannot be built ({e})") from None
     regex, digits, nfc = PRETOKENIZERS[pre]
     steps = [pre_tok.Digits(individual_digits=True)] if digits else []
     if regex is None:
@@ -249,33 +311,63 @@ def build_tokenizer(reader):
     if nfc:
         tok.normalizer = normalizers.NFC()
     tok.decoder = decoders.ByteLevel()
-    # token types: 3 control (special), 4 user-defined (added, matched whole, not special)
+    _add_token_types(tok, tokens, types)
+    _add_bos(tok, reader, tokens)
+    return tok
+
+
+def _vocabulary(reader) -> tuple[list[str], list[int], list[tuple[str, str]]]:
+    """(tokens, token types, merges), each checked: a type per token, merges as "a b" pairs."""
+    tokens = _strings(reader, "tokenizer.ggml.tokens")
+    types = _typed(reader, "tokenizer.ggml.token_type", list, "a list of token types")
+    if types is None or len(types) != len(tokens) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in types):
+        got = "none" if types is None else f"{len(types)}"
+        raise KolibriError(f"GGUF metadata tokenizer.ggml.token_type must give one whole-number "
+                           f"type per token ({len(tokens)} tokens, {got} types)")
+    if "tokenizer.ggml.merges" not in reader.fields:
+        raise KolibriError("GGUF metadata lacks tokenizer.ggml.merges (a gpt2 BPE needs them)")
+    merges = [tuple(m.split(" ", 1)) for m in _strings(reader, "tokenizer.ggml.merges")]
+    bad = next((m for m in merges if len(m) != 2 or not all(m)), None)
+    if bad is not None:
+        raise KolibriError(f"GGUF metadata tokenizer.ggml.merges holds {shown(' '.join(bad))}, "
+                           "not two tokens separated by a space")
+    return tokens, types, merges
+
+
+def _add_token_types(tok, tokens: list[str], types: list[int]) -> None:
+    """Token types: 3 control (special), 4 user-defined (added, matched whole, not special)."""
+    from tokenizers import AddedToken
+
     control = [t for t, ty in zip(tokens, types, strict=True) if ty == 3]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in control])
     user = [t for t, ty in zip(tokens, types, strict=True) if ty == 4]
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user])
-    _add_bos(tok, reader, tokens)
-    return tok
 
 
 def _add_bos(tok, reader, tokens) -> None:
     """A GGUF that asks for BOS (Llama 3) gets it from the tokenizer, as HF's tokenizer.json."""
     from tokenizers import processors
 
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    bos = _token_id(reader, "tokenizer.ggml.bos_token_id", len(tokens))
     if not _field(reader, "tokenizer.ggml.add_bos_token", False) or bos is None:
         return
-    name = tokens[int(bos)]
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{name}:0 $A:0", pair=f"{name}:0 $A:0 {name}:1 $B:1",
-        special_tokens=[(name, int(bos))])
+    name = tokens[bos]
+    try:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{name}:0 $A:0", pair=f"{name}:0 $A:0 {name}:1 $B:1",
+            special_tokens=[(name, bos)])
+    except Exception as e:  # a token text the template syntax cannot hold (spaces, ':')
+        raise KolibriError(f"GGUF bos token {shown(name)} cannot be added ({e})") from None
 
 
 def tokenizer_config(reader) -> dict:
-    tokens = reader.fields["tokenizer.ggml.tokens"]
-    name = lambda key: (  # noqa: E731
-        None if (i := _field(reader, key)) is None else tokens.contents(int(i))
-    )
+    tokens = _strings(reader, "tokenizer.ggml.tokens")
+
+    def name(key: str) -> str | None:
+        i = _token_id(reader, key, len(tokens))
+        return None if i is None else tokens[i]
+
     cfg = {
         "bos_token": name("tokenizer.ggml.bos_token_id"),
         "eos_token": name("tokenizer.ggml.eos_token_id"),
@@ -285,7 +377,7 @@ def tokenizer_config(reader) -> dict:
         "clean_up_tokenization_spaces": False,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
-    template = _field(reader, "tokenizer.chat_template")
+    template = _typed(reader, "tokenizer.chat_template", str, "a string")
     if template:
         cfg["chat_template"] = template
     return cfg
@@ -298,6 +390,7 @@ def convert(gguf_path: Path, out_dir: Path, progress: Ticks | None = None) -> No
 
     reader = gguf.GGUFReader(str(gguf_path))
     config = read_config(reader)
+    check_loadable(reader, config)
     check_tensor_types(reader)
     tokenizer = build_tokenizer(reader)  # refuses an unknown tokenizer before the slow part
     tensors = dict(dequantized_tensors(reader, config, progress))

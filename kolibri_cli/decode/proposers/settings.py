@@ -1,43 +1,48 @@
 """Proposer settings: the defaults, and parsing/validation of k and the n-gram window."""
 
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.text import shown
 
 DEFAULT_PROPOSER = "vllm"
 DEFAULT_K = 5  # draft tokens per verify pass
 DEFAULT_WINDOW = (1, 4)  # n-gram lengths tried, (min, max)
+# Sane maxima, far above any useful setting (upstream defaults: k 5-48, n 2-12): proposers
+# allocate per n and per draft position, so an unbounded value is a hang or a MemoryError.
+# The model's context bounds both again once a model is loaded.
+MAX_K = 1024
+MAX_WINDOW = 1024
 
 
 def validate_k(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-        raise KolibriError(f"k must be a whole number >= 1 (draft tokens per pass), got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise KolibriError(f"k must be a whole number in 1..{MAX_K} (draft tokens per pass), "
+                           f"got {shown(k)}")
     return k
 
 
 def validate_window(window_min: int, window_max: int) -> tuple[int, int]:
-    if not 1 <= window_min <= window_max:
-        raise KolibriError(
-            f"window {window_min}-{window_max} is invalid: use MIN-MAX with 1 <= MIN <= MAX"
-        )
+    if not 1 <= window_min <= window_max <= MAX_WINDOW:
+        raise KolibriError(f"window {window_min}-{window_max} is invalid: use MIN-MAX with "
+                           f"1 <= MIN <= MAX <= {MAX_WINDOW}")
     return window_min, window_max
 
 
 def parse_k(text: str | int) -> int:
-    """Parse "5" -> 5; anything but a whole number >= 1 is a KolibriError."""
+    """Parse "5" -> 5; anything but a whole number in 1..MAX_K is a KolibriError."""
     if isinstance(text, int):
         return validate_k(text)
     try:
         return validate_k(int(str(text).strip()))
-    except ValueError:
-        raise KolibriError(f"k must be a whole number >= 1, got {text!r}") from None
+    except ValueError:  # not a number, or 4300+ digits
+        raise KolibriError(f"k must be a whole number in 1..{MAX_K}, got {shown(text)}") from None
 
 
 def parse_window(text: str) -> tuple[int, int]:
     """Parse "1-4" -> (1, 4); "3" -> (3, 3). Invalid forms ("4-1", "0-3", "a-b", "") raise."""
-    parts = str(text).strip().split("-")
-    if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
-        raise KolibriError(
-            f"window {text!r} is invalid: use MIN-MAX (e.g. 1-4) or N (e.g. 3), 1 <= MIN <= MAX"
-        )
+    parts = [p.strip() for p in str(text).strip().split("-")]
+    if len(parts) > 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18 for p in parts):
+        raise KolibriError(f"window {shown(text)} is invalid: use MIN-MAX (e.g. 1-4) or N "
+                           f"(e.g. 3), 1 <= MIN <= MAX <= {MAX_WINDOW}")
     low, high = int(parts[0]), int(parts[-1])
     return validate_window(low, high)
 
