@@ -287,7 +287,7 @@ def test_failure_during_conversion_leaves_nothing(kolibri_home, tmp_path, monkey
 
 
 def test_bad_names_and_missing_file(kolibri_home, tmp_path):
-    with pytest.raises(KolibriError, match="invalid model name"):
+    with pytest.raises(KolibriError, match="name of a registry model"):
         store.import_gguf(tmp_path / "x.gguf", name=store.DEFAULT_MODEL)
     with pytest.raises(KolibriError, match="no such file"):
         store.import_gguf(tmp_path / "absent.gguf")

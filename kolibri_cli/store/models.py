@@ -1,11 +1,61 @@
 """Open a model by name or folder: resolve it through the cache (pulling the default model on
-first use), then load it."""
+first use), check a cached model's files against what was written, then load it."""
+
+from dataclasses import dataclass
 
 from kolibri_cli.engine.model import Model, load_model
-from kolibri_cli.store import cache
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.store import cache, integrity
 
 
 def open_model(spec: str | None = None, notify=None, progress=None) -> Model:
     path = cache.resolve(spec, notify, progress)
     meta = cache.provenance(path)
-    return load_model(path, cache.display_name(spec, meta), meta.get("gguf_sha256", ""), notify)
+    name = cache.display_name(spec, meta)
+    if not meta:  # a user's folder: its errors are about that folder
+        return load_model(path, name, "", notify)
+    integrity.check_sizes(path, name, meta)
+    if notify and (note := integrity.unrecorded_note(name, meta)):
+        notify(note)
+    try:
+        return load_model(path, name, meta.get("gguf_sha256", ""), notify)
+    except KolibriError as e:  # the cache wrote a loadable folder: this one was changed since
+        raise KolibriError(f"{e}; the cached model may be damaged: check it with "
+                           f"`kolibri model verify {name}`, rewrite it with "
+                           f"`{integrity.repair_hint(name, meta)}`") from None
+
+
+@dataclass
+class Verification:
+    """`kolibri model verify`: every file a cached model recorded, checked against its sha256."""
+
+    name: str
+    path: str
+    files: list[integrity.FileCheck]
+    unrecorded: list[str]  # files in the folder kolibri did not write (not checked)
+    repair: str  # the command that rewrites the model
+
+    @property
+    def damaged(self) -> list[integrity.FileCheck]:
+        return [f for f in self.files if not f.ok]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "path": self.path, "ok": not self.damaged,
+                "files": [f.to_dict() for f in self.files], "unrecorded": self.unrecorded,
+                "repair": self.repair}
+
+
+def verify(spec: str | None = None, progress=None) -> Verification:
+    """Read every recorded file of the cached model `spec` whole; nothing is pulled."""
+    path = cache.resolve(spec, pull_missing=False)
+    meta = cache.provenance(path)
+    name = cache.display_name(spec, meta)
+    if not meta:
+        raise KolibriError(f"{path} is not a model in the kolibri cache (no kolibri.json); "
+                           "verify checks cached models against what kolibri wrote")
+    files = integrity.recorded(meta)
+    if files is None:
+        raise KolibriError(integrity.unrecorded_note(name, meta).removeprefix("note: "))
+    checks = integrity.verify_files(path, files, progress)
+    extra = [f for f in integrity.folder_files(path) if f not in files]
+    return Verification(name, str(path), checks, extra, integrity.repair_hint(name, meta))

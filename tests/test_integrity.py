@@ -1,0 +1,187 @@
+"""Cached weights that changed after kolibri wrote them: kolibri.json records every file's size
+and sha256, every load compares the sizes, `kolibri model verify` the checksums; divergences
+and structural damage point at verify and at the command that rewrites the model."""
+
+import json
+import shutil
+
+import pytest
+from crafted import write_gguf, write_goldens
+from typer.testing import CliRunner
+
+from kolibri_cli.cli import app
+from kolibri_cli.engine.loader import sha256_files
+from kolibri_cli.store import cache as store
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def one_error_line(result) -> str:
+    lines = result.stderr.strip("\n").splitlines()
+    assert result.exit_code == 1, (result.exit_code, result.output, result.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def tiny(kolibri_home, tmp_path):
+    """A tiny GGUF imported into the cache as `tiny`: its folder."""
+    name, folder = store.import_gguf(write_gguf(tmp_path / "tiny.gguf"), "tiny")
+    return folder
+
+
+def data_start(path) -> int:
+    """Where a safetensors file's tensor bytes begin (after its header)."""
+    return 8 + int.from_bytes(path.read_bytes()[:8], "little")
+
+
+def flip(path, at: int, n: int = 192) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(at, at + n):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_conversion_records_every_file_with_size_and_sha256(tiny):
+    meta = json.loads((tiny / "kolibri.json").read_text())
+    files = {p.name for p in tiny.iterdir()} - {"kolibri.json"}
+    assert set(meta["files"]) == files
+    for name, rec in meta["files"].items():
+        assert rec == {"bytes": (tiny / name).stat().st_size,
+                       "sha256": sha256_files([tiny / name])}
+
+
+def test_verify_intact_model(tiny):
+    result = run("model", "verify", "tiny")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 5 and all(line.startswith("OK ") for line in lines)
+    assert "tiny: all 5 files intact" in result.stderr
+    doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
+    assert doc["ok"] is True and doc["unrecorded"] == []
+    assert {f["file"] for f in doc["files"]} >= {"model.safetensors", "config.json"}
+    assert all(f["status"] == "ok" and f["sha256"] == f["expected_sha256"] for f in doc["files"])
+
+
+def test_flipped_bytes_load_but_verify_finds_them(tiny):
+    """The repro: 192 XOR-flipped bytes inside the weights keep every size, so the model still
+    loads and generates (other text, exit 0); verify reads every byte and says which file."""
+    weights = tiny / "model.safetensors"
+    before = run("generate", "--model", "tiny", "-n", "4", "--raw", "--json", "hello").stdout
+    flip(weights, at=weights.stat().st_size // 2)
+    after = run("generate", "--model", "tiny", "-n", "4", "--raw", "--json", "hello")
+    assert after.exit_code == 0 and json.loads(after.stdout) != json.loads(before)
+    result = run("model", "verify", "tiny")
+    line = one_error_line(result)
+    assert "1 of 5 files of tiny are damaged" in line
+    assert "kolibri model import" in line and "--name tiny --force" in line
+    damaged = [row for row in result.stdout.splitlines() if row.startswith("DAMAGED")]
+    assert len(damaged) == 1 and "model.safetensors" in damaged[0]
+    doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
+    assert doc["ok"] is False
+    assert [f["file"] for f in doc["files"] if f["status"] == "damaged"] == ["model.safetensors"]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "grow", "delete"])
+def test_a_size_change_is_caught_at_load(tiny, damage):
+    weights = tiny / "model.safetensors"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[:-100])
+    elif damage == "grow":
+        weights.write_bytes(weights.read_bytes() + b"\0")
+    else:
+        weights.unlink()
+    line = one_error_line(run("generate", "--model", "tiny", "-n", "2", "hello"))
+    assert "the cached model tiny is damaged (model.safetensors" in line
+    assert "--name tiny --force" in line
+    status = {"truncate": "resized", "grow": "resized", "delete": "missing"}[damage]
+    doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
+    assert [f["status"] for f in doc["files"] if f["file"] == "model.safetensors"] == [status]
+
+
+def test_structural_damage_suggests_verify_and_the_rewrite(tiny):
+    """Same size, broken content: the config no longer parses. The error says the cached model
+    may be damaged and how to rewrite it."""
+    config = tiny / "config.json"
+    config.write_bytes(b"{" + b" " * (config.stat().st_size - 1))
+    line = one_error_line(run("generate", "--model", "tiny", "-n", "2", "hello"))
+    assert "not valid JSON" in line and "may be damaged" in line
+    assert "kolibri model verify tiny" in line and "--name tiny --force" in line
+
+
+def test_damaged_kolibri_json_is_one_line(tiny):
+    (tiny / "kolibri.json").write_text("{not json")
+    for args in (("generate", "--model", "tiny", "hello"), ("model", "verify", "tiny")):
+        assert "kolibri.json is damaged" in one_error_line(run(*args))
+
+
+def test_older_cache_without_a_record_says_so(tiny):
+    meta = json.loads((tiny / "kolibri.json").read_text())
+    del meta["files"]
+    (tiny / "kolibri.json").write_text(json.dumps(meta))
+    line = one_error_line(run("model", "verify", "tiny"))
+    assert "written by an older kolibri without file checksums" in line
+    assert "--name tiny --force" in line
+    result = run("generate", "--model", "tiny", "-n", "2", "--raw", "hello")
+    assert result.exit_code == 0
+    assert "older kolibri without file checksums" in result.stderr
+
+
+def test_verify_lists_files_kolibri_did_not_write(tiny):
+    (tiny / "notes.txt").write_text("mine")
+    result = run("model", "verify", "tiny", "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["unrecorded"] == ["notes.txt"]
+
+
+def test_verify_refuses_what_is_not_a_cached_model(kolibri_home, tiny_llama_folder):
+    assert "not a model in the kolibri cache" in one_error_line(
+        run("model", "verify", str(tiny_llama_folder())))
+    assert "not in the cache" in one_error_line(run("model", "verify"))
+
+
+def test_goldens_check_divergence_points_at_verify(tiny, tmp_path):
+    """Goldens recorded from the intact weights, checked against damaged ones: the check fails
+    and says where to look."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello there\nthe cat sat\n")
+    out = tmp_path / "g.jsonl"
+    assert run("goldens", "record", "--prompts", str(prompts), "-o", str(out), "--engine",
+               "kolibri", "--model", "tiny", "-n", "8", "--raw").exit_code == 0
+    weights = tiny / "model.safetensors"
+    flip(weights, at=data_start(weights), n=weights.stat().st_size - data_start(weights))
+    line = one_error_line(run("goldens", "check", str(out), "--model", "tiny"))
+    assert "diverge" in line and "kolibri model verify tiny" in line
+
+
+def test_probe_measure_divergence_points_at_verify(tiny, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello there\n")
+    out = tmp_path / "g.jsonl"
+    assert run("goldens", "record", "--prompts", str(prompts), "-o", str(out), "--engine",
+               "kolibri", "--model", "tiny", "-n", "8", "--raw").exit_code == 0
+    weights = tiny / "model.safetensors"
+    flip(weights, at=data_start(weights), n=weights.stat().st_size - data_start(weights))
+    result = run("probe", "--goldens", str(out), "--measure", "--model", "tiny", "--k", "2",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    assert "differs from 1 of 1 goldens" in result.stderr
+    assert "kolibri model verify tiny" in result.stderr
+
+
+@pytest.mark.model
+def test_the_default_pull_records_its_files(pulled_default, monkeypatch):
+    monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
+    meta = json.loads((pulled_default.path / "kolibri.json").read_text())
+    assert meta["files"]["model.safetensors"]["bytes"] == (
+        pulled_default.path / "model.safetensors").stat().st_size
+    copy = pulled_default.home / "models" / "copy-for-verify"
+    shutil.copytree(pulled_default.path, copy)
+    try:
+        result = run("model", "verify", "copy-for-verify", "--json")
+        assert result.exit_code == 0, result.output
+        assert "kolibri model pull smollm2-135m-instruct --force" in json.loads(
+            result.stdout)["repair"]
+    finally:
+        shutil.rmtree(copy)
