@@ -1,27 +1,102 @@
 """The typer app factory and the one error boundary of the command line."""
 
 import os
+import sys
 
 import typer
 from typer.core import TyperGroup
 
 from kolibri_cli.errors import KolibriError
 
+try:  # typer >= 0.20 carries its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - older typer: click itself
+    from click import exceptions as click_errors
+
 
 class _Group(TyperGroup):
     """Turns a KolibriError into one line on stderr, Ctrl-C into exit 130 — in one place."""
 
+    def main(self, *args, **kwargs):
+        _reserve_closed_std_fds()
+        return super().main(*args, **kwargs)
+
     def invoke(self, ctx):
+        debug = os.environ.get("KOLIBRI_DEBUG") == "1"
         try:
             return super().invoke(ctx)
         except KolibriError as e:
-            if os.environ.get("KOLIBRI_DEBUG") == "1":
+            if debug:
                 raise
-            typer.echo(f"error: {e}", err=True)
+            _error_line(str(e))
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             typer.echo("\ninterrupted", err=True)
             raise typer.Exit(130) from None
+        except click_errors.NoArgsIsHelpError:
+            raise  # the help text, as asked for
+        except click_errors.UsageError as e:  # an option's value: one line too, exit 2
+            where = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
+            _error_line(f"{e.format_message()}{where}")
+            raise typer.Exit(e.exit_code) from None
+        except (click_errors.ClickException, typer.Exit, typer.Abort):
+            raise
+        except MemoryError:
+            if debug:
+                raise
+            _error_line("out of memory; try a smaller model, prompt or setting")
+            raise typer.Exit(1) from None
+        except Exception as e:  # a bug: still one line, with the way to see it whole
+            if debug:
+                raise
+            _error_line(f"internal error ({type(e).__name__}: {e}); this is a kolibri bug — "
+                        "KOLIBRI_DEBUG=1 shows the traceback")
+            raise typer.Exit(1) from None
+
+
+def _error_line(message: str) -> None:
+    """`error: message` as exactly one line: newlines and control characters escaped."""
+    from kolibri_cli.text import clean
+
+    typer.echo(f"error: {clean(message)}", err=True)
+
+
+class _ClosedStdout:
+    """sys.stdout when the shell closed it (`>&-`): output is an error, silence is not."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def write(self, text: str) -> int:
+        if not text:
+            return 0
+        raise KolibriError("cannot write the output: stdout is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError("stdout is closed")
+
+
+def _reserve_closed_std_fds() -> None:
+    """Open /dev/null on a closed fd 0, 1 or 2, so no file we open later takes that number (and
+    gets our output written into it); a closed stdout then makes any output an error."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            new = os.open(os.devnull, os.O_RDWR)
+            if new != fd:
+                os.dup2(new, fd)
+                os.close(new)
+            closed.append(fd)
+    if 1 in closed:
+        sys.stdout = _ClosedStdout()
 
 
 def make_typer(help: str) -> typer.Typer:

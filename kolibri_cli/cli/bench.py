@@ -31,9 +31,10 @@ def bench(
     from kolibri_cli.cli import render
     from kolibri_cli.engine.jit import get_threads
 
-    opt.proposer(k, window, proposer_name)  # bad settings fail before the model loads
+    drafter = opt.proposer(k, window, proposer_name)  # bad settings fail before the model loads
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     m = opt.load_model(model, threads)
+    opt.fit_context(drafter.k, drafter.window_max, m)
     how = opt.resolve_sampling(m, given)
     render.err.print(f"benchmarking {m.name}: {repeats} repeats, {get_threads()} threads ...")
     result = run_bench(m, lambda: opt.proposer(k, window, proposer_name), repeats, get_threads(),

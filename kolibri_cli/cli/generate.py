@@ -44,8 +44,10 @@ def generate(
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     drafter = opt.proposer(k, window, proposer_name)  # validated even when unused
     drafter = drafter if (spec or compare) else None
-    text = _read_prompt(prompt)
+    text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads)
+    if drafter:
+        opt.fit_context(drafter.k, drafter.window_max, m)
     ids, max_tokens = _prompt_ids(m, text, raw, max_tokens, system)
     how = {"sampling": opt.resolve_sampling(m, given), "stop": stop or []}
     if compare:
@@ -62,13 +64,6 @@ def generate(
     if as_json:
         return opt.print_json(_with_proposer(result.to_dict(m.name), drafter))
     render.err.print(stats_line(result), highlight=False)
-
-
-def _read_prompt(prompt: str) -> str:
-    text = sys.stdin.read() if prompt == "-" else prompt
-    if not text.strip():
-        raise KolibriError("the prompt is empty")
-    return text
 
 
 def _prompt_ids(model, text: str, raw: bool, max_tokens: int,

@@ -21,8 +21,10 @@ from kolibri_cli.cli.options import (
     print_json,
     resolve_sampling,
     sampling_options,
+    verify_hint,
 )
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.text import shown
 
 app = make_typer("Record and check golden chains (greedy or sampled).")
 
@@ -75,7 +77,7 @@ def record(
         goldens = recorder.record(m, specs, engine, max_tokens, chat, lambda d, t: bar("", d, t),
                                   how, seeds)
     save_goldens(output, goldens)
-    render.err.print(f"wrote {len(goldens)} goldens to {output}")
+    render.note(f"wrote {len(goldens)} goldens to {output}")
 
 
 @app.command("check")
@@ -111,4 +113,6 @@ def check(
     bad = [r for r in results if not r.explained]
     if bad:
         raise KolibriError(f"{len(bad)} of {len(results)} chains diverge from the reference "
-                           f"at a margin >= {recorder.NEAR_TIE} (first: {bad[0].id})")
+                           f"at a margin >= {recorder.NEAR_TIE} (first: {shown(bad[0].id)})"
+                           f"{verify_hint(m)}")
+

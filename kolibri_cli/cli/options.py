@@ -29,8 +29,10 @@ ProposerOpt = Annotated[str, typer.Option(
 WINDOW_DEFAULT = format_window(DEFAULT_WINDOW)  # the --window default as typed
 
 
-def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+def print_json(obj, indent: int | None = 2) -> None:
+    """Strict JSON on stdout: a NaN or infinity is a bug to report, never an invalid document."""
+    sys.stdout.write(json.dumps(obj, indent=indent, allow_nan=False) + "\n")
+    sys.stdout.flush()
 
 
 def load_model(spec: str | None, threads: int | None = None):
@@ -43,7 +45,44 @@ def load_model(spec: str | None, threads: int | None = None):
 
         set_threads(threads)
     with render.progress_bar() as bar:
-        return open_model(spec, notify=render.err.print, progress=bar)
+        return open_model(spec, notify=render.note, progress=bar)
+
+
+def read_prompt(prompt: str) -> str:
+    """The prompt argument, or stdin for "-", as valid UTF-8 text (checked before any model
+    loads: the tokenizer cannot encode anything else)."""
+    text = _stdin_text() if prompt == "-" else prompt
+    bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+    if bad is not None:  # Python keeps an argument's undecodable byte as a lone surrogate
+        code = ord(text[bad])
+        byte = f"byte 0x{code - 0xDC00:02x}" if code >= 0xDC80 else "a lone surrogate"
+        raise KolibriError(f"the prompt is not valid UTF-8 ({byte} at character {bad}); "
+                           "pass UTF-8 text")
+    if not text.strip():
+        raise KolibriError("the prompt is empty")
+    return text
+
+
+def _stdin_text() -> str:
+    data = sys.stdin.buffer.read() if sys.stdin is not None else b""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise KolibriError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} "
+                           f"at offset {e.start}); convert it, e.g. iconv -f latin1 -t utf-8"
+                           ) from None
+
+
+def fit_context(k: int, window_max: int, model) -> None:
+    """A draft of k tokens is verified in one pass of k + 1 positions, and an n-gram of n tokens
+    must fit the context: larger settings could never be used."""
+    context = model.config.max_position_embeddings
+    if k + 1 > context:
+        raise KolibriError(f"--k {k} does not fit the model's context ({context} tokens; "
+                           f"at most {context - 1})")
+    if window_max > context:
+        raise KolibriError(f"--window max {window_max} exceeds the model's context "
+                           f"({context} tokens)")
 
 
 def proposer(k: int, window: str, name: str = DEFAULT_PROPOSER):
@@ -110,3 +149,11 @@ def resolve_sampling(model, given: dict):
         render.err.print(f"seed {chosen.seed} (pass --seed {chosen.seed} to repeat this run)",
                          highlight=False)
     return chosen
+
+
+def verify_hint(model) -> str:
+    """Where a divergence may come from damaged cached weights, the command that checks them."""
+    if not model.source_sha256:  # a user's folder: kolibri recorded nothing to compare with
+        return ""
+    return (f"; if {model.name} should reproduce them, check its cached files with "
+            f"`kolibri model verify {model.name}`")

@@ -6,7 +6,6 @@ Parses options (on top of an optional PROBE.toml), simulates, renders, gates. He
 stays fast.
 """
 
-import json
 import os
 import shlex
 from pathlib import Path
@@ -161,6 +160,7 @@ def probe(
 
 def run_probe(cfg) -> None:
     """Simulate, write the requested files, print, then apply the gates."""
+    from kolibri_cli.cli.options import print_json
     from kolibri_cli.cli.render_probe import render_probe, require_matplotlib, write_plot
     from kolibri_cli.probe.config import select_goldens
     from kolibri_cli.probe.report import build_report, check_gates, render_markdown
@@ -181,7 +181,7 @@ def run_probe(cfg) -> None:
         text = render_markdown(cfg, runs, _command(cfg), measured=measured, plot=_plot_link(cfg))
         _write_markdown(cfg, text)
     if cfg.json:
-        typer.echo(json.dumps(build_report(cfg, runs, measured)))
+        print_json(build_report(cfg, runs, measured), indent=None)
     else:
         render_probe(runs, cfg.by_category, measured)
     failures = check_gates(runs, cfg.min_ratio, cfg.min_acceptance, cfg.min_speedup, measured)
@@ -196,9 +196,11 @@ def _refuse_unavailable(cfg) -> None:
 
 
 def _load_model(cfg):
-    from kolibri_cli.cli.options import load_model
+    from kolibri_cli.cli.options import fit_context, load_model
 
-    return load_model(cfg.model, cfg.threads)
+    model = load_model(cfg.model, cfg.threads)
+    fit_context(max(cfg.k), max(w[1] for w in cfg.window), model)
+    return model
 
 
 def _bench_golden(model):
@@ -234,20 +236,40 @@ def _measure(cfg, model, goldens, runs) -> dict:
         with render.progress_bar(f"measuring {run.name} ") as bar:
             measured[run_key(run)] = measure_run(model, goldens, run, lambda d, t: bar("", d, t),
                                                  override)
+    _note_divergence(model, measured)
     return measured
+
+
+def _note_divergence(model, measured: dict) -> None:
+    """The simulation assumes the model reproduces the goldens: say so when it does not."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.cli.options import verify_hint
+    from kolibri_cli.text import shown
+
+    first = next(iter(measured.values()))
+    diverged = [g for g in first.goldens if g.first_divergence is not None]
+    if diverged:
+        g = diverged[0]
+        render.note(f"note: the model's greedy output differs from {len(diverged)} of "
+                    f"{len(first.goldens)} goldens (first: {shown(g.id)} at output index "
+                    f"{g.first_divergence}), so simulated and real counts may differ"
+                    f"{verify_hint(model)}")
 
 
 def _write_markdown(cfg, text: str) -> None:
     from kolibri_cli.store.atomic import write_text_atomic
 
     write_text_atomic(cfg.markdown, text)
-    typer.echo(f"wrote {cfg.markdown}", err=True)
+    from kolibri_cli.cli.render import note
+
+    note(f"wrote {cfg.markdown}")
 
 
 def _plot_link(cfg) -> Path | None:
     if not (cfg.plot and cfg.markdown):
         return None
-    return Path(os.path.relpath(cfg.plot.resolve(), cfg.markdown.resolve().parent))
+    return Path(os.path.relpath(os.path.realpath(cfg.plot),
+                                os.path.dirname(os.path.realpath(cfg.markdown))))
 
 
 def _command(cfg) -> str:
@@ -285,6 +307,6 @@ def _command(cfg) -> str:
 
 def _rel(path: Path) -> str:
     try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
+        return str(Path(os.path.realpath(path)).relative_to(Path.cwd()))
     except ValueError:
         return str(path)

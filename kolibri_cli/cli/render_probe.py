@@ -7,11 +7,10 @@ optional and imported only for --plot.
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from kolibri_cli.cli.render import Col, FitTable
+from kolibri_cli.cli.render import Col, FitTable, cell
 from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.errors import KolibriError
@@ -69,7 +68,7 @@ def render_probe(runs: list[SimRun], by_category: bool, measured: dict | None = 
 def seeds_table(spread: dict, label: str) -> FitTable:
     """Per category: acceptance, ratio and modelled speedup as mean ± sd over sampling seeds."""
     cols = [Col(n, numeric=n != "category") for n in SEED_COLUMNS]
-    rows = [[escape(c) for c in seed_cells(category, figures)]
+    rows = [[cell(c) for c in seed_cells(category, figures)]
             for category, figures in spread.items()]
     return FitTable(f"over sampling seeds ({label}): mean ± sd", cols, rows, title_justify="left")
 
@@ -96,7 +95,7 @@ def comparison_table(compared: list[SimRun], measured: dict) -> FitTable:
 def comparison_category_table(compared: list[SimRun]) -> FitTable:
     by_cat = [r.by_category() for r in compared]
     cols = [Col("category", numeric=False)] + [Col(r.proposer, numeric=False) for r in compared]
-    rows = [[escape(name), *(category_cell(cats[name]) for cats in by_cat)] for name in by_cat[0]]
+    rows = [[cell(name), *(category_cell(cats[name]) for cats in by_cat)] for name in by_cat[0]]
     return FitTable("per category: ratio · acceptance · mean acceptance length", cols, rows)
 
 
@@ -109,13 +108,13 @@ def _count_cols(footers: list[str] | None = None) -> list[Col]:
 def goldens_table(run: SimRun) -> FitTable:
     cols = [Col("golden", numeric=False, footer=f"total ({len(run.goldens)})"),
             Col("category", numeric=False, drop=3), *_count_cols(count_cells(run.total))]
-    rows = [[escape(str(g.id)), escape(g.category), *count_cells(g.counts)] for g in run.goldens]
+    rows = [[cell(g.id), cell(g.category), *count_cells(g.counts)] for g in run.goldens]
     return FitTable(f"per golden ({run.name})", cols, rows, caption=CAPTION)
 
 
 def category_table(run: SimRun) -> FitTable:
     cols = [Col("category", numeric=False), *_count_cols()]
-    rows = [[escape(name), *count_cells(c)] for name, c in run.by_category().items()]
+    rows = [[cell(name), *count_cells(c)] for name, c in run.by_category().items()]
     return FitTable(f"per category ({run.label})", cols, rows)
 
 
@@ -223,7 +222,7 @@ def measured_table(m, label: str) -> FitTable:
     cols = [Col(n, numeric=n not in ("golden", "vs golden"), drop=MEASURED_DROP.get(n, 0))
             for n in names]
     yes = lambda ok: "yes" if ok else "[red]NO[/]"  # noqa: E731
-    rows = [[escape(str(g.id)), f"{g.plain_tokens_per_s:.1f}", f"{g.spec_tokens_per_s:.1f}",
+    rows = [[cell(g.id), f"{g.plain_tokens_per_s:.1f}", f"{g.spec_tokens_per_s:.1f}",
              fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup), yes(g.spec_equals_plain),
              yes(g.counts_match_simulation),
              "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]

@@ -13,6 +13,7 @@ from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.probe.config import ProbeConfig
 from kolibri_cli.probe.seeds import FIGURES, seed_spread
 from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
+from kolibri_cli.text import clean
 
 SCHEMA_VERSION = 1
 RunKey = tuple[str, int, tuple[int, int]]  # (proposer, k, window)
@@ -229,8 +230,8 @@ def render_markdown(
     n_goldens = len(best.goldens)
     parts = [
         "# kolibri probe: n-gram speculation, simulated\n",
-        f"Regenerate with `{command}`.\n",
-        f"{n_goldens} golden chain(s) from {', '.join(str(p) for p in config.goldens)}; "
+        f"Regenerate with `{clean(command)}`.\n",
+        f"{n_goldens} golden chain(s) from {clean(', '.join(str(p) for p in config.goldens))}; "
         f"proposer `{best.proposer}`; counts are exact for greedy decoding (docs/probe.md).\n",
     ]
     compared = best_per_proposer(runs)
@@ -280,9 +281,14 @@ def md_seeds(spread: dict, name: str) -> str:
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines = ["| " + " | ".join(map(md_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(md_cell, row)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def md_cell(text) -> str:
+    """A Markdown table cell from any text: one line, no escape sequences, `|` escaped."""
+    return clean(text).replace("|", "\\|")
 
 
 def _md_sweep(runs: list[SimRun], best: SimRun) -> str:

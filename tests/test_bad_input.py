@@ -1,0 +1,433 @@
+"""Crafted input from outside — files, arguments, stdin, a closed stdout — through the command
+line: each is exit 0 or one `error:` line with exit 1 (2 for an option click itself cannot
+parse), never a traceback, and the line names what was wrong."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import TINY_LLAMA_CONFIG, tiny_llama_tensors, write_tiny_tokenizer
+from crafted import golden_line, gguf_fields, gguf_tensors, write_gguf, write_goldens
+from crafted import write_raw_safetensors
+from typer.testing import CliRunner
+
+from kolibri_cli.cli import app
+
+
+@pytest.fixture
+def run(kolibri_home, monkeypatch):
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
+
+    def invoke(*args, input=None):
+        return CliRunner().invoke(app, [str(a) for a in args], input=input)
+
+    return invoke
+
+
+def one_error_line(result, *fragments: str, code: int = 1) -> str:
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "internal error" not in lines[0], lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+# ---- safetensors headers ----
+
+GOOD = {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
+HEADERS = {
+    "negative shape": {"x": GOOD | {"shape": [-2, -3]}},
+    "float shape": {"x": GOOD | {"shape": [2.0, 3.0]}},
+    "string shape": {"x": GOOD | {"shape": "2x3"}},
+    "string in shape": {"x": GOOD | {"shape": ["2", 3]}},
+    "absurd shape": {"x": GOOD | {"shape": [10**30, 10**30]}},
+    "nested shape": {"x": GOOD | {"shape": [[2], [3]]}},
+    "negative offsets": {"x": GOOD | {"data_offsets": [-24, 0]}},
+    "float offsets": {"x": GOOD | {"data_offsets": [0.0, 24.0]}},
+    "string offsets": {"x": GOOD | {"data_offsets": "0-24"}},
+    "absurd offsets": {"x": GOOD | {"data_offsets": [0, 10**30]}},
+    "reversed offsets": {"x": GOOD | {"data_offsets": [24, 0]}},
+    "dtype list": {"x": GOOD | {"dtype": ["F32"]}},
+    "entry a list": {"x": [1, 2, 3]},
+}
+
+
+def crafted_folder(tmp_path, header=None, raw: bytes | None = None, config=None):
+    folder = tmp_path / "crafted"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG) if config is None
+                                        else config if isinstance(config, str)
+                                        else json.dumps(config))
+    write_tiny_tokenizer(folder)
+    if raw is not None:
+        (folder / "model.safetensors").write_bytes(raw)
+    elif header is not None:
+        write_raw_safetensors(folder / "model.safetensors", header, b"\0" * 24)
+    else:
+        from safetensors.numpy import save_file
+
+        save_file(tiny_llama_tensors(), str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("case", list(HEADERS))
+@pytest.mark.parametrize("command", ["info", "generate"])
+def test_crafted_safetensors_headers(run, tmp_path, case, command):
+    folder = crafted_folder(tmp_path, HEADERS[case])
+    args = ("model", "info", folder) if command == "info" else ("generate", "--model", folder, "hi")
+    one_error_line(run(*args), "model.safetensors")
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param(lambda: b"[" * 100_000 + b"]" * 100_000, id="deeply nested"),
+    pytest.param(lambda: b'{"x": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], '
+                         b'"data_offsets": [0, 4]}}', id="5000-digit number"),
+    pytest.param(lambda: b'{"x": ' * 50_000 + b"1" + b"}" * 50_000, id="nested objects"),
+])
+@pytest.mark.parametrize("command", ["info", "generate"])
+def test_unparseable_safetensors_headers(run, tmp_path, raw, command):
+    head = raw()
+    folder = crafted_folder(tmp_path, raw=len(head).to_bytes(8, "little") + head)
+    args = ("model", "info", folder) if command == "info" else ("generate", "--model", folder, "hi")
+    one_error_line(run(*args), "not a safetensors file")
+
+
+# ---- config.json ----
+
+CONFIGS = {
+    "architectures nested": ({"architectures": [["x"]]}, "architectures must be a list"),
+    "architectures object": ({"architectures": {"a": 1}}, "architectures must be a list"),
+    "context 1e12": ({"max_position_embeddings": 1e12}, "max_position_embeddings"),
+    "context 0": ({"max_position_embeddings": 0},
+                  "max_position_embeddings (the context length) must be in 1.."),
+    "context negative": ({"max_position_embeddings": -5}, "max_position_embeddings"),
+    "context text": ({"max_position_embeddings": "big"}, "max_position_embeddings"),
+    "context 2.5": ({"max_position_embeddings": 2.5}, "max_position_embeddings"),
+    "layers 1e9": ({"num_hidden_layers": 10**9}, "num_hidden_layers"),
+    "heads 0": ({"num_attention_heads": 0}, "num_attention_heads"),
+    "heads true": ({"num_attention_heads": True}, "num_attention_heads"),
+    "vocab null": ({"vocab_size": None}, "vocab_size"),
+    "eos nested": ({"eos_token_id": [[2]]}, "eos_token_id"),
+    "eos text": ({"eos_token_id": "2"}, "eos_token_id"),
+    "hidden_act list": ({"hidden_act": ["silu"]}, "hidden_act"),
+    "rope_scaling list": ({"rope_scaling": [1, 2]}, "wrong type"),
+    "rope factor text": ({"rope_scaling": {"rope_type": "linear", "factor": "x"}}, "wrong type"),
+    "rope factor inf": ({"rope_scaling": {"rope_type": "linear", "factor": 1e999}},
+                        "finite number"),
+    "rope type list": ({"rope_scaling": {"rope_type": ["yarn"]}}, "rope type"),
+    "theta negative": ({"rope_theta": -1.0}, "rope_theta"),
+    "sliding window text": ({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                             "sliding_window": "wide"}, "wrong type"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+@pytest.mark.parametrize("command", ["info", "generate"])
+def test_crafted_config_json(run, tmp_path, case, command):
+    changes, fragment = CONFIGS[case]
+    folder = crafted_folder(tmp_path, config=TINY_LLAMA_CONFIG | changes)
+    args = ("model", "info", folder) if command == "info" else ("generate", "--model", folder, "hi")
+    one_error_line(run(*args), "config.json", fragment)
+
+
+@pytest.mark.parametrize("text", [
+    '{"vocab_size": NaN}', "[" * 100_000, '{"vocab_size": ' + "9" * 5000 + "}", "\ufeff{}",
+    '{"a": "\\ud800"}', "null",
+])
+def test_config_json_that_is_no_config(run, tmp_path, text):
+    folder = crafted_folder(tmp_path, config=text)
+    one_error_line(run("model", "info", folder), "config.json")
+
+
+# ---- chat templates ----
+
+TEMPLATES = {
+    "range 10**9": ("{% for i in range(10**9) %}x{% endfor %}", "Range too big"),
+    "nested loops": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}"
+                     "{% endfor %}", "ran longer than"),
+    "10 GB string": ("{{ 'x' * 10**10 }}", "more than 256 MB of memory"),
+    "10 GB padding": ("{{ 'x'.ljust(10**10) }}", "more than 256 MB of memory"),
+    "huge power": ("{{ 7 ** (10 ** 9) }}", "too large"),
+    "recursion": ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recursed too deeply"),
+    "flood": ("{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
+              "more than 16777216 characters"),
+    "escape attempt": ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "unsafe"),
+    "lone surrogate": ("{{ '\\ud800' }}", "invalid text"),
+    "no parse": ("{% for %}", "does not parse"),
+}
+
+
+@pytest.mark.parametrize("case", list(TEMPLATES))
+def test_hostile_chat_templates_cost_seconds_and_one_line(run, tmp_path, monkeypatch, case):
+    from kolibri_cli.engine import template
+
+    monkeypatch.setattr(template, "SECONDS", 1.0)
+    source, fragment = TEMPLATES[case]
+    folder = crafted_folder(tmp_path)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": source}))
+    one_error_line(run("generate", "--model", folder, "-n", "2", "hi"), "chat template", fragment)
+
+
+def test_chat_template_files_that_cannot_be_read(run, tmp_path):
+    folder = crafted_folder(tmp_path)
+    (folder / "chat_template.jinja").write_bytes(b"{{ messages \xff }}")
+    one_error_line(run("generate", "--model", folder, "hi"), "chat_template.jinja", "UTF-8")
+    (folder / "chat_template.jinja").unlink()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": [1, {"name": []}]}))
+    result = run("generate", "--model", folder, "-n", "2", "hi")  # no usable "default": raw
+    assert result.exit_code == 0 and result.exception is None
+
+
+# ---- GGUF metadata (written with the gguf library's own writer) ----
+
+def _gguf_cases():
+    import gguf
+
+    T = gguf.GGUFValueType
+    n_tokens = len(gguf_fields()["tokenizer.ggml.tokens"][1])
+    return {
+        "head_count 0": ({"llama.attention.head_count": (T.UINT32, 0)}, "head_count must be >= 1"),
+        "head_count text": ({"llama.attention.head_count": (T.STRING, "four")},
+                            "head_count must be a whole number"),
+        "head_count float": ({"llama.attention.head_count": (T.FLOAT32, 4.0)},
+                             "head_count must be a whole number"),
+        "bos out of range": ({"tokenizer.ggml.bos_token_id": (T.UINT32, n_tokens + 5)},
+                             "outside the vocabulary"),
+        "eos out of range": ({"tokenizer.ggml.eos_token_id": (T.UINT32, 10**9)},
+                             "outside the vocabulary"),
+        "no merges": ({"tokenizer.ggml.merges": None}, "lacks tokenizer.ggml.merges"),
+        "bad merge": ({"tokenizer.ggml.merges": (T.ARRAY, ["h e", "nospace"], T.STRING)},
+                      "merges holds"),
+        "merge of unknown tokens": ({"tokenizer.ggml.merges": (T.ARRAY, ["Q Z"], T.STRING)},
+                                    "tokenizer cannot be built"),
+        "short token_type": ({"tokenizer.ggml.token_type": (T.ARRAY, [1, 1, 1], T.INT32)},
+                             "one whole-number type per token"),
+        "tokens not strings": ({"tokenizer.ggml.tokens": (T.ARRAY, [1, 2, 3], T.INT32)},
+                               "tokenizer.ggml.tokens"),
+        "no tokens": ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens"),
+        "architecture number": ({"general.architecture": (T.UINT32, 7)}, "not supported"),
+        "context 4e9": ({"llama.context_length": (T.UINT64, 4 * 10**9)},
+                        "max_position_embeddings"),
+        "rope base nan": ({"llama.rope.freq_base": (T.FLOAT32, float("nan"))}, "freq_base"),
+        "eps negative": ({"llama.attention.layer_norm_rms_epsilon": (T.FLOAT32, -1.0)},
+                         "layer_norm_rms_epsilon"),
+        "template number": ({"tokenizer.chat_template": (T.UINT32, 5)}, "chat_template"),
+        "pre-tokenizer list": ({"tokenizer.ggml.pre": (T.ARRAY, ["smollm"], T.STRING)},
+                               "tokenizer.ggml.pre"),
+        "layers 0": ({"llama.block_count": (T.UINT32, 0)}, "block_count must be >= 1"),
+        "heads not dividing": ({"llama.attention.head_count_kv": (T.UINT32, 3)},
+                               "not a multiple"),
+    }
+
+
+GGUF_CASES = list(_gguf_cases())
+
+
+@pytest.mark.parametrize("case", GGUF_CASES)
+def test_crafted_gguf_metadata(run, tmp_path, kolibri_home, case):
+    changes, fragment = _gguf_cases()[case]
+    fields = gguf_fields()
+    for key, value in changes.items():
+        if value is None:
+            fields.pop(key)
+        else:
+            fields[key] = value
+    path = write_gguf(tmp_path / "x.gguf", fields)
+    one_error_line(run("model", "import", path, "--name", "x"), fragment)
+    assert not (kolibri_home / "models").exists() or not any(
+        (kolibri_home / "models").iterdir())
+
+
+@pytest.mark.parametrize("case", ["missing tensor", "wrong shape", "extra tensor"])
+def test_import_refuses_a_gguf_that_could_never_load(run, tmp_path, kolibri_home, case):
+    import numpy as np
+
+    tensors = gguf_tensors()
+    if case == "missing tensor":
+        del tensors["blk.0.ffn_down.weight"]
+        fragment = "missing tensors model.layers.0.mlp.down_proj.weight"
+    elif case == "wrong shape":
+        tensors["blk.0.ffn_up.weight"] = np.zeros((8, 8), np.float32)
+        fragment = "model.layers.0.mlp.up_proj.weight has shape (8, 8)"
+    else:
+        tensors["blk.5.attn_q.weight"] = np.zeros((32, 32), np.float32)
+        fragment = "unexpected tensors model.layers.5.self_attn.q_proj.weight"
+    one_error_line(run("model", "import", write_gguf(tmp_path / "x.gguf", tensors=tensors),
+                       "--name", "x"), "x.gguf", fragment)
+    assert not (kolibri_home / "models").exists() or not any(
+        (kolibri_home / "models").iterdir())
+
+
+@pytest.mark.parametrize("name", ["", "x" * 300, "*", ".."])
+def test_import_names(run, tmp_path, name):
+    one_error_line(run("model", "import", write_gguf(tmp_path / "x.gguf"), "--name", name),
+                   "invalid model name")
+
+
+# ---- goldens ----
+
+def test_golden_token_ids_must_be_int32(run, tmp_path):
+    for ids, shown in (([1, 10**30], "1000000000000000000000000000000"), ([1, 1e30], "1e+30")):
+        path = write_goldens(tmp_path / "g.jsonl", golden_line(output_ids=ids))
+        one_error_line(run("probe", "--goldens", path), "g.jsonl:1", "output_ids", shown)
+    path = write_goldens(tmp_path / "g.jsonl", golden_line(id=1e30))
+    one_error_line(run("probe", "--goldens", path), "'id' must be a string or an integer")
+
+
+@pytest.mark.parametrize("field", ["id", "category", "prompt"])
+def test_lone_surrogates_in_goldens(run, tmp_path, field):
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps(golden_line(**{field: "a\ud800b"})) + "\n")
+    for extra in ((), ("--markdown", tmp_path / "r.md"), ("--json",)):
+        one_error_line(run("probe", "--goldens", path, *extra), "g.jsonl:1", field,
+                       "lone surrogate")
+
+
+def test_escape_sequences_in_goldens_never_reach_the_terminal(run, tmp_path):
+    evil = "\x1b]0;pwned\x07\x1b[2J"
+    path = write_goldens(tmp_path / "g.jsonl", golden_line(id=f"x{evil}", category=f"c{evil}"))
+    report = tmp_path / "r.md"
+    result = run("probe", "--goldens", path, "--by-category", "--markdown", report)
+    assert result.exit_code == 0, result.output
+    for text in (result.stdout, report.read_text()):
+        assert "\x1b" not in text and "\x07" not in text
+        assert "\\x1b" in text and "\\x07" in text  # shown escaped (a table may fold it)
+    assert "x\\x1b]0;pwned\\x07" in report.read_text()
+    dup = write_goldens(tmp_path / "d.jsonl", golden_line(id=evil), golden_line(id=evil))
+    assert "\\x1b" in one_error_line(run("probe", "--goldens", dup), "duplicate golden id")
+
+
+def test_markdown_cells_keep_their_table(run, tmp_path):
+    path = write_goldens(tmp_path / "g.jsonl", golden_line(id="a|b\nc", category="x|y"))
+    report = tmp_path / "r.md"
+    assert run("probe", "--goldens", path, "--markdown", report).exit_code == 0
+    row = next(line for line in report.read_text().splitlines() if line.startswith("| a\\|"))
+    assert row.startswith("| a\\|b\\nc (x\\|y) |") and row.count(" | ") == 7
+
+
+def test_probe_toml_that_is_not_utf8(run, tmp_path):
+    toml = tmp_path / "p.toml"
+    toml.write_bytes(b"k = 5\nwindow = \"1-4\xff\"\n")
+    one_error_line(run("probe", toml), "p.toml", "not UTF-8")
+    toml.write_text("k = " + "[" * 10_000 + "]" * 10_000 + "\n")
+    one_error_line(run("probe", toml), "p.toml")
+
+
+# ---- numbers ----
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--min-ratio", "nan"), "min_ratio must be a finite number"),
+    (("--min-ratio", "inf"), "min_ratio must be a finite number"),
+    (("--min-acceptance", "nan"), "min_acceptance must be a finite number"),
+    (("--costs", "nan,inf"), "costs must be finite positive numbers"),
+    (("--costs", "1,1e999"), "costs must be finite positive numbers"),
+    (("--k", "100000000"), "k must be a whole number in 1..1024"),
+    (("--k", "9" * 5000), "k must be a whole number in 1..1024"),
+    (("--window", "1-1000000000"), "1 <= MIN <= MAX <= 1024"),
+    (("--window", "1-²"), "is invalid"),
+    (("--limit", "1e3"), "--limit"),
+])
+def test_probe_numbers(run, tmp_path, args, fragment):
+    path = write_goldens(tmp_path / "g.jsonl")
+    code = 2 if args[0] == "--limit" else 1
+    one_error_line(run("probe", "--goldens", path, *args), fragment, code=code)
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("min_ratio = nan", "min_ratio must be a finite number"),
+    ("min_acceptance = inf", "min_acceptance must be a finite number"),
+    ("costs = [1.0, nan]", "costs must be finite positive numbers"),
+    ("limit = inf", "limit must be a whole number"),
+    ("k = 1e9", "k must be a whole number"),
+])
+def test_probe_toml_numbers(run, tmp_path, line, fragment):
+    toml = tmp_path / "p.toml"
+    toml.write_text(f'goldens = "g.jsonl"\n{line}\n')
+    write_goldens(tmp_path / "g.jsonl")
+    one_error_line(run("probe", toml), fragment)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--spec", "--window", "1-999999999"), "1 <= MIN <= MAX <= 1024"),
+    (("--spec", "--proposer", "adaptive", "--k", "10000000000"), "k must be a whole number"),
+    (("--spec", "--k", "1000"), "--k 1000 does not fit the model's context (256 tokens"),
+    (("--spec", "--window", "300"), "--window max 300 exceeds the model's context (256"),
+])
+def test_generate_bounds(run, tiny_llama_folder, args, fragment):
+    one_error_line(run("generate", "--model", tiny_llama_folder(), *args, "hi"), fragment)
+
+
+def test_bench_and_probe_measure_bounds(run, tiny_llama_folder, tmp_path):
+    folder = tiny_llama_folder()
+    one_error_line(run("bench", "--model", folder, "--k", "500"), "does not fit the model's")
+    goldens = write_goldens(tmp_path / "g.jsonl")
+    one_error_line(run("probe", "--goldens", goldens, "--measure", "--model", folder,
+                       "--allow-model-mismatch", "--window", "1-600"), "exceeds the model's")
+
+
+def test_json_output_is_strict(run, tmp_path):
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+
+    path = write_goldens(tmp_path / "g.jsonl")
+    result = run("probe", "--goldens", path, "--costs", "1,1.1,1.2", "--json")
+    assert result.exit_code == 0
+    strict(result.stdout)
+    from kolibri_cli.cli.options import print_json
+
+    with pytest.raises(ValueError):
+        print_json({"x": float("nan")})
+
+
+# ---- prompts ----
+
+def test_invalid_utf8_prompts_fail_before_loading(run):
+    """The model does not exist: the prompt error must come first (nothing loads)."""
+    one_error_line(run("generate", "--model", "/nonexistent", "-", input=b"x\xff"),
+                   "stdin is not valid UTF-8", "byte 0xff at offset 1")
+    one_error_line(run("generate", "--model", "/nonexistent", "ab\udcfe"),
+                   "not valid UTF-8", "byte 0xfe at character 2")
+
+
+def test_invalid_utf8_prompt_as_a_real_argument(tmp_path):
+    env = os.environ | {"KOLIBRI_HOME": str(tmp_path), "KOLIBRI_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "kolibri_cli", "generate", b"x\xffy"],
+                          capture_output=True, env=env)
+    assert proc.returncode == 1 and proc.stdout == b""
+    assert proc.stderr == b"error: the prompt is not valid UTF-8 (byte 0xff at character 1); " \
+                          b"pass UTF-8 text\n"
+
+
+# ---- the standard streams ----
+
+def _closed_stdout(args, tmp_path):
+    env = os.environ | {"KOLIBRI_HOME": str(tmp_path / "home"), "KOLIBRI_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "kolibri_cli", *map(str, args)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env=env, preexec_fn=lambda: os.close(1), cwd=tmp_path)
+
+
+@pytest.mark.parametrize("args", [("model", "list"), ("model", "list", "--json"),
+                                  ("probe", "--goldens", "g.jsonl"),
+                                  ("probe", "--goldens", "g.jsonl", "--json")])
+def test_closed_stdout_is_an_error_not_silence(tmp_path, args):
+    write_goldens(tmp_path / "g.jsonl")
+    proc = _closed_stdout(args, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: cannot write the output: stdout is closed"], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_closed_stdout_never_lands_in_a_file_we_open(tmp_path):
+    """fd 1 closed: the next file opened would get fd 1, and our output would go into it."""
+    write_goldens(tmp_path / "g.jsonl")
+    proc = _closed_stdout(("probe", "--goldens", "g.jsonl", "--markdown", "r.md"), tmp_path)
+    assert proc.returncode == 1
+    assert (tmp_path / "r.md").read_text().startswith("# kolibri probe")
+    assert "per golden" not in (tmp_path / "r.md").read_text()
