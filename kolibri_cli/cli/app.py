@@ -39,8 +39,8 @@ class _Group(TyperGroup):
             where = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
             _error_line(f"{e.format_message()}{where}")
             raise typer.Exit(e.exit_code) from None
-        except (click_errors.ClickException, typer.Exit, typer.Abort):
-            raise
+        except (click_errors.ClickException, typer.Exit, typer.Abort, BrokenPipeError):
+            raise  # click's own handling (a reader that went away: exit 1, quietly)
         except MemoryError:
             if debug:
                 raise

@@ -37,7 +37,7 @@ def probe(
         metavar="PROBE.toml",
         help="PROBE.toml with saved options (paths in it are relative to it).",
     ),
-    goldens: list[Path] | None = typer.Option(
+    goldens: list[str] | None = typer.Option(  # str: typer would read "" as "."
         None,
         "--goldens",
         "-g",

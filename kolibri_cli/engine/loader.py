@@ -16,7 +16,7 @@ import numpy as np
 
 from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.text import printable
+from kolibri_cli.text import printable, shown
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry; recomputed from config
@@ -37,21 +37,36 @@ def check_folder(path: Path) -> Path:
 
 
 def safetensors_files(path: Path) -> list[Path]:
-    """The weight files: the shards an index names, else every *.safetensors in the folder."""
+    """The weight files: the shards an index names, else every *.safetensors in the folder.
+    Only regular files inside the folder: an index naming ../x or /etc/x, or a FIFO (a read
+    that never ends), is refused."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
-            raise KolibriError(f"{index}: not a safetensors index (no weight_map)") from None
-        missing = [s for s in shards if not (path / s).is_file()]
+        files = [path / s for s in _index_shards(index)]
+        missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise KolibriError(f"{path}: shard {missing[0]} named in the index is missing")
-        return [path / s for s in shards]
-    files = sorted(path.glob("*.safetensors"))
+            raise KolibriError(f"{path}: shard {printable(missing[0])} named in the index is "
+                               "missing")
+    else:
+        files = sorted(path.glob("*.safetensors"))
     if not files:
         raise KolibriError(f"{path} has no *.safetensors weights (kolibri does not read .bin)")
+    odd = next((f for f in files if not f.is_file()), None)
+    if odd is not None:
+        raise KolibriError(f"{odd}: not a regular file")
     return files
+
+
+def _index_shards(index: Path) -> list[str]:
+    try:
+        shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        raise KolibriError(f"{index}: not a safetensors index (no weight_map)") from None
+    bad = next((s for s in shards if not isinstance(s, str) or s in ("", ".", "..")
+                or "/" in s or "\\" in s or "\0" in s), None)
+    if bad is not None:
+        raise KolibriError(f"{index}: shard {shown(bad)} is not a file name in the folder")
+    return sorted(shards)
 
 
 MAX_HEADER = 100_000_000  # bytes; the safetensors library's own limit

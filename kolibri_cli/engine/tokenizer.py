@@ -6,6 +6,7 @@ tokens that are set, `tools`/`documents` None). Non-goals: tool calling.
 """
 
 import json
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 
@@ -18,15 +19,26 @@ _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
                        "cls_token", "mask_token")
 
 
+@contextmanager
+def _rust_errors(what: str):
+    """The tokenizers library raises bare Exceptions, and pyo3's PanicException — a
+    BaseException that `except Exception` misses — when its Rust code panics: both are one
+    KolibriError; Ctrl-C and exits pass."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit, KolibriError):
+        raise
+    except BaseException as e:
+        raise KolibriError(f"{what} ({printable(str(e), 160)})") from None
+
+
 class Tokenizer:
     def __init__(self, folder: Path):
         from tokenizers import Tokenizer as HFTokenizer
 
         folder = Path(folder)
-        try:
+        with _rust_errors(f"{folder}/tokenizer.json: cannot be read"):
             self._tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
-        except Exception as e:  # tokenizers raises a bare Exception on a bad file
-            raise KolibriError(f"{folder}/tokenizer.json: cannot be read ({e})") from None
         self.config = _read_config(folder / "tokenizer_config.json")
         self.chat_template = _chat_template(folder, self.config)
 
@@ -41,14 +53,12 @@ class Tokenizer:
         return [i for i in range(min(n_rows, self.vocab_size)) if i not in added]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        try:
+        with _rust_errors("the tokenizer cannot encode the text"):
             return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
-        except Exception as e:  # tokenizers raises bare Exceptions (a broken tokenizer.json)
-            raise KolibriError(f"the tokenizer cannot encode the text ({printable(str(e), 120)})"
-                               ) from None
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+        with _rust_errors("the tokenizer cannot decode the ids"):
+            return self._tok.decode(ids, skip_special_tokens=True)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

@@ -13,7 +13,7 @@ from pathlib import Path
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.store.atomic import write_text_atomic
-from kolibri_cli.text import shown
+from kolibri_cli.text import read_text_file, shown
 
 # The goldens shipped with kolibri (package data): the default of `kolibri probe`.
 SHIPPED_GOLDENS = Path(__file__).parent / "data"
@@ -250,14 +250,7 @@ def _jsonl_objects(path: Path):
 
 
 def _read_lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8").split("\n")
-    except FileNotFoundError:
-        raise KolibriError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise KolibriError(f"{path}: is a folder, expected a file") from None
-    except UnicodeDecodeError:
-        raise KolibriError(f"{path}: not UTF-8 text") from None
+    return read_text_file(path).split("\n")
 
 
 def _require(obj: dict, names, where: str) -> None:

@@ -22,7 +22,7 @@ from kolibri_cli.decode.proposers import (
 )
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden, find_golden_files, load_goldens
-from kolibri_cli.text import shown
+from kolibri_cli.text import read_text_file, shown
 
 
 @dataclass
@@ -106,16 +106,9 @@ def load_config(toml_path: Path | None, overrides: dict) -> ProbeConfig:
 
 def read_probe_toml(path: Path) -> dict:
     """The file's keys, with paths made relative to the file's folder."""
+    text = read_text_file(path, "probe config")
     try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except FileNotFoundError:
-        raise KolibriError(f"{path}: probe config not found") from None
-    except OSError as e:
-        raise KolibriError(f"{path}: cannot read the probe config ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise KolibriError(f"{path}: not UTF-8 text (byte {e.start}); TOML files are UTF-8") \
-            from None
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise KolibriError(f"{path}: not valid TOML: {e}") from None
     except RecursionError:
@@ -131,7 +124,8 @@ def read_probe_toml(path: Path) -> dict:
 def _relative_to(raw: dict, folder: Path) -> dict:
     raw = dict(raw)
     if "goldens" in raw:
-        raw["goldens"] = [str(folder / p) for p in _as_list(raw["goldens"], "goldens", str)]
+        raw["goldens"] = [str(folder / p) if p else "" for p in
+                          _as_list(raw["goldens"], "goldens", str)]
     for key in PATH_KEYS:
         if key in raw:
             raw[key] = str(folder / _expect(raw[key], key, str))
@@ -141,7 +135,10 @@ def _relative_to(raw: dict, folder: Path) -> dict:
 def _parse(key: str, value):
     """One config value from TOML or the command line -> its ProbeConfig type."""
     if key == "goldens":
-        return [Path(p) for p in _as_list(value, key, str | Path)]
+        paths = _as_list(value, key, str | Path)
+        if any(str(p) == "" for p in paths):  # Path("") is ".": every *.jsonl under here
+            raise KolibriError("goldens: an empty path; name a goldens file or folder")
+        return [Path(p) for p in paths]
     if key == "k":
         return parse_k_list(value)
     if key == "window":

@@ -268,7 +268,11 @@ def resolve(spec: str | None, notify: Notify | None = None,
             progress: Progress | None = None, pull_missing: bool = True) -> Path:
     """A model name or a folder path -> a loadable folder, pulling the default on first use.
     A bare name that is both a folder here and a cached model: the cached model for a registry
-    name, the folder otherwise, with a note saying which."""
+    name, the folder otherwise, with a note saying which. An empty name is an error (an unset
+    variable in `--model "$MODEL"` must not mean the default)."""
+    if spec == "":
+        raise KolibriError("the model name is empty: pass a model name or a folder, or leave "
+                           "--model out for the default")
     spec = spec or DEFAULT_MODEL
     if spec in REGISTRY:
         target = model_dir(spec)

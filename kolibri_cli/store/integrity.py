@@ -41,16 +41,27 @@ def record_files(folder: Path, progress: Ticks | None = None) -> dict[str, dict]
     return record
 
 
-def recorded(meta: dict) -> dict[str, dict] | None:
-    """The `files` record of a kolibri.json dict; None when the folder predates it."""
+def recorded(meta: dict, name: str) -> dict[str, dict] | None:
+    """The `files` record of a kolibri.json dict; None when the folder predates it. A record
+    naming a path outside the folder (/etc/x, ../x) or with a malformed entry is damage."""
     files = meta.get("files")
-    if not isinstance(files, dict) or not all(
-        isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"),
-                                                                               str)
-        for v in files.values()
-    ):
+    if files is None:
         return None
+    if not isinstance(files, dict) or not all(_inside(k) and _entry(v) for k, v in files.items()):
+        raise KolibriError(f"the kolibri.json of {name} is damaged (a malformed files record); "
+                           f"rewrite the model with: {repair_hint(name, meta)}")
     return files
+
+
+def _inside(rel) -> bool:
+    parts = rel.split("/") if isinstance(rel, str) else [""]
+    return not rel.startswith("/") and all(p not in ("", ".", "..") for p in parts) and (
+        "\\" not in rel and "\0" not in rel)
+
+
+def _entry(v) -> bool:
+    return (isinstance(v, dict) and isinstance(v.get("bytes"), int)
+            and not isinstance(v.get("bytes"), bool) and isinstance(v.get("sha256"), str))
 
 
 def size_damage(folder: Path, files: dict[str, dict]) -> str | None:
@@ -118,7 +129,7 @@ def repair_hint(name: str, meta: dict) -> str:
 
 def check_sizes(folder: Path, name: str, meta: dict) -> None:
     """Refuse a cached model whose files changed size since they were written."""
-    files = recorded(meta)
+    files = recorded(meta, name)
     if files is None:
         return
     damage = size_damage(folder, files)
@@ -129,7 +140,7 @@ def check_sizes(folder: Path, name: str, meta: dict) -> None:
 
 def unrecorded_note(name: str, meta: dict) -> str | None:
     """A note for a folder cached before sizes and checksums were recorded."""
-    if not meta or recorded(meta) is not None:
+    if not meta or recorded(meta, name) is not None:
         return None
     return (f"note: the cached model {name} was written by an older kolibri without file "
             f"checksums, so damage cannot be detected; rewrite it with: "

@@ -53,7 +53,7 @@ def verify(spec: str | None = None, progress=None) -> Verification:
     if not meta:
         raise KolibriError(f"{path} is not a model in the kolibri cache (no kolibri.json); "
                            "verify checks cached models against what kolibri wrote")
-    files = integrity.recorded(meta)
+    files = integrity.recorded(meta, name)
     if files is None:
         raise KolibriError(integrity.unrecorded_note(name, meta).removeprefix("note: "))
     checks = integrity.verify_files(path, files, progress)
