@@ -337,6 +337,8 @@ def test_probe_toml_that_is_not_utf8(run, tmp_path):
     (("--window", "1-1000000000"), "1 <= MIN <= MAX <= 1024"),
     (("--window", "1-²"), "is invalid"),
     (("--limit", "1e3"), "--limit"),
+    (("--temperature", "nan"), "temperature must be a finite number"),  # found by fuzzing
+    (("--top-p", "inf"), "top_p must be a finite number"),
 ])
 def test_probe_numbers(run, tmp_path, args, fragment):
     path = write_goldens(tmp_path / "g.jsonl")
@@ -350,6 +352,7 @@ def test_probe_numbers(run, tmp_path, args, fragment):
     ("costs = [1.0, nan]", "costs must be finite positive numbers"),
     ("limit = inf", "limit must be a whole number"),
     ("k = 1e9", "k must be a whole number"),
+    ("repetition_penalty = nan", "repetition_penalty must be a finite number"),
 ])
 def test_probe_toml_numbers(run, tmp_path, line, fragment):
     toml = tmp_path / "p.toml"
@@ -516,3 +519,17 @@ def test_a_panicking_tokenizer_is_one_line(run, tmp_path, monkeypatch):
     monkeypatch.setattr(tokenizers.Tokenizer, "from_file", panics)
     one_error_line(run("model", "info", crafted_folder(tmp_path)), "tokenizer.json: cannot be read",
                    "unwrap")
+
+
+def test_chat_survives_a_line_that_is_not_utf8(tmp_path):
+    env = os.environ | {"KOLIBRI_HOME": str(tmp_path), "KOLIBRI_OFFLINE": "1"}
+    folder = crafted_folder(tmp_path)
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}))
+    proc = subprocess.run([sys.executable, "-m", "kolibri_cli", "chat", "--model",
+                           str(folder), "-n", "2"], input=b"x\xff\nhello\n",
+                          capture_output=True, env=env, timeout=300)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert "error: that line is not valid UTF-8" in err and "type it again" in err
+    assert "new tokens" in err  # the next line was answered

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
+from kolibri_cli.probe.config import FIELDS
 
 EXAMPLES = int(os.environ.get("KOLIBRI_FUZZ_EXAMPLES", "25"))
 fuzz = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -354,7 +355,10 @@ def test_fuzz_gguf_metadata(fields):
 
 GOLDEN = golden_line()
 golden_lines = st.one_of(
-    st.builds(lambda c: dumps(edited(GOLDEN, c)), edits(sorted(GOLDEN) + ["eos_ids"])),
+    st.builds(lambda c: dumps(edited(GOLDEN, c)), edits(sorted(GOLDEN) + ["eos_ids", "sampling"])),
+    st.builds(lambda s: dumps(GOLDEN | {"sampling": s}), st.dictionaries(st.sampled_from(
+        ["temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "x"]),
+        st.one_of(numbers, json_values), max_size=4)),
     st.builds(dumps, json_values),
     st.binary(max_size=60))
 
@@ -371,10 +375,7 @@ def test_fuzz_goldens_jsonl(lines, markdown):
 
 # ---- PROBE.toml: `kolibri probe` ----------------------------------------------------------
 
-TOML_KEYS = ["goldens", "k", "window", "proposer", "cross_request", "costs", "category", "limit",
-             "max_tokens", "by_category", "measure", "model", "threads", "bench",
-             "allow_model_mismatch", "min_ratio", "min_acceptance", "min_speedup", "json",
-             "markdown", "plot", "unknown_key"]
+TOML_KEYS = [*FIELDS, "unknown_key"]
 toml_scalars = st.one_of(
     st.integers(-2**63, 2**63 - 1).map(str), st.sampled_from(["nan", "inf", "-inf", "1e999",
                                                               "0.5", "true", "false"]),
@@ -415,9 +416,11 @@ number_texts = st.one_of(
     st.sampled_from(["nan", "inf", "-inf", "1e999", "NaN", "9" * 30, "9" * 5000, "²", "١",
                      "0x10", "1_000", "", " ", "1-", "-1", "1-4-5", "4-1", "1e3", "1,,2"]),
     st.integers(-5, 2**70).map(str), st.floats().map(repr))
+SAMPLING_OPTIONS = ["--temperature", "--top-k", "--top-p", "--min-p", "--repetition-penalty",
+                    "--seed"]
 PROBE_OPTIONS = ["--k", "--window", "--costs", "--min-ratio", "--min-acceptance", "--limit",
-                 "--max-tokens"]
-GENERATE_OPTIONS = ["--k", "--window", "--max-tokens", "--threads"]
+                 "--max-tokens", *SAMPLING_OPTIONS]
+GENERATE_OPTIONS = ["--k", "--window", "--max-tokens", "--threads", *SAMPLING_OPTIONS]
 
 
 @fuzz

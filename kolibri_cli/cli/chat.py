@@ -51,14 +51,20 @@ def chat(
 
 def _read_line() -> str | None:
     """The next line typed; None at end of input. Ctrl-C at the prompt clears the line."""
+    from kolibri_cli.errors import KolibriError
+
     while True:
         try:
-            return input(">>> ")
+            return opt.check_utf8(input(">>> "), "that line")
+        except KolibriError as e:  # the line is gone; the session is not
+            _say(f"error: {e}; type it again")
         except EOFError:
             print()
             return None
         except KeyboardInterrupt:
             print()
+        except UnicodeDecodeError:  # a strict UTF-8 stdin
+            _say("error: that line is not valid UTF-8; type it again")
 
 
 def _command(line: str, conversation, settings: dict) -> bool:

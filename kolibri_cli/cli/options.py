@@ -51,15 +51,21 @@ def load_model(spec: str | None, threads: int | None = None):
 def read_prompt(prompt: str) -> str:
     """The prompt argument, or stdin for "-", as valid UTF-8 text (checked before any model
     loads: the tokenizer cannot encode anything else)."""
-    text = _stdin_text() if prompt == "-" else prompt
-    bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
-    if bad is not None:  # Python keeps an argument's undecodable byte as a lone surrogate
-        code = ord(text[bad])
-        byte = f"byte 0x{code - 0xDC00:02x}" if code >= 0xDC80 else "a lone surrogate"
-        raise KolibriError(f"the prompt is not valid UTF-8 ({byte} at character {bad}); "
-                           "pass UTF-8 text")
+    text = check_utf8(_stdin_text() if prompt == "-" else prompt, "the prompt")
     if not text.strip():
         raise KolibriError("the prompt is empty")
+    return text
+
+
+def check_utf8(text: str, what: str) -> str:
+    """`text` unless it holds a lone surrogate: how Python keeps an undecodable byte of an
+    argument (or of stdin in the C locale)."""
+    bad = next((i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"), None)
+    if bad is not None:
+        code = ord(text[bad])
+        byte = f"byte 0x{code - 0xDC00:02x}" if code >= 0xDC80 else "a lone surrogate"
+        raise KolibriError(f"{what} is not valid UTF-8 ({byte} at character {bad}); "
+                           "pass UTF-8 text")
     return text
 
 

@@ -157,11 +157,12 @@ def _parse(key: str, value):
         return _positive_int(value, key)
     if key in ("top_k", "seed"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise KolibriError(f"{key} must be a whole number >= 0, got {value!r}")
+            raise KolibriError(f"{key} must be a whole number >= 0, got {shown(value)}")
         return value
     if key in SAMPLING_KEYS:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise KolibriError(f"{key} must be a number, got {value!r}")
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value)):
+            raise KolibriError(f"{key} must be a finite number, got {shown(value)}")
         return float(value)
     if key in ("min_ratio", "min_acceptance", "min_speedup"):
         return _threshold(value, key)
