@@ -483,6 +483,15 @@ def test_devices_that_never_end_are_refused_as_input(run, tmp_path, option):
     one_error_line(run(*args), "/dev/zero: is a device or socket")
 
 
+def test_a_fifo_in_a_goldens_folder_is_skipped_not_read_for_ever(run, tmp_path):
+    (tmp_path / "goldens").mkdir()
+    write_goldens(tmp_path / "goldens" / "g.jsonl")
+    os.mkfifo(tmp_path / "goldens" / "stuck.jsonl")
+    result = run("probe", "--goldens", tmp_path / "goldens", "--json")
+    assert result.exit_code == 0, result.output
+    assert [g["id"] for g in json.loads(result.stdout)["runs"][0]["goldens"]] == ["g1"]
+
+
 def test_empty_names_never_mean_the_default(run, tmp_path):
     """An unset variable in `--model "$MODEL"` or `--goldens "$G"` must not silently pick the
     default model or every *.jsonl under the working directory."""

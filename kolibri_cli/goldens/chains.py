@@ -106,12 +106,14 @@ def first_divergence(ours: list[int], golden: list[int]) -> int | None:
 
 
 def find_golden_files(paths: list[str | Path]) -> list[Path]:
-    """Files as given; folders expand to every golden file under them (sorted): each *.jsonl
-    except prompt files (whose first object has no "output_ids"), so data/prompts/ is skipped."""
+    """Files as given; folders expand to every golden file under them (sorted): each regular
+    *.jsonl except prompt files (whose first object has no "output_ids"), so data/prompts/ is
+    skipped (and a FIFO that happens to be there is never opened)."""
     files = []
     for path in map(Path, paths):
         if path.is_dir():
-            files.extend(p for p in sorted(path.rglob("*.jsonl")) if not _is_prompt_file(p))
+            found = (p for p in sorted(path.rglob("*.jsonl")) if p.is_file())
+            files.extend(p for p in found if not _is_prompt_file(p))
         elif path.exists():
             files.append(path)
         else:
