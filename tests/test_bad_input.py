@@ -542,3 +542,17 @@ def test_chat_survives_a_line_that_is_not_utf8(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in err, err
     assert "error: that line is not valid UTF-8" in err and "type it again" in err
     assert "new tokens" in err  # the next line was answered
+
+
+def test_chat_with_stdin_closed_ends_quietly(tmp_path):
+    """`kolibri chat <&-` (no stdin at all) is an empty session, not an internal error."""
+    env = os.environ | {"KOLIBRI_HOME": str(tmp_path), "KOLIBRI_OFFLINE": "1"}
+    folder = crafted_folder(tmp_path)
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}))
+    proc = subprocess.run([sys.executable, "-m", "kolibri_cli", "chat", "--model", str(folder),
+                           "-n", "2"], stdin=None, capture_output=True, env=env, timeout=300,
+                          preexec_fn=lambda: os.close(0))
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "error" not in err, err
+    assert "kolibri chat with" in err

@@ -133,6 +133,15 @@ def test_verify_lists_files_kolibri_did_not_write(tiny):
     (tiny / "notes.txt").write_text("mine")
     result = run("model", "verify", "tiny", "--json")
     assert result.exit_code == 0 and json.loads(result.stdout)["unrecorded"] == ["notes.txt"]
+    rows = run("model", "verify", "tiny").stdout.splitlines()
+    assert rows[-1].split() == ["EXTRA", "notes.txt", "not", "written", "by", "kolibri,", "not",
+                                "checked"]
+    # names in one column: each padded to the longest, then two spaces, then the rest
+    width = max(len(row[9:].split()[0]) for row in rows)
+    for row in rows:
+        name = row[9:].split()[0]
+        assert row[9:9 + width] == name.ljust(width) and row[9 + width:11 + width] == "  ", rows
+    assert rows[-1][11 + width:].startswith("not written")
 
 
 def test_verify_refuses_what_is_not_a_cached_model(kolibri_home, tiny_llama_folder):

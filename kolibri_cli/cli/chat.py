@@ -51,9 +51,11 @@ def chat(
 
 def _read_line() -> str | None:
     """The next line typed; None at end of input. Ctrl-C at the prompt clears the line."""
+    import sys
+
     from kolibri_cli.errors import KolibriError
 
-    while True:
+    while sys.stdin is not None:  # None: started with stdin closed (<&-)
         try:
             return opt.check_utf8(input(">>> "), "that line")
         except KolibriError as e:  # the line is gone; the session is not
@@ -65,6 +67,7 @@ def _read_line() -> str | None:
             print()
         except UnicodeDecodeError:  # a strict UTF-8 stdin
             _say("error: that line is not valid UTF-8; type it again")
+    return None
 
 
 def _command(line: str, conversation, settings: dict) -> bool:

@@ -126,19 +126,20 @@ def check_table(results) -> "FitTable":
 
 
 def verify_lines(v) -> list[Text]:
-    """One line per file: status, name, size, and what differs."""
+    """One line per file: status, name, size, and what differs (names in one column)."""
+    names = [clean(f.file) for f in v.files] + [clean(rel) for rel in v.unrecorded]
+    width = max(map(len, names), default=0)
     lines = []
-    for f in v.files:
+    for f, name in zip(v.files, names, strict=False):
         what = {"ok": f"sha256 {f.sha256[:16]}",
                 "damaged": f"sha256 {f.sha256[:16]}, recorded {f.expected_sha256[:16]}",
                 "resized": f"{f.bytes} bytes, recorded {f.expected_bytes}",
                 "missing": "not found"}[f.status]
-        size = _bytes(f.expected_bytes)
         style = "green" if f.ok else "bold red"
-        lines.append(Text.assemble((f"{f.status.upper():8}", style), f" {clean(f.file)}  {size}  "
-                                   f"{what}"))
-    lines += [Text(f"{'extra':8} {clean(rel)}  (not written by kolibri; not checked)")
-              for rel in v.unrecorded]
+        lines.append(Text.assemble((f"{f.status.upper():8}", style),
+                                   f" {name:{width}}  {_bytes(f.expected_bytes):>9}  {what}"))
+    lines += [Text(f"{'EXTRA':8} {name:{width}}  not written by kolibri, not checked")
+              for name in names[len(v.files):]]
     return lines
 
 

@@ -117,8 +117,9 @@ def run_captured(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _die_with_parent():
-    """A preexec_fn asking Linux to SIGKILL the child when this thread's process dies
-    (prctl PR_SET_PDEATHSIG); None where prctl does not exist."""
+    """A preexec_fn asking Linux to SIGKILL the child when the thread that started it ends
+    (prctl PR_SET_PDEATHSIG): kolibri pulls on its main thread, so when kolibri dies, even by
+    SIGKILL. None where prctl does not exist."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
