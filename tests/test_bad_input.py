@@ -556,3 +556,18 @@ def test_chat_with_stdin_closed_ends_quietly(tmp_path):
     err = proc.stderr.decode()
     assert proc.returncode == 0 and "error" not in err, err
     assert "kolibri chat with" in err
+
+
+def test_goldens_that_do_not_fit_the_model_name_the_file_and_golden(run, tiny_llama_folder,
+                                                                    tmp_path):
+    """Ids outside the vocabulary (a SIGSEGV in goldens check once) or a chain longer than the
+    context: one line naming file:line and the golden, before any decoding."""
+    folder = tiny_llama_folder()  # vocabulary 1000, context 256
+    for line, fragment in ((golden_line(id="far", prompt_ids=[1, 60000]),
+                            "prompt_ids[1] = 60000 is outside the vocabulary"),
+                           (golden_line(id="long", output_ids=[1, 2] * 200),
+                            "take 405 positions, more than the context")):
+        path = write_goldens(tmp_path / "g.jsonl", golden_line(), line)
+        for args in (("goldens", "check", path), ("probe", "--goldens", path, "--measure")):
+            one_error_line(run(*args, "--model", folder, "--allow-model-mismatch"),
+                           "g.jsonl:2", f"golden '{line['id']}'", fragment)
