@@ -471,6 +471,20 @@ def test_a_fifo_among_the_weights_is_refused_not_read_forever(run, tmp_path):
     one_error_line(run("model", "info", folder), "extra.safetensors: not a regular file")
 
 
+def test_model_import_of_a_fifo_is_refused_not_waited_on(tmp_path):
+    """`model import` of a FIFO blocked in open() for ever (a GGUF is memory-mapped: only a
+    regular file will do). A subprocess, so the old hang fails the test instead of the run."""
+    os.mkfifo(tmp_path / "x.gguf")
+    env = os.environ | {"KOLIBRI_HOME": str(tmp_path / "home"), "KOLIBRI_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "kolibri_cli", "model", "import",
+                           str(tmp_path / "x.gguf"), "--name", "x"], capture_output=True, env=env,
+                          timeout=120)
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == 1 and lines == [
+        f"error: {tmp_path / 'x.gguf'}: not a regular file, expected a GGUF file"], lines
+    assert not (tmp_path / "home" / "models").exists()
+
+
 @pytest.mark.parametrize("option", ["goldens", "probe config", "prompts"])
 def test_devices_that_never_end_are_refused_as_input(run, tmp_path, option):
     """/dev/zero as a goldens file, a PROBE.toml or a prompt file was read until memory ran out."""

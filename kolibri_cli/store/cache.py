@@ -372,12 +372,17 @@ def import_gguf(gguf_path: Path, name: str | None = None, progress: Progress | N
 
 
 def _open_gguf(path: Path):
+    """A GGUF is memory-mapped: it must be a regular file (opening a FIFO waited for ever)."""
     import gguf
 
     try:
+        if path.exists() and not path.is_file():
+            raise KolibriError(f"{path}: not a regular file, expected a GGUF file")
         return gguf.GGUFReader(str(path))
     except FileNotFoundError:
         raise KolibriError(f"{path}: no such file") from None
+    except KolibriError:
+        raise
     except Exception as e:  # the gguf library raises ValueError/struct errors on a bad file
         raise KolibriError(f"{path}: not a readable GGUF file ({printable(str(e), 120)})") from None
 
