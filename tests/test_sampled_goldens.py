@@ -148,7 +148,7 @@ def test_generation_defaults_read_like_transformers(tmp_path, gen, expected):
 
 @pytest.mark.parametrize("text,message", [
     ("[1, 2]", "not a valid generation config"),
-    ('{"do_sample": true, "temperature": "hot"}', "temperature must be a number"),
+    ('{"do_sample": true, "temperature": "hot"}', "temperature must be a finite number"),
 ])
 def test_bad_generation_config_is_one_error(tmp_path, text, message):
     from kolibri_cli.engine.config import generation_defaults
@@ -166,7 +166,7 @@ def test_probe_toml_sampling_keys(tmp_path):
     cfg = load_config(toml, {})
     assert cfg.sampling_overrides() == {"temperature": 0.7, "top_k": 40, "seed": 3}
     toml.write_text('temperature = "hot"\n')
-    with pytest.raises(KolibriError, match="temperature must be a number"):
+    with pytest.raises(KolibriError, match="temperature must be a finite number"):
         load_config(toml, {})
     toml.write_text("seed = -1\n")
     with pytest.raises(KolibriError, match="seed must be a whole number >= 0"):
