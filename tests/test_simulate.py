@@ -9,6 +9,7 @@ from kolibri_cli.decode.proposers import NgramProposer
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.probe.simulate import (
+    ServerCounting,
     best_run,
     merge_counts,
     predicted_speedup,
@@ -183,3 +184,30 @@ def test_cost_model():
     assert predicted_speedup(0, [], relative, 0.0) is None
     with pytest.raises(KolibriError, match=r"n = \[6\]"):
         predicted_speedup(7, [5], relative, 0.0)
+
+
+class _Oracle:
+    """Drafts the true continuation (which may run past the chain's end), up to k tokens."""
+
+    name = "oracle"
+
+    def __init__(self, truth: list[int], prompt_len: int, k: int):
+        self.truth, self.prompt_len, self.k = truth, prompt_len, k
+
+    def propose(self, context, max_tokens: int) -> list[int]:
+        pos = len(context) - self.prompt_len
+        return self.truth[pos : pos + min(self.k, max_tokens)]
+
+
+@pytest.mark.parametrize("k, counting, expected", [
+    (4, None, (2, 2)),  # the Definitions: drafts stop at the chain's end
+    (3, ServerCounting(10, (2,)), (3, 3)),  # budget from the request; the eos as the last draft
+    (4, ServerCounting(10, (2,)), (4, 2)),  # a drafted eos with more after it is not accepted
+    (4, ServerCounting(4, (2,)), (2, 2)),  # a request cap at the chain's length changes nothing
+])
+def test_server_counting_at_the_chain_end(k, counting, expected):
+    prompt, chain = [5, 6], [10, 11, 12, 2]  # the chain stops on eos (2)
+    oracle = _Oracle(chain + [7, 7, 7], len(prompt), k)
+    c = simulate_chain(prompt, chain, oracle, k, counting)
+    assert (c.drafts_proposed, c.drafts_accepted) == expected
+    assert c.verify_passes == 1 and c.plain_steps == 3

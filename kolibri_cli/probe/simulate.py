@@ -138,20 +138,35 @@ class SimRun:
         return {category: merge_counts(counts, self.k) for category, counts in groups.items()}
 
 
-def simulate_chain(prompt_ids, output_ids, proposer: Proposer, k: int) -> Counts:
-    """Replay speculation with `proposer` (draft cap k) over one golden chain P, G."""
+@dataclass(frozen=True)
+class ServerCounting:
+    """How llama-server counts one request's drafts where that differs from the Definitions.
+    It budgets every draft from the request's cap, n_predict - generated - 1, not from where the
+    chain will end (it cannot know where eos comes), so it drafts past the end of a chain that
+    stops on eos; and it does not accept a drafted eos that more drafts follow
+    (`common_sampler_sample_and_accept_n`), so acceptance never looks past the chain's end."""
+
+    max_tokens: int  # the request's n_predict
+    eos_ids: tuple[int, ...] = ()
+
+
+def simulate_chain(prompt_ids, output_ids, proposer: Proposer, k: int,
+                   counting: ServerCounting | None = None) -> Counts:
+    """Replay speculation with `proposer` (draft cap k) over one golden chain P, G; with
+    `counting`, count drafts as that server does."""
     context = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)  # [len(P) + N]
     golden = context[len(prompt_ids) :]  # [N] G, a view
     n = len(golden)
+    limit, stop_ids = (n, ()) if counting is None else (counting.max_tokens, counting.eos_ids)
     counts = Counts(plain_steps=n - 1, drafted_at=[0] * k, accepted_at=[0] * k)
     observe = getattr(proposer, "observe", None)
     pos = 1
     while pos < n:
-        budget = min(k, n - pos - 1)
+        budget = min(k, limit - pos - 1)
         # propose even when budget = 0 (it returns []): the generator does, and stateful
         # proposers must see the same calls in both
         drafted = draft(proposer, context[: len(prompt_ids) + pos], budget)
-        accepted = _accepted_prefix(drafted, golden[pos : pos + len(drafted)])
+        accepted = _accepted_prefix(drafted, golden[pos : pos + len(drafted)], stop_ids)
         counts.record_pass(len(drafted), accepted)
         pos += accepted + 1
         if observe is not None:
@@ -248,10 +263,13 @@ def predicted_speedup(
     return div_or_none(plain_steps * costs[1], spec_time(draft_lengths, costs, proposer_s_per_pass))
 
 
-def _accepted_prefix(draft: list[int], truth) -> int:
-    """Length of the longest prefix of `draft` equal to `truth` (greedy acceptance)."""
+def _accepted_prefix(draft: list[int], truth, stop_ids=()) -> int:
+    """Length of the longest prefix of `draft` equal to `truth` (greedy acceptance); a token in
+    `stop_ids` is accepted only as the draft's last (ServerCounting)."""
     for i, tok in enumerate(draft):
-        if tok != truth[i]:
+        if i >= len(truth) or tok != truth[i]:
+            return i
+        if tok in stop_ids and i + 1 < len(draft):
             return i
     return len(draft)
 
