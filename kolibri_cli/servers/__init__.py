@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers.api import APIS, Completion, Sampling, ServerApi, connect
+from kolibri_cli.servers.api import APIS, Completion, ServerApi, connect
 from kolibri_cli.servers.launch import LlamaServer, ServerSpec, spec_args, synth_args
 
-__all__ = ["APIS", "LOCAL", "Completion", "LlamaServer", "Sampling", "ServerApi", "ServerSpec",
+__all__ = ["APIS", "LOCAL", "Completion", "LlamaServer", "ServerApi", "ServerSpec",
            "connect", "is_server", "serving", "spec_args", "synth_args"]
 
 LOCAL = "llama-server"  # --engine value: start a local llama-server

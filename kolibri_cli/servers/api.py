@@ -16,22 +16,34 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.servers.transport import Http
 
 APIS = ("llama.cpp", "vllm", "openai")
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """Greedy by default; a temperature > 0 samples, reproducibly where the server takes a seed."""
+def llamacpp_sampling(s: Sampling) -> dict:
+    """llama.cpp's request fields for `s`: each filter set explicitly (its own defaults, top_k 40,
+    top_p 0.95, min_p 0.05, would otherwise apply), the seed only when sampling."""
+    if s.greedy:
+        return {"temperature": 0.0, "repeat_penalty": s.repetition_penalty}
+    return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+            "repeat_penalty": s.repetition_penalty, "seed": s.seed}
 
-    temperature: float = 0.0
-    seed: int | None = None
 
-    def to_dict(self) -> dict:
-        seed = {} if self.seed is None else {"seed": self.seed}
-        return {"temperature": self.temperature} | seed
+def openai_sampling(s: Sampling) -> dict:
+    """OpenAI's fields (temperature, top_p, seed) plus vLLM's and SGLang's extensions (top_k,
+    min_p, repetition_penalty), each only when it is on."""
+    if s.greedy:
+        body = {"temperature": 0.0}
+    else:
+        body = {"temperature": s.temperature, "seed": s.seed}
+        body |= {} if s.top_p == 1 else {"top_p": s.top_p}
+        body |= {} if s.top_k == 0 else {"top_k": s.top_k}
+        body |= {} if s.min_p == 0 else {"min_p": s.min_p}
+    return body | ({} if s.repetition_penalty == 1 else
+                   {"repetition_penalty": s.repetition_penalty})
 
 
 @dataclass
@@ -66,7 +78,7 @@ class ServerApi:
         """engine, version, served model; the URL unless kolibri started the server."""
         return {"engine": self.api} | ({} if self.local_version else {"url": self.url})
 
-    def complete(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling = Sampling(),
+    def complete(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling = GREEDY,
                  margins: bool = False) -> Completion:
         raise NotImplementedError
 
@@ -99,9 +111,9 @@ class LlamaCppApi(ServerApi):
             raise KolibriError(f"{self.http.where('/completion')}: no prompt timings")
         return int(timings["prompt_n"]), float(timings["prompt_ms"])
 
-    def complete(self, prompt_ids, max_tokens, sampling=Sampling(), margins=False) -> Completion:
+    def complete(self, prompt_ids, max_tokens, sampling=GREEDY, margins=False) -> Completion:
         body = {"prompt": list(prompt_ids), "n_predict": max_tokens, "return_tokens": True,
-                "cache_prompt": False, **sampling.to_dict()}
+                "cache_prompt": False, **llamacpp_sampling(sampling)}
         if margins:
             body["n_probs"] = 2
         answer = self.http.post("/completion", body)
@@ -141,7 +153,7 @@ class OpenAiApi(ServerApi):
     def describe(self) -> dict:
         return super().describe() | {"served_model": self.served_model}
 
-    def complete(self, prompt_ids, max_tokens, sampling=Sampling(), margins=False) -> Completion:
+    def complete(self, prompt_ids, max_tokens, sampling=GREEDY, margins=False) -> Completion:
         if self.tokenizer is None:
             raise KolibriError("a text-only server needs the model's tokenizer (--model)")
         prompt = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
@@ -170,7 +182,7 @@ class OpenAiApi(ServerApi):
 
     def _post(self, prompt, max_tokens: int, sampling: Sampling, extra: dict | None = None):
         body = {"model": self.served_model, "prompt": prompt, "max_tokens": max_tokens,
-                **sampling.to_dict(), **(extra or {})}
+                **openai_sampling(sampling), **(extra or {})}
         t0 = time.perf_counter()
         answer = self.http.post("/v1/completions", body)
         return time.perf_counter() - t0, answer
@@ -195,7 +207,7 @@ class VllmApi(OpenAiApi):
         version = self.http.get("/version").get("version", "")
         return super().describe() | {"engine": "vllm", "engine_version": f"vLLM {version}"}
 
-    def complete(self, prompt_ids, max_tokens, sampling=Sampling(), margins=False) -> Completion:
+    def complete(self, prompt_ids, max_tokens, sampling=GREEDY, margins=False) -> Completion:
         before = self._counters()
         elapsed, answer = self._post(list(prompt_ids), max_tokens, sampling,
                                      {"return_token_ids": True})

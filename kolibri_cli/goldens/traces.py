@@ -1,0 +1,109 @@
+"""Logged chat traffic -> golden chains, through the model's tokenizer and chat template.
+
+One JSON object a line, either an OpenAI chat request/response pair
+`{"request": {"messages": [...], "max_tokens"?}, "response": {"choices": [{"message":
+{"content"}, "finish_reason"}], "model"?}}` or a conversation that ends with the answer
+`{"messages": [..., {"role": "assistant", "content"}]}`; optional top-level "id" and "category".
+The prompt is the conversation before the answer rendered with the chat template; the answer is
+re-tokenized (an eos id appended when it ended naturally), so chains are marked `retokenized`:
+the server may have split the same text into other tokens.
+Non-goals: tool calls, images (their parts are refused, not dropped).
+"""
+
+import json
+from pathlib import Path
+
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.goldens.chains import Golden
+
+
+def import_traces(path: str | Path, model, category: str = "traces") -> list[Golden]:
+    """Every trace in the JSONL file `path` as a golden of `model` (its tokenizer and template)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise KolibriError(f"{path}: no such traces file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise KolibriError(f"{path}: cannot read the traces ({e})") from None
+    goldens, seen = [], set()
+    for lineno, line in enumerate(lines, start=1):
+        if line.strip():
+            golden = _golden(_object(line, f"{path}:{lineno}"), model, category, lineno,
+                             f"{path}:{lineno}")
+            if golden.id in seen:
+                raise KolibriError(f"{path}:{lineno}: duplicate id {golden.id!r}")
+            seen.add(golden.id)
+            goldens.append(golden)
+    if not goldens:
+        raise KolibriError(f"{path}: no traces in the file (it is empty)")
+    return goldens
+
+
+def _object(line: str, where: str) -> dict:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise KolibriError(f"{where}: not JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise KolibriError(f"{where}: expected a JSON object")
+    return obj
+
+
+def _golden(obj: dict, model, category: str, lineno: int, where: str) -> Golden:
+    messages, answer, finish, meta = _conversation(obj, where)
+    tok = model.tokenizer
+    prompt_ids = tok.encode(tok.render_messages(messages), add_special_tokens=False)
+    output_ids = tok.encode(answer, add_special_tokens=False)
+    if finish == "stop" and model.eos_ids:
+        output_ids.append(model.eos_ids[0])
+    if not output_ids:
+        raise KolibriError(f"{where}: the answer is empty")
+    user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    reference = {"engine": "import", "retokenized": True, **meta}
+    return Golden(obj.get("id", lineno), str(obj.get("category", category)), user, True,
+                  prompt_ids, output_ids, model.name, model.sha256, reference,
+                  list(model.eos_ids))
+
+
+def _conversation(obj: dict, where: str) -> tuple[list[dict], str, str, dict]:
+    """(messages before the answer, the answer's text, finish reason, reference extras)."""
+    if "request" in obj:
+        request, response = obj.get("request"), obj.get("response")
+        if not isinstance(request, dict) or not isinstance(response, dict):
+            raise KolibriError(f"{where}: 'request' and 'response' must be objects")
+        messages = _messages(request.get("messages"), where)
+        choice = (response.get("choices") or [None])[0]
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            raise KolibriError(f"{where}: the response has no choices[0].message")
+        answer = _text(choice["message"].get("content"), where)
+        meta = {k: v for k, v in (("served_model", response.get("model")),
+                                  ("max_tokens", request.get("max_tokens"))) if v is not None}
+        return messages, answer, choice.get("finish_reason") or "stop", meta
+    messages = _messages(obj.get("messages"), where)
+    if len(messages) < 2 or messages[-1]["role"] != "assistant":
+        raise KolibriError(f"{where}: 'messages' must end with the assistant's answer")
+    return messages[:-1], messages[-1]["content"], "stop", {}
+
+
+def _messages(value, where: str) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise KolibriError(f"{where}: no 'messages' list")
+    out = []
+    for m in value:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise KolibriError(f"{where}: every message needs a 'role' and 'content'")
+        out.append({"role": m["role"], "content": _text(m.get("content"), where)})
+    return out
+
+
+def _text(content, where: str) -> str:
+    """A message's text: a string, or the text parts of a content list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        if any(p.get("type") != "text" for p in content):
+            raise KolibriError(f"{where}: only text content is supported (found "
+                               f"{sorted({str(p.get('type')) for p in content})})")
+        return "".join(str(p.get("text", "")) for p in content)
+    raise KolibriError(f"{where}: a message's 'content' must be text")
