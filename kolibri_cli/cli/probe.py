@@ -128,12 +128,38 @@ def probe(
         help="Add the bench chain (a seeded random prompt whose greedy continuation cycles; "
         "runs the model once for its chain).",
     ),
+    engine: str | None = typer.Option(
+        None, "--engine", metavar="ENGINE", help="Where --measure runs: kolibri; llama-server "
+        "(started on the model's GGUF, with c(n) timed in its own loop); or the base URL of a "
+        "speculating server (with --baseline). [default: kolibri]"
+    ),
+    baseline: str | None = typer.Option(
+        None, "--baseline", metavar="URL", help="Base URL of the plain twin of the server at "
+        "--engine URL (same model, no speculation)."
+    ),
+    engine_api: str | None = typer.Option(
+        None, "--engine-api", metavar="API", help="API of the servers at URLs: llama.cpp, vllm "
+        "or openai. [default: detected]"
+    ),
+    gguf: Path | None = typer.Option(
+        None, "--gguf", metavar="FILE", help="GGUF for --engine llama-server. [default: the "
+        "model's own]"
+    ),
+    repeats: int | None = typer.Option(
+        None, "--repeats", metavar="N", help="Server runs per golden, plain and spec "
+        "alternating; medians. [default: 3]"
+    ),
+    timeout: float | None = typer.Option(
+        None, "--timeout", metavar="S", help="Seconds to wait for one server answer. "
+        "[default: 600]"
+    ),
     model: str | None = typer.Option(
-        None, "--model", "-m", metavar="NAME|PATH", help="Model for --measure. "
-        "[default: smollm2-135m-instruct]"
+        None, "--model", "-m", metavar="NAME|PATH", help="Model for --measure (its tokenizer "
+        "only, for a server engine). [default: smollm2-135m-instruct]"
     ),
     threads: int | None = typer.Option(
-        None, "--threads", "-t", metavar="N", help="Kernel threads for --measure."
+        None, "--threads", "-t", metavar="N", help="Kernel (or started llama-servers') threads "
+        "for --measure."
     ),
     allow_model_mismatch: bool | None = typer.Option(
         None,
@@ -170,7 +196,8 @@ def run_probe(cfg) -> None:
     if cfg.plot:
         require_matplotlib()
     goldens = select_goldens(cfg)
-    model = _load_model(cfg) if (cfg.measure or cfg.bench) else None
+    model = _load_model(cfg, weights=cfg.bench or _in_process(cfg)) if (
+        cfg.measure or cfg.bench) else None
     if cfg.bench:
         goldens.append(_bench_golden(model))
     runs = sweep(goldens, cfg.k, cfg.window, cfg.proposer, cfg.costs, cfg.cross_request)
@@ -191,14 +218,30 @@ def run_probe(cfg) -> None:
 
 
 def _refuse_unavailable(cfg) -> None:
+    from kolibri_cli.servers import LOCAL, is_server
+
     if cfg.min_speedup is not None and not cfg.measure:
         raise KolibriError("--min-speedup gates the measured speedup: add --measure")
+    if not _in_process(cfg):
+        if not cfg.measure:
+            raise KolibriError(f"--engine {cfg.engine} is where --measure runs: add --measure")
+        if not is_server(cfg.engine):
+            raise KolibriError(f"unknown --engine {cfg.engine!r}: kolibri, {LOCAL} or a base URL")
+        if cfg.engine != LOCAL and not cfg.baseline:
+            raise KolibriError("a speculating server at a URL needs its plain twin for the "
+                               "measured speedup: add --baseline URL")
+    if cfg.baseline and (_in_process(cfg) or cfg.engine == LOCAL):
+        raise KolibriError("--baseline goes with --engine URL (a server you started)")
 
 
-def _load_model(cfg):
+def _in_process(cfg) -> bool:
+    return cfg.engine in (None, "kolibri")
+
+
+def _load_model(cfg, weights: bool = True):
     from kolibri_cli.cli.options import fit_context, load_model
 
-    model = load_model(cfg.model, cfg.threads)
+    model = load_model(cfg.model, cfg.threads if weights else None, weights)
     fit_context(max(cfg.k), max(w[1] for w in cfg.window), model)
     return model
 
@@ -233,11 +276,25 @@ def _measure(cfg, model, goldens, runs) -> dict:
     chosen = best_per_proposer(runs) if len(cfg.proposer) > 1 else [best_run(runs)]
     measured = {}
     for run in chosen:
-        with render.progress_bar(f"measuring {run.name} ") as bar:
-            measured[run_key(run)] = measure_run(model, goldens, run, lambda d, t: bar("", d, t),
-                                                 override)
-    _note_divergence(model, measured)
+        with render.progress_bar(f"measuring {run.name} on {cfg.engine or 'kolibri'} ") as bar:
+            ticks = lambda d, t: bar("", d, t)  # noqa: E731
+            measured[run_key(run)] = (
+                measure_run(model, goldens, run, ticks, override) if _in_process(cfg)
+                else _measure_server(cfg, model, goldens, run, ticks, override))
+    if _in_process(cfg):
+        _note_divergence(model, measured)
     return measured
+
+
+def _measure_server(cfg, model, goldens, run, ticks, sampling):
+    from kolibri_cli.probe.measure_server import measure_local, measure_urls
+    from kolibri_cli.servers import LOCAL
+
+    if cfg.engine == LOCAL:
+        return measure_local(model, goldens, run, cfg.repeats, cfg.threads, cfg.gguf,
+                             cfg.timeout, ticks, sampling)
+    return measure_urls(model, goldens, run, cfg.engine, cfg.baseline, cfg.repeats, cfg.costs,
+                        cfg.engine_api, cfg.timeout, ticks, sampling)
 
 
 def _note_divergence(model, measured: dict) -> None:
@@ -288,7 +345,11 @@ def _command(cfg) -> str:
     if cfg.costs:
         args += ["--costs", ",".join(f"{c:g}" for c in cfg.costs.values())]
     optional = {"--category": cfg.category and ",".join(cfg.category), "--limit": cfg.limit,
-                "--max-tokens": cfg.max_tokens, "--model": cfg.model, "--threads": cfg.threads,
+                "--max-tokens": cfg.max_tokens, "--engine": cfg.engine,
+                "--baseline": cfg.baseline, "--engine-api": cfg.engine_api,
+                "--gguf": cfg.gguf and _rel(cfg.gguf),
+                "--repeats": cfg.repeats if cfg.engine not in (None, "kolibri") else None,
+                "--model": cfg.model, "--threads": cfg.threads,
                 "--min-ratio": cfg.min_ratio, "--min-acceptance": cfg.min_acceptance,
                 "--min-speedup": cfg.min_speedup}
     optional |= {"--" + key.replace("_", "-"): value

@@ -174,6 +174,21 @@ def _describe(sampling: dict) -> str:
     return Sampling.from_dict(sampling).describe()
 
 
+def server_costs_table(r) -> Table:
+    """c(n) of an inference server (bench.server.ServerCosts)."""
+    threads = f"{r.threads} threads, " if r.threads else ""
+    rows = [("engine", f"{r.engine} ({threads}medians of {r.repeats})"),
+            ("method", r.method),
+            ("prompt", f"{r.prompt_tokens} tokens (a repeated random sequence)"
+                       + (f", {r.new_tokens} new tokens per request" if r.new_tokens else ""))]
+    ms = r.forward_ms
+    for p in sorted(r.passes, key=lambda p: p.n):
+        full = f", {min(p.full):.0%}-{max(p.full):.0%} of passes full" if p.n > 1 else ""
+        rows.append((f"c({p.n})", f"{r.costs[p.n]:.3f}  ({ms[p.n]:.1f} ms per pass, "
+                                  f"{min(p.ms):.1f}-{max(p.ms):.1f}{full})"))
+    return kv_table("kolibri bench (server decode loop)", rows)
+
+
 @dataclass
 class Col:
     """A column of a FitTable. Numbers are never cut: a numeric column is at least as wide as

@@ -212,24 +212,47 @@ def _plot_positions(ax, run: SimRun) -> None:
     ax.set_title(f"acceptance per position ({run.label})")
 
 
-MEASURED_DROP = {"plain tok/s": 3, "spec tok/s": 4, "counts==sim": 2, "vs golden": 1}
+MEASURED_DROP = {"plain tok/s": 3, "spec tok/s": 4, "counts==sim": 2, "vs golden": 1,
+                 "drafted srv/sim": 5, "accepted srv/sim": 6}
 
 
 def measured_table(m, label: str) -> FitTable:
-    """Per golden and overall: plain vs spec tok/s, measured vs predicted speedup, checks."""
+    """Per golden and overall: plain vs spec tok/s, measured vs predicted speedup, checks; on a
+    server, its own draft counters beside kolibri's simulated ones."""
+    server = m.engine != "kolibri"
+    counters = ("drafted srv/sim", "accepted srv/sim") if server else ()
     names = ("golden", "plain tok/s", "spec tok/s", "speedup", "predicted", "spec==plain",
-             "counts==sim", "vs golden")
+             *counters, "counts==sim", "vs golden")
     cols = [Col(n, numeric=n not in ("golden", "vs golden"), drop=MEASURED_DROP.get(n, 0))
             for n in names]
-    yes = lambda ok: "yes" if ok else "[red]NO[/]"  # noqa: E731
-    rows = [[cell(g.id), f"{g.plain_tokens_per_s:.1f}", f"{g.spec_tokens_per_s:.1f}",
-             fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup), yes(g.spec_equals_plain),
-             yes(g.counts_match_simulation),
-             "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]
-            for g in m.goldens]
+    rows = [_measured_row(g, server) for g in m.goldens]
+    total = [[f"{sum(g.drafts_proposed for g in m.goldens)}/"
+              f"{sum(g.simulated_proposed or 0 for g in m.goldens)}",
+              f"{sum(g.drafts_accepted for g in m.goldens)}/"
+              f"{sum(g.simulated_accepted or 0 for g in m.goldens)}"]] if server else [[]]
     rows.append(["[bold]total[/]", f"{m.plain_tokens_per_s:.1f}", f"{m.spec_tokens_per_s:.1f}",
-                 fmt_ratio(m.speedup), fmt_ratio(m.predicted_speedup),
-                 yes(m.spec_equals_plain), yes(m.counts_match_simulation), ""])
-    costs = ", ".join(f"{n}: {c:.2f}" for n, c in sorted(m.costs.items()))
-    return FitTable(f"measured with the model ({label})", cols, rows, title_justify="left",
-                    caption=f"c(n): {costs}; proposer {m.proposer_s_per_pass * 1e6:.0f} us/pass")
+                 fmt_ratio(m.speedup), fmt_ratio(m.predicted_speedup), _yes(m.spec_equals_plain),
+                 *total[0], _yes(m.counts_match_simulation), ""])
+    costs = ", ".join(f"{n}: {c:.2f}" for n, c in sorted(m.costs.items())) or "not measured"
+    if server:
+        low, high = m.speedup_range or (m.speedup, m.speedup)
+        title = f"measured on {m.engine} ({label}; medians of {m.repeats})"
+        caption = (f"c(n) of the server's decode loop: {costs}; speedup per repeat "
+                   f"{low:.2f}x-{high:.2f}x; srv = the server's draft counters")
+    else:
+        title = f"measured with the model ({label})"
+        caption = f"c(n): {costs}; proposer {m.proposer_s_per_pass * 1e6:.0f} us/pass"
+    return FitTable(title, cols, rows, title_justify="left", caption=caption)
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "[red]NO[/]"
+
+
+def _measured_row(g, server: bool) -> list[str]:
+    counters = [f"{g.drafts_proposed}/{g.simulated_proposed}",
+                f"{g.drafts_accepted}/{g.simulated_accepted}"] if server else []
+    return [cell(g.id), f"{g.plain_tokens_per_s:.1f}", f"{g.spec_tokens_per_s:.1f}",
+            fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup), _yes(g.spec_equals_plain),
+            *counters, _yes(g.counts_match_simulation),
+            "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]

@@ -43,6 +43,12 @@ class ProbeConfig:
     model: str | None = None  # model name or folder for --measure (default: the default model)
     threads: int | None = None  # kernel threads for --measure (default: all cores)
     bench: bool = False  # add the bench chain (the model generates its chain)
+    engine: str | None = None  # --measure on: kolibri (default), llama-server, or a server URL
+    baseline: str | None = None  # URL of the plain twin of a speculative server at --engine
+    engine_api: str | None = None  # llama.cpp, vllm or openai (default: detected)
+    gguf: Path | None = None  # GGUF for --engine llama-server (default: the model's own)
+    repeats: int = 3  # server runs per golden, plain and spec alternating (medians)
+    timeout: float = 600.0  # seconds to wait for one server answer
     allow_model_mismatch: bool = False  # measure goldens recorded for another model
     # --measure samples as each golden was recorded, unless these override it for every golden
     temperature: float | None = None
@@ -74,6 +80,9 @@ class ProbeConfig:
             "limit": self.limit,
             "max_tokens": self.max_tokens,
             "measure": self.measure,
+            "engine": self.engine,
+            "baseline": self.baseline,
+            "repeats": self.repeats,
             "model": self.model,
             "min_ratio": self.min_ratio,
             "min_acceptance": self.min_acceptance,
@@ -87,7 +96,7 @@ class ProbeConfig:
 
 
 FIELDS = [f.name for f in dataclasses.fields(ProbeConfig) if f.name != "source"]
-PATH_KEYS = ("markdown", "plot")
+PATH_KEYS = ("markdown", "plot", "gguf")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 
 
@@ -151,9 +160,11 @@ def _parse(key: str, value):
     if key == "category":
         items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
         return [c.strip() for c in items if c.strip()]
-    if key == "model":
+    if key in ("model", "engine", "baseline", "engine_api"):
         return str(_expect(value, key, str | Path))
-    if key in ("limit", "max_tokens", "threads"):
+    if key == "timeout":
+        return _positive_number(value, key)
+    if key in ("limit", "max_tokens", "threads", "repeats"):
         return _positive_int(value, key)
     if key in ("top_k", "seed"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -213,6 +224,12 @@ def _positive_int(value, key: str) -> int:
     if isinstance(value, bool) or isinstance(value, float) or number < 1:
         raise KolibriError(f"{key} must be a whole number >= 1, got {shown(value)}")
     return number
+
+
+def _positive_number(value, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise KolibriError(f"{key} must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def _threshold(value, key: str) -> float:

@@ -38,6 +38,8 @@ class MeasuredGolden:
     verify_passes: int  # of the real spec run
     drafts_proposed: int
     drafts_accepted: int
+    simulated_proposed: int | None = None  # a server's run: kolibri's simulated counts, which
+    simulated_accepted: int | None = None  # must equal the server's own counters above
 
 
 @dataclass
@@ -53,6 +55,9 @@ class Measured:
     spec_equals_plain: bool  # on every golden
     counts_match_simulation: bool  # on every golden
     goldens: list[MeasuredGolden] = field(default_factory=list)
+    engine: str = "kolibri"  # or the server measured: "llama-server", a URL
+    repeats: int = 1  # plain/spec runs per golden (alternating; medians)
+    speedup_range: tuple[float, float] | None = None  # min, max of the per-repeat speedups
 
     @property
     def prediction_error(self) -> float | None:
@@ -369,7 +374,9 @@ def md_comparison(compared: list[SimRun], measured: dict[RunKey, Measured] | Non
 
 
 def _md_measured(m: Measured, name: str = "") -> str:
+    server = m.engine != "kolibri"
     rows = [
+        ["engine", m.engine + (f" (medians of {m.repeats} runs per golden)" if server else "")],
         ["plain tok/s", fmt_num(m.plain_tokens_per_s)],
         ["spec tok/s", fmt_num(m.spec_tokens_per_s)],
         ["measured speedup", fmt_ratio(m.speedup)],
@@ -378,15 +385,25 @@ def _md_measured(m: Measured, name: str = "") -> str:
         ["spec ids == plain ids", "yes" if m.spec_equals_plain else "NO"],
         ["simulated counts == real counts", "yes" if m.counts_match_simulation else "NO"],
         ["c(n)", ", ".join(f"c({n})={c:.2f}" for n, c in sorted(m.costs.items()))],
-        ["proposer time per pass", f"{m.proposer_s_per_pass * 1e6:.0f} us"],
     ]
-    per = [[str(g.id), fmt_num(g.plain_tokens_per_s, 1), fmt_num(g.spec_tokens_per_s, 1),
-            fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup),
-            "yes" if g.spec_equals_plain else "NO", "yes" if g.counts_match_simulation else "NO",
-            "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]
-           for g in m.goldens]
+    if server and m.speedup_range:
+        rows.append(["speedup per repeat", " - ".join(map(fmt_ratio, m.speedup_range))])
+    else:
+        rows.append(["proposer time per pass", f"{m.proposer_s_per_pass * 1e6:.0f} us"])
+    per = [_md_measured_row(g, server) for g in m.goldens]
     header = ["golden", "plain tok/s", "spec tok/s", "speedup", "predicted", "spec == plain",
+              *(["drafted server/sim", "accepted server/sim"] if server else []),
               "counts == sim", "model vs golden"]
     title = f"## Measured ({name})" if name else "## Measured"
     return (title + "\n\n" + _md_table(["figure", "value"], rows) + "\n\n"
             + _md_table(header, per))
+
+
+def _md_measured_row(g: MeasuredGolden, server: bool) -> list[str]:
+    counters = [f"{g.drafts_proposed}/{g.simulated_proposed}",
+                f"{g.drafts_accepted}/{g.simulated_accepted}"] if server else []
+    return [str(g.id), fmt_num(g.plain_tokens_per_s, 1), fmt_num(g.spec_tokens_per_s, 1),
+            fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup),
+            "yes" if g.spec_equals_plain else "NO", *counters,
+            "yes" if g.counts_match_simulation else "NO",
+            "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]

