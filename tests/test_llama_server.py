@@ -11,13 +11,14 @@ from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
 from kolibri_cli.decode.proposers import LlamaCppSimpleProposer
-from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+from kolibri_cli.goldens.chains import DEFAULT_CHAT, SHIPPED_GOLDENS, load_goldens
 from kolibri_cli.probe.simulate import ServerCounting, simulate_chain
 from kolibri_cli.servers import spec_args, synth_args
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.model]
 
 EOS = (2,)
+DEFAULT_PROMPTS = SHIPPED_GOLDENS / "prompts" / "chat.jsonl"
 # Two chains that run to the cap and two that stop on eos well before it (summarize-meeting at
 # 78 tokens, extract-dates at 44 on this server), where the chain-end counting matters.
 IDS = ("code-write-stack", "summarize-meeting", "extract-dates", "qa-tides")
@@ -177,3 +178,20 @@ def test_server_down_is_one_error_line(cli, tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "connection refused" in lines[0]
     assert not (tmp_path / "g.jsonl").exists()
+
+
+def test_sampled_goldens_from_llama_server_repeat_with_their_seed(cli, tmp_path):
+    """--temperature with --seed: the server samples with that seed, the golden keeps the
+    settings, and the same seed records the same chains again (another seed, other chains)."""
+    def record(seed: int, name: str):
+        out = tmp_path / name
+        result = cli("goldens", "record", "-p", DEFAULT_PROMPTS, "--limit", 2, "-o", out,
+                     "--engine", "llama-server", "-n", 32, "-t", 1, "--temperature", 1.5,
+                     "--seed", seed)
+        assert result.exit_code == 0, result.stderr
+        return load_goldens(out)
+
+    first, again, other = record(7, "a.jsonl"), record(7, "b.jsonl"), record(8, "c.jsonl")
+    assert [g.output_ids for g in first] == [g.output_ids for g in again]
+    assert [g.output_ids for g in first] != [g.output_ids for g in other]
+    assert all(g.sampling["temperature"] == 1.5 and g.sampling["seed"] == 7 for g in first)

@@ -7,8 +7,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers import Sampling, connect
+from kolibri_cli.servers import connect
 from kolibri_cli.servers.api import LlamaCppApi, OpenAiApi, VllmApi, _metric_sum, detect_api
 from kolibri_cli.servers.transport import Http, masked
 
@@ -157,13 +158,30 @@ LLAMA_ANSWER = {"tokens": [5, 6, 2], "stop_type": "eos", "content": "ab",
 
 def test_llamacpp_completion_sends_ids_and_reads_tokens_timings_counters(stub):
     s = stub({("POST", "/completion"): [(200, LLAMA_ANSWER)]})
-    c = LlamaCppApi(Http(s.url)).complete([1, 2, 3], 8, Sampling(0.7, 42), margins=True)
+    c = LlamaCppApi(Http(s.url)).complete([1, 2, 3], 8, Sampling(temperature=0.7, seed=42),
+                                            margins=True)
     body = s.requests[0][3]
     assert body["prompt"] == [1, 2, 3] and body["n_predict"] == 8 and body["return_tokens"]
     assert body["temperature"] == 0.7 and body["seed"] == 42 and body["n_probs"] == 2
+    # llama.cpp's own filters (top_k 40, top_p 0.95, min_p 0.05) would apply unless set
+    assert (body["top_k"], body["top_p"], body["min_p"], body["repeat_penalty"]) == (0, 1, 0, 1)
     assert c.output_ids == [5, 6, 2] and c.decode_s == pytest.approx(0.04)
     assert (c.drafted, c.accepted) == (4, 1)
     assert c.top2_margins == [2.0, 2.0, 2.0] and not c.retokenized
+
+
+def test_sampling_settings_become_each_apis_request_fields():
+    from kolibri_cli.servers.api import llamacpp_sampling, openai_sampling
+
+    assert llamacpp_sampling(Sampling()) == {"temperature": 0.0, "repeat_penalty": 1.0}
+    assert openai_sampling(Sampling()) == {"temperature": 0.0}
+    sampled = Sampling(temperature=0.7, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
+                       seed=3)
+    assert llamacpp_sampling(sampled) == {"temperature": 0.7, "top_k": 50, "top_p": 0.9,
+                                          "min_p": 0.05, "repeat_penalty": 1.1, "seed": 3}
+    assert openai_sampling(sampled) == {"temperature": 0.7, "seed": 3, "top_p": 0.9, "top_k": 50,
+                                        "min_p": 0.05, "repetition_penalty": 1.1}
+    assert openai_sampling(Sampling(temperature=1.0, seed=9)) == {"temperature": 1.0, "seed": 9}
 
 
 def test_llamacpp_without_draft_counters_reports_zero(stub):

@@ -594,3 +594,20 @@ def test_a_folder_here_named_like_a_cached_model_is_named_in_a_note(kolibri_home
     notes.clear()
     assert store.resolve("tiny", notify=notes.append) == kolibri_home / "models" / "tiny"
     assert notes == []
+
+
+def test_gguf_file_of_imported_and_user_models(tmp_path):
+    """llama-server needs a GGUF: an import's source file (while it exists); a user's folder
+    has none (say --gguf)."""
+    source = tmp_path / "mine.gguf"
+    source.write_bytes(b"GGUF")
+    folder = tmp_path / "imported"
+    folder.mkdir()
+    (folder / "kolibri.json").write_text(json.dumps({"name": "mine", "source": "import",
+                                                     "gguf": str(source)}))
+    assert store.gguf_file(folder) == source
+    source.unlink()
+    with pytest.raises(KolibriError, match="imported from .*mine.gguf, which is gone"):
+        store.gguf_file(folder)
+    with pytest.raises(KolibriError, match="has no GGUF file for llama-server; pass --gguf"):
+        store.gguf_file(tmp_path)

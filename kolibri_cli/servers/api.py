@@ -8,8 +8,9 @@
 - `openai`: any OpenAI-compatible /v1/completions that answers text only: the prompt is sent as
   text, the answer re-tokenized with the local tokenizer and marked `retokenized` (BPE can split
   the text differently from what the server generated).
-Decode time without a server-side figure is the wall time of the request minus that of a
-1-token request for the same prompt (prefill and HTTP cost the same in both).
+Decode time is the server's own figure where it reports one (llama.cpp's `timings`, on its
+/v1/completions too), else the wall time of the request minus that of a 1-token request for the
+same prompt (prefill and HTTP cost the same in both).
 """
 
 import re

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
