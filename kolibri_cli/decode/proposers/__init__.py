@@ -33,7 +33,7 @@ __all__ = [
     "DEFAULT_K", "DEFAULT_PROPOSER", "DEFAULT_WINDOW", "PROPOSERS", "AdaptiveProposer",
     "HfProposer", "LlamaCppSimpleProposer", "NgramProposer", "Proposer", "SuffixProposer",
     "canonical_proposer", "draft", "format_window", "make_proposer", "parse_k", "parse_k_list",
-    "parse_window", "parse_window_list", "validate_k", "validate_window",
+    "parse_window", "parse_window_list", "shares_state", "validate_k", "validate_window",
 ]
 
 
@@ -47,6 +47,13 @@ class Proposer(Protocol):
     def propose(self, context, max_tokens: int) -> list[int]:
         """Draft at most `max_tokens` tokens to follow `context` (prompt + generated ids)."""
         ...
+
+
+def shares_state(proposer: Proposer) -> bool:
+    """True when a proposer's drafts depend on earlier requests (state kept across them), so
+    requests must pass through one instance in order; a proposer says False with a
+    `shares_state` attribute, and one that does not say is taken to share."""
+    return bool(getattr(proposer, "shares_state", True))
 
 
 PROPOSERS = {

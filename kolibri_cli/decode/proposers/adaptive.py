@@ -42,6 +42,7 @@ class AdaptiveProposer:
     decay: float = 0.9  # weight of the older evidence for n at each new pass of n (recency)
     explore: int = 8  # after this many skipped matches of length n, draft 1 token to re-test
     name: ClassVar[str] = "adaptive"
+    shares_state: ClassVar[bool] = True  # statistics carry over from request to request
     _tried: np.ndarray = field(init=False, repr=False)  # [window_max + 1, k] passes testing (n, j)
     _accepted: np.ndarray = field(init=False, repr=False)  # [window_max + 1, k] accepted (n, j)
     _last_n: int = field(init=False, default=0)  # match length of the last proposal (0: none)

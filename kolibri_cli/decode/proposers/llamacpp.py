@@ -48,6 +48,7 @@ class LlamaCppSimpleProposer:
     window_max: int  # size_n
 
     name: ClassVar[str] = "llamacpp-simple"
+    shares_state: ClassVar[bool] = False  # drafts depend on this request alone
 
     def __post_init__(self):
         validate_k(self.k)

@@ -66,6 +66,7 @@ class NgramProposer:
     window_max: int  # longest n-gram tried
 
     name: ClassVar[str] = "vllm"
+    shares_state: ClassVar[bool] = False  # drafts depend on this request alone
 
     def __post_init__(self):
         validate_k(self.k)
@@ -117,6 +118,7 @@ class HfProposer:
     eos_ids: tuple[int, ...] = ()  # the draft is cut before the first of these
 
     name: ClassVar[str] = "hf"
+    shares_state: ClassVar[bool] = False  # drafts depend on this request alone
 
     def __post_init__(self):
         validate_k(self.k)

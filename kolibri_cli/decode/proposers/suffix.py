@@ -54,6 +54,11 @@ class SuffixProposer:
             draft = other if other.score > draft.score else draft
         return draft.token_ids[: max(max_tokens, 0)]
 
+    @property
+    def shares_state(self) -> bool:
+        """The global tree holds earlier requests' outputs; the per-request tree does not."""
+        return self.cross_request
+
     def observe(self, context, drafted: int, accepted: int) -> None:
         self._sync(context)
 

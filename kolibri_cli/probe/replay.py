@@ -1,0 +1,254 @@
+"""Replaying one configuration over batches of chains: the compiled replay when the proposer has
+one (fast.py), else the reference loop (simulate.simulate_chain) chain by chain.
+
+A proposer that shares state across requests (`shares_state`: suffix --cross-request, adaptive)
+is one instance for a whole stream, fed its chains in order; any other proposer starts fresh at
+each chain, so chains can be replayed anywhere, in any grouping, with the same counts.
+Non-goals: reading goldens, sharding, merging (shard.py).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kolibri_cli.decode.proposers import (
+    HfProposer,
+    LlamaCppSimpleProposer,
+    NgramProposer,
+    SuffixProposer,
+    make_proposer,
+    shares_state,
+)
+from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.probe import fast
+from kolibri_cli.probe.simulate import Counts, simulate_chain
+
+NGRAM_RULES = {NgramProposer: fast.VLLM, HfProposer: fast.HF, LlamaCppSimpleProposer: fast.LLAMACPP}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One configuration to simulate: a proposer and its settings."""
+
+    proposer: str  # canonical name
+    k: int
+    window: tuple[int, int]
+    costs: tuple[tuple[int, float], ...] | None = None  # c(n) as (n, c) pairs (adaptive)
+    cross_request: bool = False  # suffix: a global tree over the stream's earlier outputs
+    index: int = 0  # its place in the probe's list of configurations (reports keep that order)
+
+    def make_proposer(self, eos_ids=()):
+        costs = None if self.costs is None else dict(self.costs)
+        return make_proposer(self.proposer, self.k, self.window, costs, self.cross_request,
+                             tuple(eos_ids))
+
+    @property
+    def ordered(self) -> bool:
+        """True when chains must be replayed in order through one proposer (state shared across
+        requests)."""
+        return shares_state(self.make_proposer())
+
+
+class Chains:
+    """A batch of goldens as flat arrays: chain c is tokens[starts[c]:starts[c+1]], its first
+    prompt_lens[c] ids the prompt, then the output; its eos ids are eos[eos_starts[c]:...]."""
+
+    def __init__(self, goldens: list[Golden]):
+        self.goldens = goldens
+        self.ids = [g.id for g in goldens]
+        self.categories = [g.category for g in goldens]
+        flat = []
+        for g in goldens:
+            flat += g.prompt_ids
+            flat += g.output_ids
+        self.tokens = np.array(flat, dtype=np.int64)  # [sum of chain lengths]
+        self.starts = _offsets([len(g.prompt_ids) + len(g.output_ids) for g in goldens])  # [n+1]
+        self.prompt_lens = np.array([len(g.prompt_ids) for g in goldens], dtype=np.int64)  # [n]
+        self.eos_starts = _offsets([len(g.eos_ids) for g in goldens])  # int64[n + 1]
+        self.eos = np.array([t for g in goldens for t in g.eos_ids], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.goldens)
+
+    @property
+    def plain_steps(self) -> int:
+        return int(np.maximum(np.diff(self.starts) - self.prompt_lens - 1, 0).sum())
+
+
+@dataclass
+class ChainCounts:
+    """Counts of each chain of a batch, as columns (cheap to build, sum and ship)."""
+
+    k: int
+    scalars: np.ndarray  # int64[n, 5]: fast.SCALARS per chain
+    drafted_at: np.ndarray  # int64[n, k]
+    accepted_at: np.ndarray  # int64[n, k]
+    pass_starts: np.ndarray  # int64[n + 1]: chain c's passes are [pass_starts[c], ...[c + 1])
+    draft_lengths: np.ndarray  # int64[passes]
+    accepted_lengths: np.ndarray  # int64[passes]
+
+    @classmethod
+    def empty(cls, n: int, k: int, passes: int) -> "ChainCounts":
+        zeros = lambda *shape: np.zeros(shape, dtype=np.int64)  # noqa: E731
+        return cls(k, zeros(n, 5), zeros(n, k), zeros(n, k), zeros(n + 1), zeros(passes),
+                   zeros(passes))
+
+    @classmethod
+    def of(cls, counts: list[Counts], k: int) -> "ChainCounts":
+        table = cls.empty(len(counts), k, sum(c.verify_passes for c in counts))
+        for i, c in enumerate(counts):
+            table.scalars[i] = [getattr(c, name) for name in fast.SCALARS]
+            table.drafted_at[i, : len(c.drafted_at)] = c.drafted_at
+            table.accepted_at[i, : len(c.accepted_at)] = c.accepted_at
+            table.pass_starts[i + 1] = table.pass_starts[i] + c.verify_passes
+            passes = slice(table.pass_starts[i], table.pass_starts[i + 1])
+            table.draft_lengths[passes] = c.draft_lengths
+            table.accepted_lengths[passes] = c.accepted_lengths
+        return table
+
+    def chain(self, i: int) -> Counts:
+        """Chain i's counts, with its per-pass lists."""
+        passes = slice(self.pass_starts[i], self.pass_starts[i + 1])
+        counts = Counts(**dict(zip(fast.SCALARS, self.scalars[i].tolist(), strict=True)))
+        counts.drafted_at = self.drafted_at[i].tolist()
+        counts.accepted_at = self.accepted_at[i].tolist()
+        counts.draft_lengths = self.draft_lengths[passes].tolist()
+        counts.accepted_lengths = self.accepted_lengths[passes].tolist()
+        return counts
+
+    def sum(self, rows: np.ndarray | slice = slice(None)) -> Counts:
+        """The counts of the chains `rows` summed (no per-pass lists)."""
+        counts = Counts(**dict(zip(fast.SCALARS, self.scalars[rows].sum(axis=0).tolist(),
+                                   strict=True)))
+        counts.drafted_at = self.drafted_at[rows].sum(axis=0).tolist()
+        counts.accepted_at = self.accepted_at[rows].sum(axis=0).tolist()
+        return counts
+
+    def by_category(self, categories: list[str]) -> dict[str, Counts]:
+        """Counts summed per category, in order of first appearance."""
+        codes = {}
+        index = np.array([codes.setdefault(c, len(codes)) for c in categories], dtype=np.int64)
+        return {name: self.sum(index == code) for name, code in codes.items()}
+
+
+class Replayer:
+    """One configuration replayed over the batches of one stream, in order."""
+
+    def __init__(self, config: SimConfig, fast_path: bool = True):
+        self.config = config
+        self.proposer = config.make_proposer()
+        self.ordered = shares_state(self.proposer)
+        self._fast = _fast_replay(self.proposer) if fast_path else None
+
+    def replay(self, chains: Chains) -> ChainCounts:
+        if self._fast is not None:
+            return self._fast.replay(chains)
+        counts = [simulate_chain(g.prompt_ids, g.output_ids, self._proposer_for(g), self.config.k)
+                  for g in chains.goldens]
+        return ChainCounts.of(counts, self.config.k)
+
+    def _proposer_for(self, golden: Golden):
+        """The stream's one proposer if it shares state across requests, else a fresh one for
+        this chain (with the chain's own eos ids)."""
+        return self.proposer if self.ordered else self.config.make_proposer(golden.eos_ids)
+
+
+class NgramReplay:
+    """vllm, hf and llamacpp-simple, compiled (fast.ngram_replay)."""
+
+    def __init__(self, proposer):
+        self.rule = NGRAM_RULES[type(proposer)]
+        self.k, self.window = proposer.k, (proposer.window_min, proposer.window_max)
+
+    def replay(self, chains: Chains) -> ChainCounts:
+        out = ChainCounts.empty(len(chains), self.k, chains.plain_steps)
+        fast.ngram_replay(chains.tokens, chains.starts, chains.prompt_lens, chains.eos,
+                          chains.eos_starts, self.rule, self.k, *self.window, *_columns(out))
+        return _trimmed(out)
+
+
+class SuffixReplay:
+    """SuffixProposer compiled (fast.suffix_replay): its tries live here, on arrays, and carry
+    over from batch to batch (the global one with --cross-request)."""
+
+    def __init__(self, proposer: SuffixProposer):
+        self.proposer = proposer
+        self.depth = proposer.max_depth
+        self.local, self.local_size = _new_trie(1024)
+        self.global_, self.global_size = _new_trie(1024 if proposer.cross_request else 1)
+        self.root_local = np.full(0, -1, dtype=np.int64)  # [V] token -> child of the root
+        self.root_global = np.full(0, -1, dtype=np.int64)
+        self.live = np.zeros(2 * self.depth, dtype=np.int64)  # live suffixes: local, global
+        self.state = np.zeros(4, dtype=np.int64)  # seen length, live local, live global, requests
+        self.last = np.zeros(0, dtype=np.int64)  # the context last seen
+
+    def replay(self, chains: Chains) -> ChainCounts:
+        p = self.proposer
+        out = ChainCounts.empty(len(chains), p.k, chains.plain_steps)
+        self._fit(chains)
+        first = 0
+        while first < len(chains):
+            first = fast.suffix_replay(
+                chains.tokens, chains.starts, chains.prompt_lens, p.k, self.depth,
+                p.max_spec_factor, p.max_spec_offset, p.min_token_prob, p.cross_request,
+                self.local, self.local_size, self.global_, self.global_size, self.root_local,
+                self.root_global, self.live, self.state, self.last, *_columns(out), first)
+            if first < len(chains):  # a trie is full: double it and go on from that chain
+                room = int(np.diff(chains.starts)[first]) * self.depth
+                self.local = _grown(self.local, int(self.local_size[0]) + room)
+                if p.cross_request:
+                    self.global_ = _grown(self.global_, int(self.global_size[0]) + room)
+        return _trimmed(out)
+
+    def _fit(self, chains: Chains) -> None:
+        """Room for this batch's token ids in the root tables and its longest context."""
+        vocab = int(chains.tokens.max(initial=0)) + 1
+        self.root_local = _padded(self.root_local, vocab, -1)
+        self.root_global = _padded(self.root_global, vocab, -1)
+        self.last = _padded(self.last, int(np.diff(chains.starts).max(initial=0)), 0)
+
+
+def _fast_replay(proposer):
+    """The compiled replay of this exact proposer type, or None (the generic path)."""
+    if type(proposer) in NGRAM_RULES:
+        return NgramReplay(proposer)
+    if type(proposer) is SuffixProposer:
+        return SuffixReplay(proposer)
+    return None
+
+
+def _columns(out: ChainCounts) -> tuple:
+    return (out.scalars, out.drafted_at, out.accepted_at, out.draft_lengths,
+            out.accepted_lengths, out.pass_starts)
+
+
+def _trimmed(out: ChainCounts) -> ChainCounts:
+    passes = int(out.pass_starts[-1])
+    out.draft_lengths = out.draft_lengths[:passes]
+    out.accepted_lengths = out.accepted_lengths[:passes]
+    return out
+
+
+def _new_trie(capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """A trie with its root only: nodes int64[capacity, 6] (fast.COUNT..BEST) and its size."""
+    nodes = np.full((capacity, 6), -1, dtype=np.int64)
+    nodes[0, fast.COUNT] = 0
+    return nodes, np.ones(1, dtype=np.int64)
+
+
+def _grown(nodes: np.ndarray, needed: int) -> np.ndarray:
+    if needed <= nodes.shape[0]:
+        return nodes
+    bigger = np.full((max(needed, 2 * nodes.shape[0]), nodes.shape[1]), -1, dtype=np.int64)
+    bigger[: nodes.shape[0]] = nodes
+    return bigger
+
+
+def _padded(values: np.ndarray, size: int, fill: int) -> np.ndarray:
+    if size <= values.shape[0]:
+        return values
+    return np.concatenate([values, np.full(size - values.shape[0], fill, dtype=np.int64)])
+
+
+def _offsets(sizes: list[int]) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(sizes, dtype=np.int64))).astype(np.int64)
