@@ -8,11 +8,11 @@ import pytest
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import (
     Golden,
-    find_golden_files,
     load_goldens,
     read_prompts,
     save_goldens,
 )
+from kolibri_cli.goldens.stream import find_golden_files
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_BENCH = REPO.parent / "shared" / "datasets" / "spec_bench" / "question.jsonl"

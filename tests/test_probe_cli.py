@@ -37,12 +37,13 @@ def test_json_schema_and_values(goldens):
     result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"schema_version", "config", "best", "comparison", "runs"}
+    assert set(doc) == {"schema_version", "throughput", "config", "best", "comparison", "runs"}
     assert doc["config"]["k"] == [3] and doc["config"]["window"] == ["1-2"]
+    assert (doc["throughput"]["chains"], doc["throughput"]["steps"]) == (2, 9)
     assert doc["best"] == {"proposer": "vllm", "k": 3, "window": [1, 2], "ratio": 1.8}
     (r,) = doc["runs"]
-    head = (r["proposer"], r["k"], r["window"], r["best"], r["measured"])
-    assert head == ("vllm", 3, [1, 2], True, None)
+    head = (r["proposer"], r["k"], r["window"], r["best"], r["measured"], r["chains"])
+    assert head == ("vllm", 3, [1, 2], True, None, 2)
     assert r["total"] == {
         "plain_steps": 9, "verify_passes": 5, "ratio": 1.8, "drafts_proposed": 6,
         "drafts_accepted": 4, "passes_with_drafts": 3, "acceptance_rate": 4 / 6,
@@ -189,7 +190,7 @@ def test_measured_section_and_speedup_gate(goldens):
     from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.config import ProbeConfig
     from kolibri_cli.probe.report import Measured, MeasuredGolden, build_report, check_gates
-    from kolibri_cli.probe.simulate import simulate
+    from kolibri_cli.probe.shard import simulate
 
     run_ = simulate(load_goldens(goldens), 3, (1, 2))
     one = MeasuredGolden("mix", 20.0, 30.0, 1.5, 1.65, True, None, True, 3, 5, 4)
@@ -214,7 +215,7 @@ def test_measured_section_and_speedup_gate(goldens):
 def test_speedup_gate_skips_unmeasured_runs_of_a_sweep(goldens):
     from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.report import Measured, check_gates
-    from kolibri_cli.probe.simulate import sweep
+    from kolibri_cli.probe.shard import sweep
 
     runs = sweep(load_goldens(goldens), [1, 3], [(1, 2)])
     measured = {("vllm", 3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0}, 0.0, True, True)}
@@ -232,7 +233,7 @@ def test_measured_totals_with_one_token_goldens_predict_nothing():
     from kolibri_cli.decode.generate import generate_plain
     from kolibri_cli.goldens.chains import Golden
     from kolibri_cli.probe.measure import measure_run
-    from kolibri_cli.probe.simulate import simulate
+    from kolibri_cli.probe.shard import simulate
 
     model = MODELS[0]
     prompt = [5, 6, 7, 5, 6]

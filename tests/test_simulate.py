@@ -8,15 +8,14 @@ import pytest
 from kolibri_cli.decode.proposers import NgramProposer
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.probe.shard import simulate, sweep
 from kolibri_cli.probe.simulate import (
     ServerCounting,
     best_run,
     merge_counts,
     predicted_speedup,
-    simulate,
     simulate_chain,
     spec_time,
-    sweep,
 )
 
 
@@ -123,7 +122,8 @@ def test_merge_pads_position_lists():
     short, long = chain([1, 2, 3], [1, 9, 9], k=1), chain([5, 1, 2, 3, 4], [5, 1, 2, 3, 4, 5], k=4)
     total = merge_counts([short, long])
     assert total.drafted_at == [2, 1, 1, 1] and total.accepted_at == [1, 1, 1, 1]
-    assert total.draft_lengths == [1, 0, 4]
+    assert total.draft_lengths == []  # sums keep no per-pass lists (memory stays flat)...
+    assert total.passes_by_draft_length() == [1, 1, 0, 0, 1]  # ...but passes by draft length
 
 
 def reference_simulation(prompt, output, k, lo, hi):

@@ -8,6 +8,7 @@ stays fast.
 
 import os
 import shlex
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -172,6 +173,24 @@ def probe(
     min_p: MinPOpt = None,
     repetition_penalty: RepetitionPenaltyOpt = None,
     seed: SeedOpt = None,
+    workers: int | None = typer.Option(
+        None, "--workers", "-w", metavar="N",
+        help="Simulate in N local processes. [default: the cores]",
+    ),
+    ray: bool | None = typer.Option(
+        None, "--ray/--no-ray",
+        help="Simulate on Ray: a new local Ray instance, or the cluster at --ray-address; "
+        "needs kolibri[ray].",
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", metavar="ADDRESS",
+        help="The Ray cluster for --ray (implies it): auto = the one this machine is in, "
+        "ray://HOST:10001, HOST:6379.",
+    ),
+    rows: Path | None = typer.Option(
+        None, "--rows", metavar="FILE",
+        help="Write every chain's counts to FILE (JSONL, one line per chain and configuration).",
+    ),
 ) -> None:
     """Simulate n-gram speculation over golden chains: exact counts, no model needed. With
     --measure, each golden is run as it was recorded (greedy or sampled) unless sampling options
@@ -179,6 +198,8 @@ def probe(
     overrides = dict(locals())  # option name -> value; None = not given (PROBE.toml decides)
     overrides.pop("config")
     overrides["json"] = overrides.pop("json_out")
+    address = overrides.pop("ray_address")
+    overrides["ray"] = address or overrides["ray"]
     from kolibri_cli.probe.config import load_config
 
     run_probe(load_config(config, overrides))
@@ -188,27 +209,27 @@ def run_probe(cfg) -> None:
     """Simulate, write the requested files, print, then apply the gates."""
     from kolibri_cli.cli.options import print_json
     from kolibri_cli.cli.render_probe import render_probe, require_matplotlib, write_plot
-    from kolibri_cli.probe.config import select_goldens
     from kolibri_cli.probe.report import build_report, check_gates, render_markdown
-    from kolibri_cli.probe.simulate import sweep
 
     _refuse_unavailable(cfg)
     if cfg.plot:
         require_matplotlib()
-    goldens = select_goldens(cfg)
-    model = _load_model(cfg, weights=cfg.bench or _in_process(cfg)) if (
-        cfg.measure or cfg.bench) else None
-    if cfg.bench:
-        goldens.append(_bench_golden(model))
-    runs = sweep(goldens, cfg.k, cfg.window, cfg.proposer, cfg.costs, cfg.cross_request)
-    measured = _measure(cfg, model, goldens, runs) if cfg.measure else None
+    model = _load_model(cfg, weights=cfg.bench or _in_process(cfg)) if (cfg.measure or cfg.bench) else None
+    extra = [_bench_golden(model)] if cfg.bench else []
+    if cfg.measure:
+        goldens = _goldens_in_memory(cfg) + extra
+        runs, throughput = _simulate(cfg, _in_memory_tasks(cfg, goldens))
+        measured = _measure(cfg, model, goldens, runs)
+    else:
+        runs, throughput = _simulate(cfg, _planned_tasks(cfg, extra))
+        measured = None
     if cfg.plot:
         write_plot(cfg.plot, runs)
     if cfg.markdown:
         text = render_markdown(cfg, runs, _command(cfg), measured=measured, plot=_plot_link(cfg))
         _write_markdown(cfg, text)
     if cfg.json:
-        print_json(build_report(cfg, runs, measured), indent=None)
+        print_json(build_report(cfg, runs, measured, throughput), indent=None)
     else:
         render_probe(runs, cfg.by_category, measured)
     failures = check_gates(runs, cfg.min_ratio, cfg.min_acceptance, cfg.min_speedup, measured)
@@ -232,6 +253,77 @@ def _refuse_unavailable(cfg) -> None:
                                "measured speedup: add --baseline URL")
     if cfg.baseline and (_in_process(cfg) or cfg.engine == LOCAL):
         raise KolibriError("--baseline goes with --engine URL (a server you started)")
+    if cfg.measure and cfg.ray is not None:
+        raise KolibriError("--measure runs the model here, on a few goldens: drop --ray")
+
+
+def _planned_tasks(cfg, extra: list) -> list:
+    from kolibri_cli.probe.shard import plan_tasks
+
+    return plan_tasks(cfg, extra, rows_json=cfg.rows is not None)
+
+
+def _goldens_in_memory(cfg) -> list:
+    from kolibri_cli.probe.config import select_goldens
+    from kolibri_cli.probe.shard import ROWS_IN_REPORT
+
+    return select_goldens(cfg, most=ROWS_IN_REPORT)
+
+
+def _in_memory_tasks(cfg, goldens: list) -> list:
+    """One task over goldens held in memory, every per-chain row kept (the measured run needs
+    them)."""
+    from kolibri_cli.probe.shard import Task, configs_of
+
+    return [Task(tuple(configs_of(cfg)), goldens=tuple(goldens), keep_rows=True,
+                 rows_json=cfg.rows is not None)]
+
+
+def _simulate(cfg, tasks: list) -> tuple:
+    """Run the tasks where the options say, with a progress bar (long runs) and the rows file;
+    print the throughput when the bar was shown."""
+    from kolibri_cli.cli.render_probe import throughput_bar, throughput_line
+    from kolibri_cli.probe.shard import ROWS_IN_REPORT, simulate_tasks
+
+    in_memory = len(tasks) == 1 and tasks[0].piece is None
+    with _executor(cfg, tasks) as executor, throughput_bar() as bar, \
+            _rows_sink(cfg.rows) as on_rows:
+        runs, throughput = simulate_tasks(
+            tasks, executor.run_all, bar.update, on_rows, executor.workers, executor.name,
+            rows_limit=None if in_memory else ROWS_IN_REPORT)
+    if bar.shown:
+        typer.echo(throughput_line(throughput, len(runs)), err=True)
+    if cfg.rows:
+        typer.echo(f"wrote {cfg.rows}", err=True)
+    if not any(run.chains for run in runs):
+        raise KolibriError(f"no goldens of category {', '.join(cfg.category or [])}")
+    return runs, throughput
+
+
+@contextmanager
+def _rows_sink(path: Path | None):
+    """A callback writing bytes to `path`, atomically: the file appears whole when the run
+    succeeds, never half-written."""
+    if path is None:
+        yield None
+        return
+    from kolibri_cli.store.atomic import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        yield f.write
+
+
+def _executor(cfg, tasks: list):
+    """Ray if asked; else local worker processes when there is more than one task to share
+    (and, unless --workers says how many, enough input to pay for starting them)."""
+    from kolibri_cli.probe.shard import PARALLEL_MIN_BYTES
+    from kolibri_cli.probe.workers import Here, Processes, RayCluster, cores
+
+    if cfg.ray is not None:
+        return RayCluster(cfg.ray, cfg.workers)
+    small = sum(t.nbytes for t in tasks) < PARALLEL_MIN_BYTES
+    workers = min(cfg.workers or (1 if small else cores()), len(tasks))
+    return Processes(workers) if workers > 1 else Here()
 
 
 def _in_process(cfg) -> bool:

@@ -4,13 +4,16 @@ Scope: presentation only; every figure comes from probe.simulate / probe.report.
 optional and imported only for --plot.
 """
 
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from kolibri_cli.cli.render import Col, FitTable, cell
+from kolibri_cli.cli.render import Col, FitTable, cell, err
 from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.errors import KolibriError
@@ -106,10 +109,22 @@ def _count_cols(footers: list[str] | None = None) -> list[Col]:
 
 
 def goldens_table(run: SimRun) -> FitTable:
-    cols = [Col("golden", numeric=False, footer=f"total ({len(run.goldens)})"),
+    """Per golden with the total as footer; the total alone when the rows were not kept."""
+    cols = [Col("golden", numeric=False, footer=f"total ({run.chains:,})"),
             Col("category", numeric=False, drop=3), *_count_cols(count_cells(run.total))]
-    rows = [[cell(g.id), cell(g.category), *count_cells(g.counts)] for g in run.goldens]
-    return FitTable(f"per golden ({run.name})", cols, rows, caption=CAPTION)
+    rows = [[cell(g.id), cell(g.category), *count_cells(g.counts)] for g in run.goldens or []]
+    caption = CAPTION + ("" if run.goldens is not None else
+                         f"; per-golden rows of {run.chains:,} chains not shown (--rows FILE "
+                         "writes them)")
+    if run.ordered:
+        caption += f"; {run.proposer} shares state across requests: {stream_note(run)}"
+    title = f"per golden ({run.name})" if run.goldens is not None else f"total ({run.name})"
+    return FitTable(title, cols, rows, caption=caption)
+
+
+def stream_note(run: SimRun) -> str:
+    return (f"replayed in order, one stream per golden file ({run.streams:,}), each from a "
+            "fresh state")
 
 
 def category_table(run: SimRun) -> FitTable:
@@ -256,3 +271,49 @@ def _measured_row(g, server: bool) -> list[str]:
             fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup), _yes(g.spec_equals_plain),
             *counters, _yes(g.counts_match_simulation),
             "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]
+
+
+class _Bar:
+    shown = False
+    update = None
+
+
+@contextmanager
+def throughput_bar(delay: float = 1.0):
+    """A bar on stderr driven by `update(Throughput)`: share of the input read (and the ETA),
+    chains and chains/s, decode steps/s. It appears only after `delay` seconds and is gone when
+    the run ends (`shown` says whether it was up)."""
+    columns = (TextColumn("simulating"), BarColumn(), TaskProgressColumn(),
+               TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
+    bar, handle, state = Progress(*columns, console=err, transient=True), _Bar(), {}
+    started = time.monotonic()
+
+    def update(t) -> None:
+        if not handle.shown:
+            if time.monotonic() - started < delay:
+                return
+            bar.start()
+            handle.shown = True
+            state["task"] = bar.add_task("", total=max(t.total_bytes, 1), rate="")
+        rate = (f"{t.chains:,} chains · {t.replays_per_s:,.0f} chains/s · "
+                f"{t.steps_per_s / 1e6:.2f}M steps/s")
+        bar.update(state["task"], completed=t.done_bytes, rate=rate)
+
+    handle.update = update
+    try:
+        yield handle
+    finally:
+        if handle.shown:
+            bar.stop()
+
+
+def throughput_line(t, configurations: int) -> str:
+    """One line: what was simulated, how fast, on how many workers."""
+    per = f"{t.steps_per_s / t.workers / 1e6:.2f}M per worker, " if t.workers > 1 else ""
+    where = {"local": "1 process", "processes": f"{t.workers} processes",
+             "ray": f"Ray, {t.workers} CPUs"}.get(t.executor, t.executor)
+    times = f" x {configurations} configurations" if configurations > 1 else ""
+    return (f"simulated {t.chains:,} chains{times}: {t.steps / 1e6:.2f}M decode steps in "
+            f"{t.seconds:.1f} s — {t.replays_per_s:,.0f} chains/s, "
+            f"{t.steps_per_s / 1e6:.2f}M steps/s ({per}{where}; "
+            f"{t.steps_per_cpu_s / 1e6:.2f}M steps per CPU-second)")

@@ -69,7 +69,7 @@ def load_goldens(path: str | Path) -> list[Golden]:
     path = Path(path)
     goldens, seen = [], {}
     for lineno, obj in _jsonl_objects(path):
-        golden = _golden_from(obj, f"{path}:{lineno}")
+        golden = golden_from(obj, f"{path}:{lineno}")
         if golden.id in seen:
             raise KolibriError(
                 f"{path}:{lineno}: duplicate golden id {shown(golden.id)} "
@@ -103,33 +103,6 @@ def first_divergence(ours: list[int], golden: list[int]) -> int | None:
         if a != b:
             return i
     return None if len(ours) == len(golden) else min(len(ours), len(golden))
-
-
-def find_golden_files(paths: list[str | Path]) -> list[Path]:
-    """Files as given; folders expand to every golden file under them (sorted): each regular
-    *.jsonl except prompt files (whose first object has no "output_ids"), so data/prompts/ is
-    skipped (and a FIFO that happens to be there is never opened)."""
-    files = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found = (p for p in sorted(path.rglob("*.jsonl")) if p.is_file())
-            files.extend(p for p in found if not _is_prompt_file(p))
-        elif path.exists():
-            files.append(path)
-        else:
-            raise KolibriError(f"goldens {path} not found: pass --goldens with a golden JSONL file "
-                               "or a folder of them (kolibri goldens record writes them); without "
-                               "--goldens the probe reads the goldens shipped with kolibri")
-    return files
-
-
-def _is_prompt_file(path: Path) -> bool:
-    first = next((line for line in _read_lines(path) if line.strip()), "")
-    try:
-        obj = json.loads(first)
-    except (ValueError, RecursionError):
-        return False  # not a prompt file either: let load_goldens report the line
-    return isinstance(obj, dict) and "output_ids" not in obj and "prompt_ids" not in obj
 
 
 def read_prompts(
@@ -205,7 +178,8 @@ def _prompt_from(obj: dict, where: str) -> PromptSpec:
     return PromptSpec(id=obj["id"], category=obj["category"], prompt=obj["prompt"])
 
 
-def _golden_from(obj: dict, where: str) -> Golden:
+def golden_from(obj: dict, where: str) -> Golden:
+    """The golden in a parsed JSON object; a KolibriError starting with `where` if it is bad."""
     _require(obj, GOLDEN_FIELDS, where)
     _check_id(obj["id"], where)
     for name in ("category", "prompt", "model", "model_sha256"):
@@ -285,6 +259,8 @@ def _check_unicode(obj: dict, names, where: str) -> None:
 def _check_token_ids(ids, name: str, where: str) -> None:
     if not isinstance(ids, list) or not ids:
         raise KolibriError(f"{where}: '{name}' must be a non-empty list of token ids")
+    if set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) <= MAX_TOKEN_ID:
+        return  # the common case, checked in C (a probe reads millions of chains)
     for i, tok in enumerate(ids):
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= MAX_TOKEN_ID:
             raise KolibriError(f"{where}: '{name}'[{i}] is {shown(tok)}; token ids must be "

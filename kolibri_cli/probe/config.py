@@ -21,7 +21,8 @@ from kolibri_cli.decode.proposers import (
     parse_window_list,
 )
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden, find_golden_files, load_goldens
+from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden
+from kolibri_cli.goldens.stream import find_golden_files, iter_goldens
 from kolibri_cli.text import read_text_file, shown
 
 
@@ -63,6 +64,9 @@ class ProbeConfig:
     markdown: Path | None = None  # write the Markdown report here
     json: bool = False  # print the JSON document on stdout instead of tables
     plot: Path | None = None  # write a PNG (sweep + per-position acceptance); needs matplotlib
+    workers: int | None = None  # simulate in N local processes (default: the cores)
+    ray: str | None = None  # simulate on Ray: "local" (a new local instance) or its address
+    rows: Path | None = None  # write per-chain rows here (JSONL), for any number of chains
     source: Path | None = None  # the PROBE.toml this came from, if any
 
     def to_json(self) -> dict:
@@ -88,6 +92,7 @@ class ProbeConfig:
             "min_acceptance": self.min_acceptance,
             "min_speedup": self.min_speedup,
             "sampling": self.sampling_overrides(),
+            "rows": _str_or_none(self.rows),
         }
 
     def sampling_overrides(self) -> dict:
@@ -96,7 +101,7 @@ class ProbeConfig:
 
 
 FIELDS = [f.name for f in dataclasses.fields(ProbeConfig) if f.name != "source"]
-PATH_KEYS = ("markdown", "plot", "gguf")
+PATH_KEYS = ("markdown", "plot", "gguf", "rows")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 
 
@@ -164,7 +169,11 @@ def _parse(key: str, value):
         return str(_expect(value, key, str | Path))
     if key == "timeout":
         return _positive_number(value, key)
-    if key in ("limit", "max_tokens", "threads", "repeats"):
+    if key == "ray":  # true: a local instance; a string: the cluster's address
+        if isinstance(value, bool):
+            return "local" if value else None
+        return str(_expect(value, key, str))
+    if key in ("limit", "max_tokens", "threads", "repeats", "workers"):
         return _positive_int(value, key)
     if key in ("top_k", "seed"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -182,18 +191,25 @@ def _parse(key: str, value):
     return _expect(value, key, bool)
 
 
-def select_goldens(config: ProbeConfig) -> list[Golden]:
-    """The goldens the config names, filtered by category, limited, truncated to max_tokens."""
+def select_goldens(config: ProbeConfig, most: int | None = None) -> list[Golden]:
+    """The goldens the config names, filtered by category, limited, truncated to max_tokens, in
+    memory; more than `most` of them is a KolibriError (`--limit` picks fewer)."""
     files = find_golden_files(config.goldens)
     if not files:
         where = ", ".join(str(p) for p in config.goldens)
         raise KolibriError(f"no golden files (*.jsonl) found in {where}; pass --goldens FILE")
-    goldens = [g for path in files for g in load_goldens(path)]
-    if config.category:
-        goldens = [g for g in goldens if g.category in config.category]
-        if not goldens:
-            raise KolibriError(f"no goldens of category {', '.join(config.category)}")
-    goldens = goldens[: config.limit]
+    goldens = []
+    for g in iter_goldens(files):
+        if config.category and g.category not in config.category:
+            continue
+        if len(goldens) == config.limit:
+            break
+        if most is not None and len(goldens) == most:
+            raise KolibriError(f"more than {most} goldens: too many to hold in memory for this; "
+                               "pick some with --limit or --category")
+        goldens.append(g)
+    if not goldens and config.category:
+        raise KolibriError(f"no goldens of category {', '.join(config.category)}")
     if config.max_tokens:
         goldens = [
             dataclasses.replace(g, output_ids=g.output_ids[: config.max_tokens]) for g in goldens

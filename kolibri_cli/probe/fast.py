@@ -26,8 +26,9 @@ COUNT, FIRST, LAST, NEXT, TOKEN, BEST = range(6)
 
 
 @njit(cache=True)
-def _record(c, p, drafted, accepted, scalars, drafted_at, accepted_at, lengths, accepts):
-    """One verify pass of chain c (pass number p of the batch)."""
+def _record(c, p, drafted, accepted, out):
+    """One verify pass of chain c, pass number p of the batch, into the columns `out`."""
+    scalars, drafted_at, accepted_at, lengths, accepts, _ = out
     scalars[c, 1] += 1
     scalars[c, 2] += drafted
     scalars[c, 3] += accepted
@@ -67,19 +68,16 @@ def _ngram_draft(ctx, t, budget, rule, k, wmin, wmax, eos):  # ctx: int64[T'] ->
 
 
 @njit(cache=True)
-def ngram_replay(tokens, starts, prompt_lens, eos, eos_starts, rule, k, wmin, wmax,
-                 scalars, drafted_at, accepted_at, lengths, accepts, pass_starts):
+def ngram_replay(tokens, starts, prompt_lens, eos, eos_starts, rule, k, wmin, wmax, out):
     """Replay every chain c = tokens[starts[c]:starts[c+1]] (prompt_lens[c] prompt ids, then the
-    output) with an n-gram rule; counts into scalars[c], drafted_at[c], accepted_at[c] and the
-    per-pass draft/accepted lengths from pass_starts[c]."""
-    p = 0
+    output) with an n-gram rule; its counts go to row c of out's columns, its passes from
+    pass_starts[c] (out = scalars, drafted_at, accepted_at, lengths, accepts, pass_starts)."""
+    scalars, pass_starts, p = out[0], out[5], 0
     for c in range(prompt_lens.shape[0]):
         ctx = tokens[starts[c] : starts[c + 1]]
-        chain_eos = eos[eos_starts[c] : eos_starts[c + 1]]
-        n_prompt = prompt_lens[c]
+        n_prompt, chain_eos = prompt_lens[c], eos[eos_starts[c] : eos_starts[c + 1]]
         n = ctx.shape[0] - n_prompt
-        pass_starts[c] = p
-        scalars[c, 0] = max(n - 1, 0)
+        pass_starts[c], scalars[c, 0] = p, max(n - 1, 0)
         pos = 1
         while pos < n:
             t = n_prompt + pos
@@ -88,20 +86,23 @@ def ngram_replay(tokens, starts, prompt_lens, eos, eos_starts, rule, k, wmin, wm
             a = 0
             while a < length and ctx[start + a] == ctx[t + a]:
                 a += 1
-            _record(c, p, length, a, scalars, drafted_at, accepted_at, lengths, accepts)
-            p += 1
-            pos += a + 1
+            _record(c, p, length, a, out)
+            p, pos = p + 1, pos + a + 1
     pass_starts[prompt_lens.shape[0]] = p
 
 
 # ---- suffix: the trie on arrays ---------------------------------------------------------------
+# A trie is three arrays: nodes int64[capacity, 6] (COUNT..BEST per node, node 0 the root),
+# root int64[V] (token -> child of the root, -1: none), meta int64[2 + max_depth] (nodes used,
+# live suffixes, then the live suffixes' nodes, oldest first). Kernels take the arrays one by
+# one: unpacking a tuple of arrays costs two atomic reference counts per call.
 
 
 @njit(cache=True)
-def _child(nodes, root_children, node, token):
-    """The child of `node` for `token`, or -1 (the root's children are a dense table)."""
+def _child(nodes, root, node, token):
+    """The child of `node` for `token`, or -1."""
     if node == 0:
-        return root_children[token]
+        return root[token]
     child = nodes[node, FIRST]
     while child >= 0 and nodes[child, TOKEN] != token:
         child = nodes[child, NEXT]
@@ -109,22 +110,18 @@ def _child(nodes, root_children, node, token):
 
 
 @njit(cache=True)
-def _add_child(nodes, size, root_children, node, token):
-    child = size[0]
-    size[0] += 1
-    nodes[child, COUNT] = 0
-    nodes[child, FIRST] = -1
-    nodes[child, LAST] = -1
-    nodes[child, NEXT] = -1
-    nodes[child, TOKEN] = token
-    nodes[child, BEST] = -1
+def _add_child(nodes, root, meta, node, token):
+    child = meta[0]
+    meta[0] += 1
+    nodes[child] = -1
+    nodes[child, COUNT], nodes[child, TOKEN] = 0, token
     if nodes[node, LAST] >= 0:
         nodes[nodes[node, LAST], NEXT] = child
     else:
         nodes[node, FIRST] = child
     nodes[node, LAST] = child
     if node == 0:
-        root_children[token] = child
+        root[token] = child
     return child
 
 
@@ -140,63 +137,65 @@ def _count_child(nodes, node, child):
 
 
 @njit(cache=True)
-def _append(nodes, size, root_children, live, n_live, token, max_depth):
-    """SuffixTrie.append: every live suffix (live[:n_live], at most max_depth) grows by `token`;
-    returns the new number of live suffixes."""
-    if n_live == max_depth:
-        for i in range(max_depth - 1):  # the oldest suffix reached max_depth tokens
-            live[i] = live[i + 1]
+def _append(nodes, root, meta, token, max_depth):
+    """SuffixTrie.append: every live suffix (at most max_depth) grows by `token`."""
+    n_live = meta[1]
+    if n_live == max_depth:  # the oldest suffix reached max_depth tokens
+        for i in range(2, 1 + max_depth):
+            meta[i] = meta[i + 1]
         n_live -= 1
-    live[n_live] = 0
+    meta[2 + n_live] = 0
     n_live += 1
+    meta[1] = n_live
     nodes[0, COUNT] += 1
-    for i in range(n_live):
-        node = live[i]
-        child = _child(nodes, root_children, node, token)
+    for i in range(2, 2 + n_live):
+        node = meta[i]
+        if node == 0:
+            child = root[token]
+        else:  # _child written out: a call between kernels costs more than this scan
+            child = nodes[node, FIRST]
+            while child >= 0 and nodes[child, TOKEN] != token:
+                child = nodes[child, NEXT]
         if child < 0:
-            child = _add_child(nodes, size, root_children, node, token)
+            child = _add_child(nodes, root, meta, node, token)
         _count_child(nodes, node, child)
-        live[i] = child
-    return n_live
+        meta[i] = child
 
 
 @njit(cache=True)
-def _reset(nodes, size, root_children):
-    """An empty trie (the root only); clears the root's table entries it had set."""
-    child = nodes[0, FIRST] if size[0] > 0 else -1
+def _reset(nodes, root, meta):
+    """The root only, no live suffix; the root's table entries it had set cleared."""
+    child = nodes[0, FIRST]
     while child >= 0:
-        root_children[nodes[child, TOKEN]] = -1
+        root[nodes[child, TOKEN]] = -1
         child = nodes[child, NEXT]
-    size[0] = 1
-    for f in range(6):
-        nodes[0, f] = -1
+    nodes[0] = -1
     nodes[0, COUNT] = 0
+    meta[0], meta[1] = 1, 0
 
 
 @njit(cache=True)
-def _speculate(nodes, root_children, pattern, live, n_live, max_spec, factor, offset, min_prob,
-               out, path):
+def _speculate(nodes, root, meta, pattern, max_spec, factor, offset, min_prob, out, path):
     """SuffixTrie.speculate: (length, score) of the best draft, its tokens in out[:length].
 
-    The node spelling the pattern's last L tokens is live[n_live - L] while L <= n_live (the
-    live suffixes of the sequence the pattern ends: no walk from the root), else found by one."""
-    best_len, best_score = 0, 0.0
-    n = pattern.shape[0]
+    The node spelling the pattern's last L tokens is one of the live suffixes of the sequence
+    the pattern ends while L <= their number (no walk from the root), else found by a walk.
+    (One function on purpose: numba calls between kernels cost more than this loop's work.)"""
+    best_len, best_score, n, n_live = 0, 0.0, pattern.shape[0], meta[1]
     for match_len in range(1, n):
         if match_len <= n_live:
-            node = live[n_live - match_len]
+            node = meta[2 + n_live - match_len]
         else:
             node = 0
             for j in range(n - match_len, n):
-                node = _child(nodes, root_children, node, pattern[j])
+                node = _child(nodes, root, node, pattern[j])
                 if node < 0:
                     break
         if node < 0:
             break  # a longer suffix cannot occur either
         cap = int(match_len * factor + offset + 1e-6)
-        limit = max(min(max_spec, cap), 0)
-        length, score, prob = 0, 0.0, 1.0
-        while length < limit:
+        limit, length, score, prob = max(min(max_spec, cap), 0), 0, 0.0, 1.0
+        while length < limit:  # _speculate_path: the most frequent child, while prob holds
             child = nodes[node, BEST]
             if child < 0:
                 break
@@ -204,9 +203,7 @@ def _speculate(nodes, root_children, pattern, live, n_live, max_spec, factor, of
             if prob < min_prob:
                 break
             path[length] = nodes[child, TOKEN]
-            length += 1
-            score += prob
-            node = child
+            length, score, node = length + 1, score + prob, child
         if score >= best_score:
             best_len, best_score = length, score
             out[:length] = path[:length]
@@ -214,61 +211,51 @@ def _speculate(nodes, root_children, pattern, live, n_live, max_spec, factor, of
 
 
 @njit(cache=True)
-def suffix_replay(tokens, starts, prompt_lens, k, max_depth, factor, offset, min_prob, cross,
-                  local, local_size, global_, global_size, root_local, root_global, live, state,
-                  last, scalars, drafted_at, accepted_at, lengths, accepts, pass_starts, first):
-    """Replay chains first.. with SuffixProposer's rule; returns the chain it stopped before
-    (the global trie needs room: the caller grows it and resumes there) or the number of chains.
-
-    state = [seen length, live local suffixes, live global suffixes, requests]; `last` holds
-    the context last seen (the previous chain's), for SuffixProposer's new-request test."""
-    n_chains = prompt_lens.shape[0]
-    draft = np.empty(k, dtype=np.int64)
-    other = np.empty(k, dtype=np.int64)
-    path = np.empty(k, dtype=np.int64)
-    live_global = live[max_depth:]
+def suffix_replay(tokens, starts, prompt_lens, k, depth, params, cross, local, global_, state,
+                  last, out, first):
+    """Replay chains first.. with SuffixProposer's rule (its tries `local` and `global_`); returns
+    the chain it stopped before because a trie might overflow (the caller grows it and resumes
+    there), or the number of chains. params = (max_spec_factor, max_spec_offset,
+    min_token_prob); state = [length of the context last seen (in `last`), requests]: for
+    SuffixProposer's new-request test, across batches."""
+    (l_nodes, l_root, l_meta), (g_nodes, g_root, g_meta) = local, global_
+    factor, offset, min_prob = params[0], params[1], params[2]
+    n_chains, scalars, pass_starts = prompt_lens.shape[0], out[0], out[5]
+    draft, other, path = np.empty(k, np.int64), np.empty(k, np.int64), np.empty(k, np.int64)
     p = pass_starts[first]
     for c in range(first, n_chains):
-        ctx = tokens[starts[c] : starts[c + 1]]
-        n_prompt = prompt_lens[c]
+        ctx, n_prompt = tokens[starts[c] : starts[c + 1]], prompt_lens[c]
         n = ctx.shape[0] - n_prompt
-        pass_starts[c] = p
-        room = ctx.shape[0] * max_depth  # the most nodes one chain can add to a trie
-        if local_size[0] + room > local.shape[0] or (
-                cross and global_size[0] + room > global_.shape[0]):
+        pass_starts[c], scalars[c, 0] = p, max(n - 1, 0)
+        room = ctx.shape[0] * depth  # the most nodes one chain can add to a trie
+        if l_meta[0] + room > l_nodes.shape[0] or (
+                cross and g_meta[0] + room > g_nodes.shape[0]):
             return c
         if not cross:
             state[0] = 0  # a fresh proposer per chain: always a new request
-        scalars[c, 0] = max(n - 1, 0)
         pos = 1
         while pos < n:
             t = n_prompt + pos
             if pos == 1:
-                _sync_first(ctx, t, k, max_depth, cross, local, local_size, global_, global_size,
-                            root_local, root_global, live, live_global, state, last)
-            budget = min(k, n - pos - 1)
-            pattern = ctx[max(t - max_depth, 0) : t]
-            length, score = _speculate(local, root_local, pattern, live, state[1], k, factor,
-                                       offset, min_prob, draft, path)
-            if cross:
-                g_length, g_score = _speculate(global_, root_global, pattern, live_global,
-                                               state[2], k, factor, offset, min_prob, other, path)
+                _sync_first(ctx, t, k, depth, cross, local, global_, state, last)
+            pattern = ctx[max(t - depth, 0) : t]
+            length, score = _speculate(l_nodes, l_root, l_meta, pattern, k, factor, offset,
+                                       min_prob, draft, path)
+            if cross:  # the global tree's draft wins if it scores strictly higher
+                g_length, g_score = _speculate(g_nodes, g_root, g_meta, pattern, k, factor,
+                                               offset, min_prob, other, path)
                 if g_score > score:
                     length = g_length
                     draft[:length] = other[:length]
-            length = min(length, max(budget, 0))
-            a = 0
+            length, a = min(length, max(min(k, n - pos - 1), 0)), 0
             while a < length and draft[a] == ctx[t + a]:
                 a += 1
-            _record(c, p, length, a, scalars, drafted_at, accepted_at, lengths, accepts)
-            p += 1
+            _record(c, p, length, a, out)
             for i in range(t, t + a + 1):  # observe: the context grew by a + 1 tokens
-                state[1] = _append(local, local_size, root_local, live, state[1], ctx[i],
-                                   max_depth)
+                _append(l_nodes, l_root, l_meta, ctx[i], depth)
                 if cross:
-                    state[2] = _append(global_, global_size, root_global, live_global,
-                                       state[2], ctx[i], max_depth)
-            pos += a + 1
+                    _append(g_nodes, g_root, g_meta, ctx[i], depth)
+            p, pos = p + 1, pos + a + 1
         if n > 1:
             state[0] = ctx.shape[0]
             last[: ctx.shape[0]] = ctx
@@ -277,31 +264,27 @@ def suffix_replay(tokens, starts, prompt_lens, k, max_depth, factor, offset, min
 
 
 @njit(cache=True)
-def _sync_first(ctx, t, k, max_depth, cross, local, local_size, global_, global_size,
-                root_local, root_global, live, live_global, state, last):
+def _sync_first(ctx, t, k, depth, cross, local, global_, state, last):
     """SuffixProposer._sync at a chain's first call: the same request if the context is the last
-    one seen grown by at most k + 1 tokens, else a new request."""
+    one seen grown by at most k + 1 tokens, else a new request (a fresh local tree, a new
+    sequence in the global tree that starts at the context's last token)."""
+    (l_nodes, l_root, l_meta), (g_nodes, g_root, g_meta) = local, global_
     seen = state[0]
     grown = 0 < seen <= t <= seen + k + 1
-    if grown:
-        for i in range(seen):
-            if ctx[i] != last[i]:
-                grown = False
-                break
-    if grown:
-        first = seen
-    else:
-        state[3] += 1
-        _reset(local, local_size, root_local)
-        state[1] = 0
-        state[2] = 0  # a new sequence in the global trie: no live suffixes yet
-        first = 0
+    for i in range(seen if grown else 0):
+        if ctx[i] != last[i]:
+            grown = False
+            break
+    if not grown:
+        state[1] += 1
+        _reset(l_nodes, l_root, l_meta)
+        g_meta[1] = 0  # the new sequence has no live suffixes yet
+    first = seen if grown else 0
     for i in range(first, t):
-        state[1] = _append(local, local_size, root_local, live, state[1], ctx[i], max_depth)
+        _append(l_nodes, l_root, l_meta, ctx[i], depth)
     if cross:
-        for i in range(t - 1 if not grown else first, t):
-            state[2] = _append(global_, global_size, root_global, live_global, state[2], ctx[i],
-                               max_depth)
+        for i in range(first if grown else t - 1, t):
+            _append(g_nodes, g_root, g_meta, ctx[i], depth)
 
 
 # ---- the compiled cache follows the proposers' kernels ---------------------------------------

@@ -19,10 +19,12 @@ from kolibri_cli.decode.proposers import (
     make_proposer,
     shares_state,
 )
+from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.probe import fast
 from kolibri_cli.probe.simulate import Counts, simulate_chain
 
+MAX_VOCAB = 1 << 24  # token ids the suffix replay's dense root tables accept
 NGRAM_RULES = {NgramProposer: fast.VLLM, HfProposer: fast.HF, LlamaCppSimpleProposer: fast.LLAMACPP}
 
 
@@ -57,11 +59,16 @@ class Chains:
         self.goldens = goldens
         self.ids = [g.id for g in goldens]
         self.categories = [g.category for g in goldens]
+        self.seeds = [g.seed if g.sampling else None for g in goldens]  # None: greedy
         flat = []
         for g in goldens:
             flat += g.prompt_ids
             flat += g.output_ids
-        self.tokens = np.array(flat, dtype=np.int64)  # [sum of chain lengths]
+        try:
+            self.tokens = np.array(flat, dtype=np.int64)  # [sum of chain lengths]
+        except OverflowError:
+            raise KolibriError(f"a token id in golden {_largest(goldens).id!r} does not fit "
+                               "64 bits; token ids are a model's vocabulary indices") from None
         self.starts = _offsets([len(g.prompt_ids) + len(g.output_ids) for g in goldens])  # [n+1]
         self.prompt_lens = np.array([len(g.prompt_ids) for g in goldens], dtype=np.int64)  # [n]
         self.eos_starts = _offsets([len(g.eos_ids) for g in goldens])  # int64[n + 1]
@@ -124,11 +131,13 @@ class ChainCounts:
         counts.accepted_at = self.accepted_at[rows].sum(axis=0).tolist()
         return counts
 
-    def by_category(self, categories: list[str]) -> dict[str, Counts]:
-        """Counts summed per category, in order of first appearance."""
+    def by_key(self, keys: list) -> dict:
+        """Counts summed per key (one per chain, e.g. its category; None: left out), in order of
+        first appearance."""
         codes = {}
-        index = np.array([codes.setdefault(c, len(codes)) for c in categories], dtype=np.int64)
-        return {name: self.sum(index == code) for name, code in codes.items()}
+        index = np.array([-1 if key is None else codes.setdefault(key, len(codes))
+                          for key in keys], dtype=np.int64)
+        return {key: self.sum(index == code) for key, code in codes.items()}
 
 
 class Replayer:
@@ -163,7 +172,7 @@ class NgramReplay:
     def replay(self, chains: Chains) -> ChainCounts:
         out = ChainCounts.empty(len(chains), self.k, chains.plain_steps)
         fast.ngram_replay(chains.tokens, chains.starts, chains.prompt_lens, chains.eos,
-                          chains.eos_starts, self.rule, self.k, *self.window, *_columns(out))
+                          chains.eos_starts, self.rule, self.k, *self.window, _columns(out))
         return _trimmed(out)
 
 
@@ -174,12 +183,11 @@ class SuffixReplay:
     def __init__(self, proposer: SuffixProposer):
         self.proposer = proposer
         self.depth = proposer.max_depth
-        self.local, self.local_size = _new_trie(1024)
-        self.global_, self.global_size = _new_trie(1024 if proposer.cross_request else 1)
-        self.root_local = np.full(0, -1, dtype=np.int64)  # [V] token -> child of the root
-        self.root_global = np.full(0, -1, dtype=np.int64)
-        self.live = np.zeros(2 * self.depth, dtype=np.int64)  # live suffixes: local, global
-        self.state = np.zeros(4, dtype=np.int64)  # seen length, live local, live global, requests
+        self.params = np.array([proposer.max_spec_factor, proposer.max_spec_offset,
+                                proposer.min_token_prob], dtype=np.float64)
+        self.local = _new_trie(1024, self.depth)
+        self.global_ = _new_trie(1024 if proposer.cross_request else 1, self.depth)
+        self.state = np.zeros(2, dtype=np.int64)  # length of the context last seen, requests
         self.last = np.zeros(0, dtype=np.int64)  # the context last seen
 
     def replay(self, chains: Chains) -> ChainCounts:
@@ -188,23 +196,24 @@ class SuffixReplay:
         self._fit(chains)
         first = 0
         while first < len(chains):
-            first = fast.suffix_replay(
-                chains.tokens, chains.starts, chains.prompt_lens, p.k, self.depth,
-                p.max_spec_factor, p.max_spec_offset, p.min_token_prob, p.cross_request,
-                self.local, self.local_size, self.global_, self.global_size, self.root_local,
-                self.root_global, self.live, self.state, self.last, *_columns(out), first)
-            if first < len(chains):  # a trie is full: double it and go on from that chain
+            first = fast.suffix_replay(chains.tokens, chains.starts, chains.prompt_lens, p.k,
+                                       self.depth, self.params, p.cross_request, self.local,
+                                       self.global_, self.state, self.last, _columns(out), first)
+            if first < len(chains):  # a trie might overflow: make room, go on from that chain
                 room = int(np.diff(chains.starts)[first]) * self.depth
-                self.local = _grown(self.local, int(self.local_size[0]) + room)
+                self.local = _with_room(self.local, room)
                 if p.cross_request:
-                    self.global_ = _grown(self.global_, int(self.global_size[0]) + room)
+                    self.global_ = _with_room(self.global_, room)
         return _trimmed(out)
 
     def _fit(self, chains: Chains) -> None:
-        """Room for this batch's token ids in the root tables and its longest context."""
+        """Room for this batch's token ids in the root tables and for its longest context."""
         vocab = int(chains.tokens.max(initial=0)) + 1
-        self.root_local = _padded(self.root_local, vocab, -1)
-        self.root_global = _padded(self.root_global, vocab, -1)
+        if vocab > MAX_VOCAB:
+            raise KolibriError(f"token id {vocab - 1} is too large for the suffix replay's "
+                               f"tables (at most {MAX_VOCAB - 1}: a model's vocabulary)")
+        self.local = _with_vocab(self.local, vocab)
+        self.global_ = _with_vocab(self.global_, vocab)
         self.last = _padded(self.last, int(np.diff(chains.starts).max(initial=0)), 0)
 
 
@@ -229,25 +238,39 @@ def _trimmed(out: ChainCounts) -> ChainCounts:
     return out
 
 
-def _new_trie(capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """A trie with its root only: nodes int64[capacity, 6] (fast.COUNT..BEST) and its size."""
-    nodes = np.full((capacity, 6), -1, dtype=np.int64)
+def _new_trie(capacity: int, depth: int) -> tuple:
+    """A trie with its root only (fast.py's layout: nodes, root table, meta)."""
+    nodes = np.full((capacity, 6), -1, dtype=np.int64)  # [capacity, 6]
     nodes[0, fast.COUNT] = 0
-    return nodes, np.ones(1, dtype=np.int64)
+    meta = np.zeros(2 + depth, dtype=np.int64)  # nodes used, live suffixes, their nodes
+    meta[0] = 1
+    return nodes, np.zeros(0, dtype=np.int64), meta
 
 
-def _grown(nodes: np.ndarray, needed: int) -> np.ndarray:
+def _with_room(trie: tuple, room: int) -> tuple:
+    """The trie with room for `room` more nodes (its node table at least doubled)."""
+    nodes, root, meta = trie
+    needed = int(meta[0]) + room
     if needed <= nodes.shape[0]:
-        return nodes
+        return trie
     bigger = np.full((max(needed, 2 * nodes.shape[0]), nodes.shape[1]), -1, dtype=np.int64)
     bigger[: nodes.shape[0]] = nodes
-    return bigger
+    return bigger, root, meta
+
+
+def _with_vocab(trie: tuple, vocab: int) -> tuple:
+    nodes, root, meta = trie
+    return nodes, _padded(root, vocab, -1), meta
 
 
 def _padded(values: np.ndarray, size: int, fill: int) -> np.ndarray:
     if size <= values.shape[0]:
         return values
     return np.concatenate([values, np.full(size - values.shape[0], fill, dtype=np.int64)])
+
+
+def _largest(goldens: list[Golden]) -> Golden:
+    return max(goldens, key=lambda g: max(g.prompt_ids + g.output_ids))
 
 
 def _offsets(sizes: list[int]) -> np.ndarray:

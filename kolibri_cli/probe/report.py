@@ -99,18 +99,22 @@ def counts_json(counts: Counts, per_pass: bool = False) -> dict:
 
 
 def run_json(run: SimRun, best: bool, measured: Measured | None) -> dict:
+    """One configuration; "goldens" (per chain) is null when the rows were not kept."""
+    goldens = None if run.goldens is None else [
+        {"id": g.id, "category": g.category, **counts_json(g.counts, per_pass=True)}
+        for g in run.goldens
+    ]
     return {
         "proposer": run.proposer,
         "k": run.k,
         "window": list(run.window),
         "best": best,
+        "chains": run.chains,
+        "ordered_streams": run.streams if run.ordered else None,
         "total": counts_json(run.total),
         "modelled_speedup": run.modelled_speedup(),
         "categories": {name: counts_json(c) for name, c in run.by_category().items()},
-        "goldens": [
-            {"id": g.id, "category": g.category, **counts_json(g.counts, per_pass=True)}
-            for g in run.goldens
-        ],
+        "goldens": goldens,
         "measured": None if measured is None else measured.to_json(),
         "seeds": seeds_json(run),
     }
@@ -125,13 +129,15 @@ def seeds_json(run: SimRun) -> dict | None:
 
 
 def build_report(
-    config: ProbeConfig, runs: list[SimRun], measured: dict[RunKey, Measured] | None = None
+    config: ProbeConfig, runs: list[SimRun], measured: dict[RunKey, Measured] | None = None,
+    throughput=None,
 ) -> dict:
     """The whole JSON document: {"schema_version", "config", "best", "runs": [...]}."""
     measured = measured or {}
     best = best_run(runs)
     return {
         "schema_version": SCHEMA_VERSION,
+        "throughput": None if throughput is None else throughput.to_json(),
         "config": config.to_json(),
         "best": {"proposer": best.proposer, "k": best.k, "window": list(best.window),
                  "ratio": best.total.ratio},
@@ -232,13 +238,18 @@ def render_markdown(
 ) -> str:
     """A report fit for a PR comment or docs/: the sweep, the best run's details, the command."""
     best = best_run(runs)
-    n_goldens = len(best.goldens)
+    n_goldens = best.chains
     parts = [
         "# kolibri probe: n-gram speculation, simulated\n",
         f"Regenerate with `{clean(command)}`.\n",
         f"{n_goldens} golden chain(s) from {clean(', '.join(str(p) for p in config.goldens))}; "
         f"proposer `{best.proposer}`; counts are exact for greedy decoding (docs/probe.md).\n",
     ]
+    ordered = sorted({r.proposer for r in runs if r.ordered})
+    if ordered:
+        parts.append(f"{', '.join(f'`{p}`' for p in ordered)} share(s) state across requests: "
+                     "each golden file is replayed in order as one stream, from a fresh "
+                     "state.\n")
     compared = best_per_proposer(runs)
     if len(compared) > 1:
         parts.append(md_comparison(compared, measured))
@@ -249,9 +260,7 @@ def render_markdown(
         _md_counts_table(f"Totals ({best.name})", [("all", best.total)], "goldens"),
         _md_positions(best.total),
         _md_counts_table("Per category", list(best.by_category().items()), "category"),
-        _md_counts_table(
-            "Per golden", [(f"{g.id} ({g.category})", g.counts) for g in best.goldens], "golden"
-        ),
+        _md_per_golden(best),
     ]
     spread = seed_spread(best)
     if spread is not None:
@@ -316,6 +325,14 @@ def _md_sweep(runs: list[SimRun], best: SimRun) -> str:
 def _md_counts_table(title: str, rows: list[tuple[str, Counts]], first: str) -> str:
     body = [[name, *count_cells(c)] for name, c in rows]
     return f"## {title}\n\n" + _md_table([first, *COUNT_COLUMNS], body)
+
+
+def _md_per_golden(run: SimRun) -> str:
+    if run.goldens is None:
+        return (f"## Per golden\n\nNot listed for {run.chains:,} chains: `--rows FILE` writes "
+                "every chain's counts.\n")
+    rows = [(f"{g.id} ({g.category})", g.counts) for g in run.goldens]
+    return _md_counts_table("Per golden", rows, "golden")
 
 
 def _md_positions(c: Counts) -> str:

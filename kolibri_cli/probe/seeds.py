@@ -7,7 +7,7 @@ Non-goals: rendering (report.py, render_probe.py).
 import statistics
 from dataclasses import dataclass
 
-from kolibri_cli.probe.simulate import SimRun, merge_counts
+from kolibri_cli.probe.simulate import Counts, SimRun, merge_counts
 
 FIGURES = ("acceptance_rate", "ratio", "modelled_speedup")
 
@@ -23,27 +23,23 @@ class Spread:
 
 
 def seed_spread(run: SimRun) -> dict[str, dict[str, Spread]] | None:
-    """{category (and "all"): {figure: Spread over seeds}}; None with fewer than two seeds."""
-    seeds = sorted({g.seed for g in run.goldens if g.seed is not None})
-    if len(seeds) < 2:
+    """{category (and "all"): {figure: Spread over seeds}}; None with fewer than two seeds (or
+    too many to keep apart: see shard.MAX_SEEDS)."""
+    by_seed = run.by_seed or {}
+    if len(by_seed) < 2:
         return None
-    per_seed = [_figures(run, seed) for seed in seeds]  # [{category: {figure: value}}]
+    per_seed = [_figures(run, by_seed[seed]) for seed in sorted(by_seed)]
     categories = list(dict.fromkeys(c for figures in per_seed for c in figures))
     return {c: {f: _spread([p[c][f] for p in per_seed if c in p]) for f in FIGURES}
             for c in categories}
 
 
-def _figures(run: SimRun, seed: int) -> dict[str, dict[str, float | None]]:
-    chains = [g for g in run.goldens if g.seed == seed]
-    groups: dict[str, list] = {"all": [g.counts for g in chains]}
-    for g in chains:
-        groups.setdefault(g.category, []).append(g.counts)
-    out = {}
-    for category, counts in groups.items():
-        c = merge_counts(counts, run.k)
-        out[category] = {"acceptance_rate": c.acceptance_rate, "ratio": c.ratio,
-                         "modelled_speedup": run.modelled_speedup(c)}
-    return out
+def _figures(run: SimRun, categories: dict[str, Counts]) -> dict[str, dict[str, float | None]]:
+    """One seed's figures, overall ("all") and per category, from its counts per category."""
+    groups = {"all": merge_counts(list(categories.values()), run.k)} | categories
+    return {category: {"acceptance_rate": c.acceptance_rate, "ratio": c.ratio,
+                       "modelled_speedup": run.modelled_speedup(c)}
+            for category, c in groups.items()}
 
 
 def _spread(values: list[float | None]) -> Spread:

@@ -14,8 +14,9 @@ g1 from prefill, plain_steps = N - 1 and
         pos += a + 1
 
 A stateful proposer is also told each pass's outcome, `observe(P + G[:pos], len(d), a)` with
-pos already advanced, exactly as the speculative generator tells it; one proposer instance serves
-every golden of a run, in file order (so `suffix --cross-request` sees earlier goldens' outputs).
+pos already advanced, exactly as the speculative generator tells it. Which proposer instance
+replays which chain (one per chain, or one per stream for proposers that share state across
+requests) is replay.py's business; batches, shards and workers are shard.py's.
 Non-goals: running the model, timing (the measured probe does that), rendering.
 """
 
@@ -24,15 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kolibri_cli.decode.costs import cost_model
-from kolibri_cli.decode.proposers import (
-    DEFAULT_PROPOSER,
-    Proposer,
-    draft,
-    format_window,
-    make_proposer,
-)
+from kolibri_cli.decode.proposers import Proposer, draft, format_window, make_proposer
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.goldens.chains import Golden
 
 
 @dataclass
@@ -47,6 +41,7 @@ class Counts:
     passes_with_drafts: int = 0  # passes whose draft was non-empty
     drafted_at: list[int] = field(default_factory=list)  # [k] passes that drafted position i
     accepted_at: list[int] = field(default_factory=list)  # [k] passes that accepted position i
+    # per pass, for one chain only (sums over chains leave them empty: memory stays flat)
     draft_lengths: list[int] = field(default_factory=list)  # [verify_passes] len(d) per pass
     accepted_lengths: list[int] = field(default_factory=list)  # [verify_passes] a per pass
 
@@ -69,6 +64,22 @@ class Counts:
     def accepted_per_position(self) -> list[float | None]:
         """accepted_at[i] / drafted_at[i]; None where nothing was drafted at position i."""
         return [div_or_none(a, d) for a, d in zip(self.accepted_at, self.drafted_at, strict=True)]
+
+    def passes_by_draft_length(self) -> list[int]:
+        """[max len(d) + 1] the number of passes that drafted 0, 1, 2, ... tokens (from
+        drafted_at, so sums over chains have it too)."""
+        at_least = [self.verify_passes, *self.drafted_at]  # passes drafting >= 0, 1, ... tokens
+        counts = [a - b for a, b in zip(at_least, at_least[1:] + [0], strict=True)]
+        while len(counts) > 1 and counts[-1] == 0:
+            counts.pop()
+        return counts
+
+    def add(self, other: "Counts") -> None:
+        """Add another chain's or sum's counts (not its per-pass lists)."""
+        for name in SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        _add_into(self.drafted_at, other.drafted_at)
+        _add_into(self.accepted_at, other.accepted_at)
 
     def record_pass(self, drafted: int, accepted: int) -> None:
         self.verify_passes += 1
@@ -102,11 +113,16 @@ class SimRun:
     proposer: str  # canonical proposer name, e.g. "vllm"
     k: int
     window: tuple[int, int]  # (min, max) n-gram length
-    goldens: list[GoldenSim]
+    goldens: list[GoldenSim] | None  # per chain, in input order; None when not kept (too many)
     total: Counts  # summed over goldens: ratio = sum plain_steps / sum verify_passes
     costs: dict[int, float] | None = None  # forward costs the run was simulated with (adaptive)
     cross_request: bool = False  # suffix: global tree over earlier goldens' outputs
     eos_ids: tuple[int, ...] = ()  # the goldens' eos ids (hf cuts its drafts before them)
+    categories: dict[str, Counts] = field(default_factory=dict)  # summed per category, in order
+    chains: int = 0  # goldens simulated
+    ordered: bool = False  # the proposer shares state across requests: one stream per file
+    streams: int = 0  # ordered: the streams (files) replayed, each in order from a fresh state
+    by_seed: dict[int, dict[str, Counts]] | None = None  # sampled chains: per seed, per category
 
     @property
     def label(self) -> str:
@@ -127,15 +143,13 @@ class SimRun:
         the default c(n) model (proposers.cost_model) when none were measured; proposer time 0."""
         counts = counts or self.total
         c = cost_model(self.costs)
-        relative = {n: c(n) for n in range(1, max(counts.draft_lengths, default=0) + 2)}
-        return predicted_speedup(counts.plain_steps, counts.draft_lengths, relative, 0.0)
+        by_length = counts.passes_by_draft_length()
+        relative = {n: c(n) for n in range(1, len(by_length) + 1)}
+        return predicted_speedup_by_length(counts.plain_steps, by_length, relative, 0.0)
 
     def by_category(self) -> dict[str, Counts]:
         """Counts summed per golden category, in order of first appearance."""
-        groups: dict[str, list[Counts]] = {}
-        for g in self.goldens:
-            groups.setdefault(g.category, []).append(g.counts)
-        return {category: merge_counts(counts, self.k) for category, counts in groups.items()}
+        return self.categories
 
 
 @dataclass(frozen=True)
@@ -174,36 +188,6 @@ def simulate_chain(prompt_ids, output_ids, proposer: Proposer, k: int,
     return counts
 
 
-def simulate(
-    goldens: list[Golden], k: int, window: tuple[int, int], proposer: str = DEFAULT_PROPOSER,
-    costs: dict[int, float] | None = None, cross_request: bool = False,
-) -> SimRun:
-    """Simulate one configuration over every golden, with one proposer instance, in order."""
-    eos_ids = tuple(sorted({t for g in goldens for t in g.eos_ids}))
-    drafter = make_proposer(proposer, k, window, costs, cross_request, eos_ids)
-    sims = [
-        GoldenSim(g.id, g.category, simulate_chain(g.prompt_ids, g.output_ids, drafter, k), g.seed)
-        for g in goldens
-    ]
-    total = merge_counts([s.counts for s in sims], k)
-    return SimRun(proposer=drafter.name, k=k, window=window, goldens=sims, total=total,
-                  costs=costs, cross_request=cross_request, eos_ids=eos_ids)
-
-
-def sweep(
-    goldens: list[Golden], ks: list[int], windows: list[tuple[int, int]],
-    proposers: str | list[str] = DEFAULT_PROPOSER, costs: dict[int, float] | None = None,
-    cross_request: bool = False,
-) -> list[SimRun]:
-    """Every (proposer, k, window), proposer-major then k-major:
-    [(p1, k1, w1), (p1, k1, w2), ..., (p1, k2, w1), ..., (p2, k1, w1), ...]."""
-    names = [proposers] if isinstance(proposers, str) else proposers
-    return [
-        simulate(goldens, k, window, name, costs, cross_request)
-        for name in names for k in ks for window in windows
-    ]
-
-
 def best_run(runs: list[SimRun]) -> SimRun:
     """The run with the highest total ratio; ties go to the earlier run (smaller k first)."""
     return max(runs, key=lambda run: run.total.ratio or 0.0)
@@ -223,15 +207,11 @@ SUMMED += ("passes_with_drafts",)
 
 
 def merge_counts(counts: list[Counts], k: int = 0) -> Counts:
-    """Sum counts over chains; per-pass lists are concatenated in chain order."""
+    """Sum counts over chains (per-pass lists are not kept: passes_by_draft_length has them
+    summed)."""
     total = Counts(drafted_at=[0] * k, accepted_at=[0] * k)
     for c in counts:
-        for name in SUMMED:
-            setattr(total, name, getattr(total, name) + getattr(c, name))
-        _add_into(total.drafted_at, c.drafted_at)
-        _add_into(total.accepted_at, c.accepted_at)
-        total.draft_lengths += c.draft_lengths
-        total.accepted_lengths += c.accepted_lengths
+        total.add(c)
     return total
 
 
@@ -243,11 +223,19 @@ def spec_time(
     `costs[n]` is the time of an n-token forward, in the same unit as `proposer_s_per_pass`
     (seconds); relative costs c(n) with costs[1] = 1 work too if the proposer time is relative.
     """
-    missing = sorted({1 + d for d in draft_lengths} - costs.keys())
+    return spec_time_by_length(_by_length(draft_lengths), costs, proposer_s_per_pass)
+
+
+def spec_time_by_length(
+    passes_by_length: list[int], costs: dict[int, float], proposer_s_per_pass: float
+) -> float:
+    """spec_time with the passes counted by draft length: passes_by_length[d] passes drafted d
+    tokens (the same sum, in the order of d, whatever the chains' order)."""
+    missing = sorted({1 + d for d, n in enumerate(passes_by_length) if n} - costs.keys())
     if missing:
         raise KolibriError(f"no forward cost measured for n = {missing} tokens; measure c(n) first")
-    passes = sum(costs[1 + d] for d in draft_lengths)
-    return passes + proposer_s_per_pass * len(draft_lengths)
+    passes = sum(n * costs[1 + d] for d, n in enumerate(passes_by_length) if n)
+    return passes + proposer_s_per_pass * sum(passes_by_length)
 
 
 def predicted_speedup(
@@ -258,9 +246,26 @@ def predicted_speedup(
     With relative costs c(n) = cost(n) / cost(1) this is the Definitions' formula
     plain_steps / sum c(1 + len(d)), plus the proposer's time.
     """
+    return predicted_speedup_by_length(plain_steps, _by_length(draft_lengths), costs,
+                                       proposer_s_per_pass)
+
+
+def predicted_speedup_by_length(
+    plain_steps: int, passes_by_length: list[int], costs: dict[int, float],
+    proposer_s_per_pass: float,
+) -> float | None:
+    """predicted_speedup with the passes counted by draft length (spec_time_by_length)."""
     if 1 not in costs:
         raise KolibriError("no forward cost measured for n = 1 token; measure c(n) first")
-    return div_or_none(plain_steps * costs[1], spec_time(draft_lengths, costs, proposer_s_per_pass))
+    spec = spec_time_by_length(passes_by_length, costs, proposer_s_per_pass)
+    return div_or_none(plain_steps * costs[1], spec)
+
+
+def _by_length(draft_lengths: list[int]) -> list[int]:
+    counts = [0] * (max(draft_lengths, default=0) + 1)
+    for d in draft_lengths:
+        counts[d] += 1
+    return counts
 
 
 def _accepted_prefix(draft: list[int], truth, stop_ids=()) -> int:
