@@ -182,6 +182,23 @@ def test_cross_request_suffix_is_one_stream_per_file(traces):
     assert run.total.verify_passes == sum(a.total.verify_passes for a in alone)
 
 
+def test_spread_over_sampling_seeds_needs_no_per_chain_rows(tmp_path):
+    """Sampled chains: counts per seed and category are kept while streaming, so the spread over
+    seeds at scale (no per-chain rows) is the in-memory one."""
+    from kolibri_cli.probe.seeds import seed_spread
+
+    lines = [json.loads(line) for line in trace_lines(1500, seed=7)]
+    for i, obj in enumerate(lines):
+        obj["sampling"] = {"temperature": 0.7, "top_p": 0.9, "seed": i % 3}
+    write(tmp_path / "s.jsonl", [json.dumps(obj) + "\n" for obj in lines])
+    tasks = shard.plan_tasks(probe_config(tmp_path, proposer=["vllm"]), piece_bytes=64 << 10)
+    (streamed,), _ = shard.simulate_tasks(tasks)
+    in_memory = shard.simulate(list(iter_goldens([tmp_path / "s.jsonl"])), 5, (1, 4))
+    assert streamed.goldens is None and len(in_memory.goldens) == 1500
+    assert seed_spread(streamed) == seed_spread(in_memory) is not None
+    assert sorted(streamed.by_seed) == [0, 1, 2]
+
+
 # ---- the command line -------------------------------------------------------------------------
 
 
