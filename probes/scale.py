@@ -3,7 +3,9 @@
     python probes/scale.py traces N OUT.jsonl   the shipped chat goldens replicated to N chains
     python probes/scale.py replay              compiled vs reference replay, steps/s per core
     python probes/scale.py throughput N        `kolibri probe` over N chains: 1 process,
-                                               2 processes, local Ray (--json throughput)
+        [--proposer P] [--repeats R]           2 processes, local Ray (--json throughput)
+    python probes/scale.py parts [N]           where a worker's CPU time goes: reading, parsing
+                                               and checking goldens, tables, replay (N chains)
     python probes/scale.py memory              peak RSS of `kolibri probe` at 2k and 200k chains
 
 Run from the repo root with kolibri installed (`throughput` needs kolibri[ray] for its Ray row).
@@ -76,13 +78,48 @@ def replay_speed(copies: int = 100, repeats: int = 5) -> None:
               f"{ref / 1e6:6.3f}M   x{fast / ref:.0f}")
 
 
+def parts(n: int = 7_000, repeats: int = 5) -> None:
+    """CPU seconds of each stage of a task over n chains (one piece of the replicated traces),
+    vllm k=5 window=1-4: the share of reading and checking the JSON against the replay."""
+    import gc
+
+    from kolibri_cli.goldens.stream import Piece, read_piece
+    from kolibri_cli.probe.replay import Chains, Replayer, SimConfig
+    from kolibri_cli.probe.shard import BATCH
+
+    piece = Piece(str(traces(n)))
+    gc.disable()  # as in a task (shard.run_task)
+    times = {"read+parse+check": [], "tables": [], "replay": []}
+    for _ in range(repeats):
+        t0 = time.process_time()
+        goldens = list(read_piece(piece))
+        t1 = time.process_time()
+        tables = [Chains(goldens[i : i + BATCH]) for i in range(0, len(goldens), BATCH)]
+        t2 = time.process_time()
+        replayer = Replayer(SimConfig("vllm", 5, (1, 4)))
+        for table in tables:
+            replayer.replay(table)
+        t3 = time.process_time()
+        for name, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            times[name].append(seconds)
+        del goldens, tables
+    steps = sum(max(len(g.output_ids) - 1, 0) for g in read_piece(piece))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    total = sum(medians.values())
+    print(f"{n:,} chains, {steps:,} decode steps; load average {os.getloadavg()[0]:.1f}; "
+          f"median of {repeats} (the first includes loading the compiled replay)")
+    for name, seconds in medians.items():
+        print(f"{name:18s} {seconds:6.3f} CPU-s  {100 * seconds / total:4.0f}%")
+    print(f"{'all':18s} {total:6.3f} CPU-s  {steps / total / 1e6:.2f}M steps per CPU-second")
+
+
 def kolibri_json(*args: str) -> dict:
     cmd = [sys.executable, "-m", "kolibri_cli", "probe", *args, "--json"]
     print("+ kolibri probe", " ".join(args), file=sys.stderr, flush=True)
     return json.loads(subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.PIPE).stdout)
 
 
-def throughput(n: int, repeats: int = 3) -> None:
+def throughput(n: int, repeats: int = 3, proposer: str = "vllm") -> None:
     """`kolibri probe --goldens traces-N` in one process, two processes and on local Ray,
     alternated; the median throughput of each (from the report's throughput block, which times
     the simulation from its first task to its last result: reading, parsing, replaying)."""
@@ -99,8 +136,9 @@ def throughput(n: int, repeats: int = 3) -> None:
     for _ in range(repeats):
         for name, args in setups.items():
             load.append(os.getloadavg()[0])
-            runs[name].append(kolibri_json("--goldens", path, *args)["throughput"])
-    print(f"{n:,} chains, vllm k=5 window=1-4; load average {min(load):.1f}-{max(load):.1f}")
+            runs[name].append(kolibri_json("--goldens", path, "--proposer", proposer,
+                                           *args)["throughput"])
+    print(f"{n:,} chains, {proposer} k=5 window=1-4; load average {min(load):.1f}-{max(load):.1f}")
     for name, results in runs.items():
         median = sorted(results, key=lambda t: t["steps_per_s"])[len(results) // 2]
         print(f"{name:18s} {median['seconds']:6.1f} s  {median['replays_per_s']:8,.0f} chains/s  "
@@ -136,14 +174,20 @@ def main() -> None:
     sub.add_parser("replay")
     speed = sub.add_parser("throughput")
     speed.add_argument("n", type=int, nargs="?", default=200_000)
+    speed.add_argument("--repeats", type=int, default=3)
+    speed.add_argument("--proposer", default="vllm")
     sub.add_parser("memory")
+    split = sub.add_parser("parts")
+    split.add_argument("n", type=int, nargs="?", default=7_000)
     args = parser.parse_args()
     if args.what == "traces":
         write_traces(args.n, args.out)
     elif args.what == "replay":
         replay_speed()
     elif args.what == "throughput":
-        throughput(args.n)
+        throughput(args.n, args.repeats, args.proposer)
+    elif args.what == "parts":
+        parts(args.n)
     else:
         memory()
 

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
+from kolibri_cli.decode import proposers as registry
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import DEFAULT_CHAT
 from kolibri_cli.goldens.stream import (
@@ -25,10 +26,11 @@ from kolibri_cli.goldens.stream import (
 )
 from kolibri_cli.probe import shard
 from kolibri_cli.probe.config import ProbeConfig
+from kolibri_cli.probe.simulate import merge_counts
 from kolibri_cli.probe.workers import Processes
 
 SHIPPED = [json.loads(line) for line in DEFAULT_CHAT.read_text().splitlines() if line.strip()]
-PROPOSERS = ["vllm", "hf", "llamacpp-simple", "suffix", "adaptive"]
+PROPOSERS = list(registry.PROPOSERS)  # every proposer kolibri has
 
 
 def trace_lines(n: int, seed: int = 0, start: int = 0) -> list[str]:
@@ -123,17 +125,25 @@ def test_limit_and_category_stop_reading_where_the_limit_is_reached(tmp_path):
 
 @pytest.fixture(scope="module")
 def one_process(traces):
-    tasks = shard.plan_tasks(probe_config(traces), rows_json=True, piece_bytes=64 << 10)
-    assert len(tasks) > 10 and any(t.configs[0].ordered for t in tasks)
-    tasks = [dataclasses.replace(t, fast_path=True) for t in tasks]  # small pieces, compiled
-    rows = []
-    return tasks, shard.simulate_tasks(tasks, on_rows=rows.append)[0], b"".join(rows)
+    """Every proposer over the traces in small pieces, and suffix --cross-request (one ordered
+    stream per file), replayed here: what workers and Ray must reproduce."""
+    every = shard.plan_tasks(probe_config(traces), rows_json=True, piece_bytes=64 << 10)
+    assert len(every) > 10 and any(t.configs[0].ordered for t in every)
+    cross = shard.plan_tasks(probe_config(traces, proposer=["suffix"], cross_request=True),
+                             rows_json=True, piece_bytes=64 << 10)
+    assert len(cross) == 2 and all(t.piece.whole and t.configs[0].ordered for t in cross)
+    out = []
+    for tasks in (every, cross):
+        tasks = [dataclasses.replace(t, fast_path=True) for t in tasks]  # small pieces, compiled
+        rows = []
+        out.append((tasks, shard.simulate_tasks(tasks, on_rows=rows.append)[0], b"".join(rows)))
+    return out
 
 
 def test_one_process_equals_the_in_memory_simulation(traces, one_process):
     """Pieces, batches and the compiled replays change nothing: each file replayed in memory
     (one stream each, as ordered proposers take them) gives the same counts."""
-    _, runs, rows = one_process
+    _, runs, rows = one_process[0]
     cfg = probe_config(traces)
     per_file = [shard.sweep(list(iter_goldens([path])), cfg.k, cfg.window, cfg.proposer)
                 for path in find_golden_files([traces])]
@@ -142,44 +152,79 @@ def test_one_process_equals_the_in_memory_simulation(traces, one_process):
         assert run.total.verify_passes == a.total.verify_passes + b.total.verify_passes
         assert run.total.drafted_at == [x + y for x, y in zip(a.total.drafted_at,
                                                               b.total.drafted_at, strict=True)]
-        assert run.streams == (2 if run.proposer == "adaptive" else 0)
+        assert run.streams == (2 if run.ordered else 0)
+        assert run.ordered == registry.shares_state(registry.make_proposer(run.proposer, 5,
+                                                                           (1, 4)))
     assert len(rows.splitlines()) == 3000 * len(runs)
 
 
 def test_worker_processes_equal_one_process(one_process):
-    tasks, expected, expected_rows = one_process
-    rows = []
-    with Processes(2) as pool:
-        runs, throughput = shard.simulate_tasks(tasks, pool.run_all, on_rows=rows.append,
-                                                workers=2)
-    assert outcome(runs) == outcome(expected) and b"".join(rows) == expected_rows
-    assert throughput.replays == 3000 * len(runs) and throughput.workers == 2
+    for tasks, expected, expected_rows in one_process:
+        rows = []
+        with Processes(2) as pool:
+            runs, throughput = shard.simulate_tasks(tasks, pool.run_all, on_rows=rows.append,
+                                                    workers=2)
+        assert outcome(runs) == outcome(expected) and b"".join(rows) == expected_rows
+        assert throughput.replays == 3000 * len(runs) and throughput.workers == 2
 
 
 def test_ray_equals_one_process(one_process):
+    """A local Ray instance, the code path of a cluster: the same totals, categories, streams
+    and rows for every proposer and for suffix --cross-request."""
     pytest.importorskip("ray")
     from kolibri_cli.probe.workers import RayCluster
 
-    tasks, expected, expected_rows = one_process
-    rows = []
     with RayCluster("local", 2) as cluster:
-        runs, throughput = shard.simulate_tasks(tasks, cluster.run_all, on_rows=rows.append,
-                                                workers=cluster.workers)
-    assert outcome(runs) == outcome(expected) and b"".join(rows) == expected_rows
-    assert throughput.workers == 2
+        for tasks, expected, expected_rows in one_process:
+            rows = []
+            runs, throughput = shard.simulate_tasks(tasks, cluster.run_all,
+                                                    on_rows=rows.append, workers=cluster.workers)
+            assert outcome(runs) == outcome(expected) and b"".join(rows) == expected_rows
+            assert throughput.workers == 2 and throughput.replays == 3000 * len(runs)
 
 
-def test_cross_request_suffix_is_one_stream_per_file(traces):
-    cfg = probe_config(traces, proposer=["suffix"], k=[5], cross_request=True)
-    tasks = shard.plan_tasks(cfg, piece_bytes=64 << 10)
-    assert len(tasks) == 2 and all(t.piece.whole for t in tasks)
-    with Processes(2) as pool:
-        (run,), _ = shard.simulate_tasks(tasks, pool.run_all)
-    ((here,), _), files = shard.simulate_tasks(tasks), find_golden_files([traces])
+def test_cross_request_suffix_is_one_stream_per_file(traces, one_process):
+    """Each file is one server's traffic: its global tree starts empty and grows in order."""
+    _, (run,), _ = one_process[1]
     alone = [shard.simulate(list(iter_goldens([f])), 5, (1, 4), "suffix", cross_request=True)
-             for f in files]
-    assert run.total == here.total and run.streams == 2
-    assert run.total.verify_passes == sum(a.total.verify_passes for a in alone)
+             for f in find_golden_files([traces])]
+    assert run.ordered and run.streams == 2 and run.chains == 3000
+    assert run.total == merge_counts([a.total for a in alone], 5)
+
+
+class Remembering:
+    """A proposer that says nothing about state across requests (as a new one might not)."""
+
+    name = "remembering"
+
+    def __init__(self, k: int, window_min: int, window_max: int):
+        self.k, self.seen = k, 0
+
+    def propose(self, context, max_tokens: int) -> list[int]:
+        self.seen += 1
+        return list(context[-1:]) * min(max_tokens, self.seen % 3)
+
+
+def test_a_proposer_that_does_not_declare_fresh_state_is_replayed_in_order(traces, monkeypatch):
+    """Whether chains may be spread over workers is the proposer's own property: one that does
+    not declare `shares_state = False` is replayed as one ordered stream per file, and the
+    report says so."""
+    monkeypatch.setitem(registry.PROPOSERS, "remembering", Remembering)
+    cfg = probe_config(traces, proposer=["remembering", "vllm"])
+    tasks = shard.plan_tasks(cfg, piece_bytes=64 << 10)
+    ordered = [t for t in tasks if t.configs[0].proposer == "remembering"]
+    assert len(ordered) == 2 and all(t.piece.whole for t in ordered)
+    assert len(tasks) > 10  # vllm's: pieces of the plain file, the gzip file whole
+    (run, _), _ = shard.simulate_tasks(tasks)
+    alone = [shard.simulate(list(iter_goldens([f])), 5, (1, 4), "remembering")
+             for f in find_golden_files([traces])]
+    assert run.ordered and run.streams == 2
+    assert run.total == merge_counts([a.total for a in alone], 5)
+    assert run.total.drafts_proposed > 0
+    # (--workers 1: spawned workers would not know a proposer registered by this test)
+    result = probe("--goldens", traces, "--proposer", "remembering", "--workers", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["runs"][0]["ordered_streams"] == 2
 
 
 def test_spread_over_sampling_seeds_needs_no_per_chain_rows(tmp_path):
