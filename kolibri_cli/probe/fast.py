@@ -17,6 +17,7 @@ from numba import njit
 
 from kolibri_cli.decode.proposers.llamacpp import _most_recent_start
 from kolibri_cli.decode.proposers.ngram import _first_match_start, longest_match
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 
 VLLM, HF, LLAMACPP = 0, 1, 2  # the n-gram replay's rule
 SCALARS = ("plain_steps", "verify_passes", "drafts_proposed", "drafts_accepted",
