@@ -214,7 +214,8 @@ def run_probe(cfg) -> None:
     _refuse_unavailable(cfg)
     if cfg.plot:
         require_matplotlib()
-    model = _load_model(cfg, weights=cfg.bench or _in_process(cfg)) if (cfg.measure or cfg.bench) else None
+    model = (_load_model(cfg, weights=cfg.bench or _in_process(cfg))
+             if cfg.measure or cfg.bench else None)
     extra = [_bench_golden(model)] if cfg.bench else []
     if cfg.measure:
         goldens = _goldens_in_memory(cfg) + extra
