@@ -1,11 +1,22 @@
 """Shared fixtures. Model store fixtures are prefixed `kolibri_home` / `pulled_default`."""
 
+import atexit
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+# One numba cache for the whole session, this process and every kolibri it starts: kolibri keeps
+# compiled code under KOLIBRI_HOME, and most tests use a fresh one, so each would compile the
+# kernel again (minutes of a test run, and a "compiling" note on stderr where a test expects one
+# error line). Set before kolibri imports numba; tests/test_jitcache.py clears it to test the
+# KOLIBRI_HOME location itself.
+if not os.environ.get("NUMBA_CACHE_DIR"):
+    os.environ["NUMBA_CACHE_DIR"] = _numba_dir = tempfile.mkdtemp(prefix="kolibri-test-numba-")
+    atexit.register(shutil.rmtree, _numba_dir, ignore_errors=True)
 
 
 @pytest.fixture
