@@ -101,7 +101,7 @@ def test_bench_on_a_llama_server_url_times_prompt_evaluation(cli, llama_server):
     assert sorted(doc["costs"]) == ["1", "2", "3", "4"] and doc["costs"]["1"] == 1.0
 
 
-def test_measured_probe_on_llama_server(cli, tmp_path):
+def test_measured_probe_on_llama_server(cli, tmp_path, llama_server_binary):
     result = cli("probe", "--measure", "--engine", "llama-server", "--proposer",
                  "llamacpp-simple", "--k", 3, "--window", 2, "--category", "extraction",
                  "--repeats", 1, "-t", 1, "--json")
@@ -180,7 +180,8 @@ def test_server_down_is_one_error_line(cli, tmp_path):
     assert not (tmp_path / "g.jsonl").exists()
 
 
-def test_sampled_goldens_from_llama_server_repeat_with_their_seed(cli, tmp_path):
+def test_sampled_goldens_from_llama_server_repeat_with_their_seed(cli, tmp_path,
+                                                                 llama_server_binary):
     """--temperature with --seed: the server samples with that seed, the golden keeps the
     settings, and the same seed records the same chains again (another seed, other chains)."""
     def record(seed: int, name: str):
