@@ -11,6 +11,7 @@ chains.py, errors name the file and line). Non-goals: simulation, writing golden
 import gzip
 import io
 import json
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,12 +49,23 @@ def find_golden_files(paths: list[str | Path]) -> list[Path]:
             found = sorted(p for p in path.rglob("*") if p.name.endswith(SUFFIXES))
             files.extend(p for p in found if p.is_file() and not _is_prompt_file(p))
         elif path.exists():
-            files.append(path)
+            files.append(_regular(path))
         else:
             raise KolibriError(f"goldens {path} not found: pass --goldens with a golden JSONL file "
                                "or a folder of them (kolibri goldens record writes them); without "
                                "--goldens the probe reads the goldens shipped with kolibri")
     return files
+
+
+def _regular(path: Path) -> Path:
+    """A golden file the probe can read in byte ranges: /dev/zero would never end, and a FIFO
+    or socket cannot be read twice or in pieces."""
+    mode = path.stat().st_mode
+    if stat.S_ISREG(mode):
+        return path
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+    raise KolibriError(f"{path}: is {kind}, expected a goldens file (a regular JSONL file, "
+                       "compressed or not, or a folder of them)")
 
 
 def plan_pieces(files: list[Path], piece_bytes: int = PIECE_BYTES,
@@ -202,9 +214,14 @@ def _golden(line: bytes, piece: Piece, line_no: int) -> Golden:
     """The golden on this line; validation errors get the line's place only when raised (finding
     it costs a read of the file up to the piece)."""
     try:
-        return golden_from(_object(line), _HERE)
+        golden = golden_from(_object(line), _HERE)
     except KolibriError as e:
         raise KolibriError(str(e).replace(_HERE, _where(piece, line_no))) from None
+    # Later checks (vocabulary, context) name the golden's place too: exact at a file's start,
+    # else the piece's byte offset (counting the lines before it would cost a read).
+    golden.where = (f"{piece.path}:{line_no}" if not piece.start
+                    else f"{piece.path}:(byte {piece.start}, line {line_no} after it)")
+    return golden
 
 
 _HERE = "\x00here\x00"  # stands for "path:line" until an error names it

@@ -35,6 +35,7 @@ from kolibri_cli.probe.config import ProbeConfig
 from kolibri_cli.probe.replay import ChainCounts, Chains, Replayer, SimConfig
 from kolibri_cli.probe.report import counts_json
 from kolibri_cli.probe.simulate import Counts, GoldenSim, SimRun
+from kolibri_cli.text import shown
 
 ROWS_IN_REPORT = 1000  # per-chain rows stay in the report up to this many chains...
 REPORT_ROWS_BYTES = 16 << 20  # ...of an input of at most this size (else --rows FILE has them)
@@ -291,6 +292,8 @@ class RunBuilder:
 
     def run(self) -> SimRun:
         c = self.config
+        if self.rows is not None:
+            _check_unique_ids(self.rows)
         ordered = c.ordered
         return SimRun(proposer=c.proposer, k=c.k, window=c.window, goldens=self.rows,
                       total=self.total, costs=None if c.costs is None else dict(c.costs),
@@ -306,6 +309,17 @@ class RunBuilder:
         for (seed, category), counts in self.by_seed.items():
             nested.setdefault(seed, {})[category] = counts
         return nested
+
+
+def _check_unique_ids(rows: list[GoldenSim]) -> None:
+    """The report names each golden's row by its id: two goldens under one id would merge in
+    every table that shows rows (checked where rows are kept, up to ROWS_IN_REPORT chains)."""
+    seen: set = set()
+    for row in rows:
+        if row.id in seen:
+            raise KolibriError(f"duplicate golden id {shown(row.id)}: ids name a golden's row in "
+                               "the report; make them unique")
+        seen.add(row.id)
 
 
 def simulate_tasks(tasks: list[Task], run_all: Callable | None = None,
