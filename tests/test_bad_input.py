@@ -282,9 +282,11 @@ def test_import_names(run, tmp_path, name):
 # ---- goldens ----
 
 def test_golden_token_ids_must_be_int32(run, tmp_path):
-    for ids, shown in (([1, 10**30], "1000000000000000000000000000000"), ([1, 1e30], "1e+30")):
+    for ids in ([1, 10**30], [1, 1e30]):  # orjson reads a 100-bit integer as a float: 1e+30
         path = write_goldens(tmp_path / "g.jsonl", golden_line(output_ids=ids))
-        one_error_line(run("probe", "--goldens", path), "g.jsonl:1", "output_ids", shown)
+        line = one_error_line(run("probe", "--goldens", path), "g.jsonl:1", "output_ids",
+                              "token ids must be integers in 0..2147483647")
+        assert "1e+30" in line or "1000000000000000000000000000000" in line, line
     path = write_goldens(tmp_path / "g.jsonl", golden_line(id=1e30))
     one_error_line(run("probe", "--goldens", path), "'id' must be a string or an integer")
 

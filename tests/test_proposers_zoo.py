@@ -288,7 +288,7 @@ def test_probe_tables_and_options(goldens):
     assert "proposers compared" in result.stdout and "per category: ratio" in result.stdout
     bad = probe("--goldens", goldens, "--costs", "1,0")
     assert (bad.exit_code, bad.stdout) == (1, "")
-    assert "costs must be positive numbers" in bad.stderr
+    assert "costs must be finite positive numbers" in bad.stderr
 
 
 # ---- hf: transformers' own candidate generator is the reference -------------------------------
