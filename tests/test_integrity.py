@@ -150,28 +150,28 @@ def test_verify_refuses_what_is_not_a_cached_model(kolibri_home, tiny_llama_fold
     assert "not in the cache" in one_error_line(run("model", "verify"))
 
 
-def test_goldens_check_divergence_points_at_verify(tiny, tmp_path):
-    """Goldens recorded from the intact weights, checked against damaged ones: the check fails
-    and says where to look."""
+def goldens_then_damage(tiny, tmp_path, prompts_text: str):
+    """Goldens recorded from the intact weights of `tiny`, then every weight byte flipped."""
     prompts = tmp_path / "p.txt"
-    prompts.write_text("hello there\nthe cat sat\n")
+    prompts.write_text(prompts_text)
     out = tmp_path / "g.jsonl"
     assert run("goldens", "record", "--prompts", str(prompts), "-o", str(out), "--engine",
                "kolibri", "--model", "tiny", "-n", "8", "--raw").exit_code == 0
     weights = tiny / "model.safetensors"
     flip(weights, at=data_start(weights), n=weights.stat().st_size - data_start(weights))
+    return out
+
+
+def test_goldens_check_divergence_points_at_verify(tiny, tmp_path):
+    """Goldens recorded from the intact weights, checked against damaged ones: the check fails
+    and says where to look."""
+    out = goldens_then_damage(tiny, tmp_path, "hello there\nthe cat sat\n")
     line = one_error_line(run("goldens", "check", str(out), "--model", "tiny"))
     assert "diverge" in line and "kolibri model verify tiny" in line
 
 
 def test_probe_measure_divergence_points_at_verify(tiny, tmp_path):
-    prompts = tmp_path / "p.txt"
-    prompts.write_text("hello there\n")
-    out = tmp_path / "g.jsonl"
-    assert run("goldens", "record", "--prompts", str(prompts), "-o", str(out), "--engine",
-               "kolibri", "--model", "tiny", "-n", "8", "--raw").exit_code == 0
-    weights = tiny / "model.safetensors"
-    flip(weights, at=data_start(weights), n=weights.stat().st_size - data_start(weights))
+    out = goldens_then_damage(tiny, tmp_path, "hello there\n")
     result = run("probe", "--goldens", str(out), "--measure", "--model", "tiny", "--k", "2",
                  "--json")
     assert result.exit_code == 0, result.output
