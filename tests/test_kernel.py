@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kolibri_cli.engine import attention, kernel, matmul, rope
 from kolibri_cli.engine.config import ModelConfig, RopeScaling
 from kolibri_cli.engine.kernel import KVCache, Transformer
-from kolibri_cli.engine.weights import random_weights
+from kolibri_cli.engine.weights import float_matrix, random_weights
 from kolibri_cli.errors import KolibriError
 
 TINY = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -32,6 +32,11 @@ SMOL2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
 
 def rand(rng, *shape, scale=1.0):
     return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+
+def rows(*ws):
+    """Float32 weight rows (stacked) as the kernel's matrix tuple"""
+    return float_matrix(list(ws)).arrays()
 
 
 # ---------------------------------------------------------------- naive float64 references
@@ -73,7 +78,7 @@ def ref_qkv(config, lw, x):
     """x [L, D] -> q [L, H, Dh], k/v [L, KVH, Dh] before RoPE: biases, per-head norms (float64)"""
     c = config
     H, KVH, Dh = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    qkv = x @ lw.wqkv.T.astype(np.float64) + (lw.bqkv if c.qkv_bias else 0.0)
+    qkv = x @ lw.wqkv.to_float32().T.astype(np.float64) + (lw.bqkv if c.qkv_bias else 0.0)
     q = qkv[:, :H * Dh].reshape(-1, H, Dh)
     k = qkv[:, H * Dh:(H + KVH) * Dh].reshape(-1, KVH, Dh)
     if c.qk_norm:
@@ -85,16 +90,18 @@ def ref_forward(config, weights, ids):
     """Logits [L, V] of a fresh prefill, float64, straight from the formulas."""
     c = config
     pos = np.arange(len(ids))
-    h = weights.embed[ids].astype(np.float64)
+    h = weights.embed.to_float32()[ids].astype(np.float64)
     for i, lw in enumerate(weights.layers):
         q, k, v = ref_qkv(c, lw, ref_rmsnorm(h, lw.attn_norm, c.rms_norm_eps))
         q, k = ref_rope(q, pos, c.rope_theta), ref_rope(k, pos, c.rope_theta)
         att = ref_attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), 0, c.layer_window(i))
-        h = h + att @ lw.wo.T
-        gu = ref_rmsnorm(h, lw.mlp_norm, c.rms_norm_eps) @ lw.w_gate_up.T.astype(np.float64)
+        h = h + att @ lw.wo.to_float32().T
+        w_gate_up, w_down = lw.w_gate_up.to_float32(), lw.w_down.to_float32()
+        gu = ref_rmsnorm(h, lw.mlp_norm, c.rms_norm_eps) @ w_gate_up.T.astype(np.float64)
         g, u = gu[:, :c.intermediate_size], gu[:, c.intermediate_size:]
-        h = h + (g / (1 + np.exp(-g)) * u) @ lw.w_down.T
-    return ref_rmsnorm(h, weights.norm, c.rms_norm_eps) @ weights.head.T.astype(np.float64)
+        h = h + (g / (1 + np.exp(-g)) * u) @ w_down.T
+    head = weights.head.to_float32()
+    return ref_rmsnorm(h, weights.norm, c.rms_norm_eps) @ head.T.astype(np.float64)
 
 
 # ---------------------------------------------------------------- ops
@@ -106,7 +113,7 @@ def test_matmul_matches_reference(n_rows, n_tok):
     rng = np.random.default_rng(n_rows * 10 + n_tok)
     x, w = rand(rng, n_tok, 48), rand(rng, n_rows, 48)
     out = np.full((n_tok, n_rows), np.nan, np.float32)  # NaN: a row no tile writes fails
-    matmul.matmul(x, w, out)
+    matmul.matmul(x, rows(w), out)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
 
 
@@ -114,12 +121,12 @@ def test_matmul_add_and_gate_up_silu():
     rng = np.random.default_rng(1)
     x, wo, h = rand(rng, 5, 40), rand(rng, 20, 40), rand(rng, 5, 20)
     expect = h + x.astype(np.float64) @ wo.T
-    matmul.matmul_add(x, wo, np.empty_like(h), h)
+    matmul.matmul_add(x, rows(wo), np.empty_like(h), h)
     np.testing.assert_allclose(h, expect, rtol=1e-5, atol=1e-5)
     n_ff = 13
     w = rand(rng, 2 * n_ff, 40)
     act = np.empty((5, n_ff), np.float32)
-    matmul.gate_up_silu(x, w, np.empty((5, 2 * n_ff), np.float32), act)
+    matmul.gate_up_silu(x, rows(w[:n_ff], w[n_ff:]), np.empty((5, 2 * n_ff), np.float32), act)
     gu = x.astype(np.float64) @ w.T
     g, u = gu[:, :n_ff], gu[:, n_ff:]
     np.testing.assert_allclose(act, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
@@ -253,6 +260,23 @@ def test_prefill_equals_decode_equals_any_split(config):
 
 
 @pytest.mark.bitwise
+@pytest.mark.parametrize("storage", ["float32", "q8_0"])
+def test_long_prefill_equals_any_split(storage):
+    """A prompt longer than a token block (matmul.TB) as one call, as decode steps, and cut at
+    random points: bitwise the same logits."""
+    config = ODD if storage == "float32" else TINY  # ODD's widths are not multiples of 32
+    config = replace(config, max_position_embeddings=256)
+    model = Transformer(config, random_weights(config, seed=20, scale=0.2, storage=storage))
+    rng = np.random.default_rng(21)
+    n = 2 * matmul.TB + 27
+    ids = rng.integers(0, config.vocab_size, n)
+    prefill = run_split(model, ids, [])
+    assert np.array_equal(prefill, run_split(model, ids, list(range(1, n))))
+    for _ in range(4):
+        assert np.array_equal(prefill, run_split(model, ids, random_cuts(rng, n)))
+
+
+@pytest.mark.bitwise
 def test_every_chunk_length_1_to_16_after_any_prefix():
     """The verify pattern: a prefix, then one call of L tokens, for every L 1..16."""
     model = Transformer(TINY, random_weights(TINY, seed=10, scale=0.2))
@@ -270,7 +294,7 @@ def test_every_chunk_length_1_to_16_after_any_prefix():
 @pytest.mark.bitwise
 def test_matmul_rows_independent_of_call_size():
     rng = np.random.default_rng(12)
-    x, w = rand(rng, 16, 576), rand(rng, 203, 576)
+    x, w = rand(rng, 16, 576), rows(rand(rng, 203, 576))
     alone = np.empty((16, 203), np.float32)
     for j in range(16):
         matmul.matmul(x[j:j + 1], w, alone[j:j + 1])
@@ -283,18 +307,28 @@ def test_matmul_rows_independent_of_call_size():
 
 @pytest.mark.bitwise
 def test_register_tiles_round_alike():
-    """1-, 2- and 3-token tiles give bitwise equal dots (relies on no loop interleaving)."""
+    """The decode dot and the 4 x 1..4 register tiles give bitwise equal dots, for widths that
+    are and are not multiples of 32 (float rows are zero-padded)."""
     rng = np.random.default_rng(19)
     for k_dim in (576, 1536, 40, 7):
-        x, w = rand(rng, 3, k_dim), rand(rng, 16, k_dim)
-        outs = [np.zeros((3, 16), np.float32) for _ in range(3)]
-        for j in range(3):
-            matmul._tile1(x, j, w, 0, 2, outs[0])
-        matmul._tile2(x, 0, w, 0, 2, outs[1])
-        matmul._tile1(x, 2, w, 0, 2, outs[1])
-        matmul._tile3(x, 0, w, 0, 2, outs[2])
-        assert outs[0][:, ::2].any()
-        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+        m = float_matrix([rand(rng, 4, k_dim)])
+        x = matmul._padded(rand(rng, 4, k_dim))
+        kp = x.shape[1]
+        w = np.empty(4 * kp, np.float32)
+        matmul.rows_to_f32(m.units[0, 2], m.data, int(m.units[0, 3]), kp, w, 0)
+        for i in range(1, 4):
+            matmul.rows_to_f32(m.units[0, 2], m.data, int(m.units[0, 3]) + i * int(m.units[0, 4]),
+                               kp, w, i * kp)
+        wide = [matmul._tile(w, kp, x.reshape(-1), 0, jn) for jn in (4, 3, 2)]
+        for j in range(4):
+            one = np.empty(4, np.float32)
+            matmul._decode_unit(m.data, m.units[0], x[j], one)
+            tile1 = matmul._tile(w, kp, x.reshape(-1), j * kp, 1)
+            lanes = [tile1[4 * i] for i in range(4)]
+            assert np.array_equal(one, lanes) and one.any()
+            for jn, t in zip((4, 3, 2), wide, strict=True):
+                if j < jn:
+                    assert np.array_equal(one, [t[4 * i + j] for i in range(4)])
 
 
 @pytest.mark.bitwise

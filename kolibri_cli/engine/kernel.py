@@ -43,7 +43,7 @@ from numba.typed import List
 from kolibri_cli.engine.attention import add_bias, attention, head_norms, qkv_to_cache, rmsnorm
 from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.engine.jit import start_threads
-from kolibri_cli.engine.matmul import gate_up_silu, matmul, matmul_add
+from kolibri_cli.engine.matmul import embed_rows, gate_up_silu, matmul, matmul_add, n_rows
 from kolibri_cli.engine.rope import rope_tables
 from kolibri_cli.engine.weights import Weights
 from kolibri_cli.errors import KolibriError
@@ -67,7 +67,7 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window):
     dh = k_cache.shape[2]
     x = np.empty_like(h)  # [L, D]
     rmsnorm(h, attn_norm, eps, x)
-    qkv = np.empty((n_tok, wqkv.shape[0]), np.float32)  # [L, (H+2KVH)*Dh]
+    qkv = np.empty((n_tok, n_rows(wqkv)), np.float32)  # [L, (H+2KVH)*Dh]
     matmul(x, wqkv, qkv)
     if bqkv.shape[0]:
         add_bias(qkv, bqkv)
@@ -79,7 +79,7 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window):
     attention(q, start, k_cache, v_cache, att, window)
     matmul_add(att, wo, x, h)
     rmsnorm(h, mlp_norm, eps, x)
-    n_ff = w_down.shape[1]
+    n_ff = n_rows(w_gate_up) // 2
     act = np.empty((n_tok, n_ff), np.float32)  # [L, F]
     gate_up_silu(x, w_gate_up, np.empty((n_tok, 2 * n_ff), np.float32), act)
     matmul_add(act, w_down, x, h)
@@ -90,9 +90,8 @@ def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_he
              logits):
     """tokens [L] -> logits [M, V] of the last M tokens (M <= L; 0 = none); k/v [n_layers, KVH,
     T, Dh] written at start..start+L-1; windows [n_layers] int64"""
-    h = np.empty((tokens.shape[0], embed.shape[1]), np.float32)  # [L, D]
-    for j in range(tokens.shape[0]):
-        h[j] = embed[tokens[j]]
+    h = np.empty((tokens.shape[0], norm.shape[0]), np.float32)  # [L, D]
+    embed_rows(embed, tokens, h)
     for i in range(len(layers)):
         _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i])
     if logits.shape[0]:
@@ -195,9 +194,9 @@ class Transformer:
             b = min(a + CHUNK, n)
             first = max(a, n - m)  # the chunk's first token with a logits row
             rows = logits[first - (n - m) : max(first, b) - (n - m)]  # [<= CHUNK, V]
-            _forward(ids[a:b], start_pos + a, w.embed, self._layers, w.norm, w.head, cache.k,
-                     cache.v, self._cos, self._sin, self._eps, self.config.num_attention_heads,
-                     self._windows, rows)
+            _forward(ids[a:b], start_pos + a, w.embed.arrays(), self._layers, w.norm,
+                     w.head.arrays(), cache.k, cache.v, self._cos, self._sin, self._eps,
+                     self.config.num_attention_heads, self._windows, rows)
         cache.length = start_pos + n
 
     def _grow_rope(self, n_pos: int) -> None:

@@ -1,190 +1,263 @@
-"""Batch-invariant matmul tiles: out = x @ w.T with every (row, token) dot product summed in one
-fixed order, whatever the number of tokens L in the call.
+"""Batch-invariant matmul over block storage: out = x @ w.T, w stored as GGUF blocks or float rows.
 
-A unit of work is R weight rows r0 + i*step (i < R) for all L tokens. Striding the rows by
-step = N // R gives each thread R long sequential streams that the hardware prefetcher keeps
-ahead of; the tokens go through in register tiles of 3 (then 2 or 1), the unit's rows staying
-in L1/L2 between tiles, so an L-token matmul reads the weights from memory once.
+Every (row, token) dot product is summed in one order, whatever the storage type, the number of
+tokens L in the call, or the tile: 16 lanes, lane l a chain of fused multiply-adds over
+k = l, l+16, ... (increasing k), then the fixed tree of `simd.vsum`. A quantized row therefore
+gives bitwise the float32 row's result, and a token's logits do not depend on L.
+
+A matrix is the tuple (data, units): `data` a uint8 buffer (a memory map of the model cache, or
+owned), `units` int64 [U, 5] rows of (first row, rows n <= 4, block type, byte offset, row
+stride). A unit's rows sit at offset + i*stride; a fused QKV or gate/up matrix is the units of its
+parts one after another (parts may differ in block type, as in Q4_K_M files).
+
+Decode (L = 1) decodes each part of 32 weights into registers and multiplies it at once (four
+rows share each load of x). Verify and prefill (L > 1) decode a unit's rows once into a float32
+scratch in L1, then run register tiles of 4 rows x 4 tokens over token blocks of TB, so the
+weights are read from memory once per TB tokens and decoded once per block.
 """
 
 import numpy as np
 from numba import njit, prange
 
-from kolibri_cli.engine.jit import ONE, REDUCE, ZERO
+from kolibri_cli.engine.blocks import (
+    BF16,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    no_scales,
+    part_bf16,
+    part_f16,
+    part_f32,
+    part_q4_0,
+    part_q4_1,
+    part_q4_k,
+    part_q5_0,
+    part_q5_1,
+    part_q5_k,
+    part_q6_k,
+    part_q8_0,
+    scales_k,
+    scales_q6_k,
+)
+from kolibri_cli.engine.jit import ONE
+from kolibri_cli.engine.simd import vfma, vlane, vload, vstore, vsum16, vzero
 
-# R and R1 ARE the accumulator counts of the tiles below (s0..s7 and s0..s3): the unit math uses
-# them, the tiles write exactly that many rows. Change both together (test_kernel checks that
-# every output element is written).
-R = 8  # weight rows per unit of parallel work
-R1 = 4  # ... when L == 1: fewer streams per thread, measured ~10% faster decode
-
-
-@njit(fastmath=REDUCE, cache=True)
-def _tile1(x, j, w, r0, step, out):
-    """out[j, r0 + i*step] = x[j] . w[r0 + i*step] for i < R   x [L, K], w [N, K], out [L, N]"""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = ZERO
-    for k in range(x.shape[1]):
-        a = x[j, k]
-        s0 += w[r0, k] * a
-        s1 += w[r0 + step, k] * a
-        s2 += w[r0 + 2 * step, k] * a
-        s3 += w[r0 + 3 * step, k] * a
-        s4 += w[r0 + 4 * step, k] * a
-        s5 += w[r0 + 5 * step, k] * a
-        s6 += w[r0 + 6 * step, k] * a
-        s7 += w[r0 + 7 * step, k] * a
-    for i, s in enumerate((s0, s1, s2, s3, s4, s5, s6, s7)):
-        out[j, r0 + i * step] = s
-
-
-@njit(fastmath=REDUCE, cache=True)
-def _tile1_r1(x, w, r0, step, out):
-    """_tile1 for token 0 and R1 = 4 rows (the decode path)"""
-    s0 = s1 = s2 = s3 = ZERO
-    for k in range(x.shape[1]):
-        a = x[0, k]
-        s0 += w[r0, k] * a
-        s1 += w[r0 + step, k] * a
-        s2 += w[r0 + 2 * step, k] * a
-        s3 += w[r0 + 3 * step, k] * a
-    for i, s in enumerate((s0, s1, s2, s3)):
-        out[0, r0 + i * step] = s
+R = 4  # weight rows per unit
+TB = 64  # tokens per block when L > 1: the block [TB, K] of x stays in L2
 
 
-@njit(fastmath=REDUCE, cache=True)
-def _tile2(x, j, w, r0, step, out):
-    """_tile1 for tokens j, j+1"""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = ZERO  # token j
-    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = ZERO  # token j+1
-    for k in range(x.shape[1]):
-        a, b = x[j, k], x[j + 1, k]
-        v = w[r0, k]
-        s0 += v * a
-        t0 += v * b
-        v = w[r0 + step, k]
-        s1 += v * a
-        t1 += v * b
-        v = w[r0 + 2 * step, k]
-        s2 += v * a
-        t2 += v * b
-        v = w[r0 + 3 * step, k]
-        s3 += v * a
-        t3 += v * b
-        v = w[r0 + 4 * step, k]
-        s4 += v * a
-        t4 += v * b
-        v = w[r0 + 5 * step, k]
-        s5 += v * a
-        t5 += v * b
-        v = w[r0 + 6 * step, k]
-        s6 += v * a
-        t6 += v * b
-        v = w[r0 + 7 * step, k]
-        s7 += v * a
-        t7 += v * b
-    for i, (s, t) in enumerate(((s0, t0), (s1, t1), (s2, t2), (s3, t3), (s4, t4), (s5, t5),
-                                (s6, t6), (s7, t7))):
-        out[j, r0 + i * step], out[j + 1, r0 + i * step] = s, t
+# ---------------------------------------------------------------- decode: one token, 4 rows
 
 
-@njit(fastmath=REDUCE, cache=True)
-def _tile3(x, j, w, r0, step, out):
-    """_tile1 for tokens j, j+1, j+2"""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = ZERO  # token j
-    t0 = t1 = t2 = t3 = t4 = t5 = t6 = t7 = ZERO  # token j+1
-    u0 = u1 = u2 = u3 = u4 = u5 = u6 = u7 = ZERO  # token j+2
-    for k in range(x.shape[1]):
-        a, b, c = x[j, k], x[j + 1, k], x[j + 2, k]
-        v = w[r0, k]
-        s0, t0, u0 = s0 + v * a, t0 + v * b, u0 + v * c
-        v = w[r0 + step, k]
-        s1, t1, u1 = s1 + v * a, t1 + v * b, u1 + v * c
-        v = w[r0 + 2 * step, k]
-        s2, t2, u2 = s2 + v * a, t2 + v * b, u2 + v * c
-        v = w[r0 + 3 * step, k]
-        s3, t3, u3 = s3 + v * a, t3 + v * b, u3 + v * c
-        v = w[r0 + 4 * step, k]
-        s4, t4, u4 = s4 + v * a, t4 + v * b, u4 + v * c
-        v = w[r0 + 5 * step, k]
-        s5, t5, u5 = s5 + v * a, t5 + v * b, u5 + v * c
-        v = w[r0 + 6 * step, k]
-        s6, t6, u6 = s6 + v * a, t6 + v * b, u6 + v * c
-        v = w[r0 + 7 * step, k]
-        s7, t7, u7 = s7 + v * a, t7 + v * b, u7 + v * c
-    for i, (s, t, u) in enumerate(((s0, t0, u0), (s1, t1, u1), (s2, t2, u2), (s3, t3, u3),
-                                   (s4, t4, u4), (s5, t5, u5), (s6, t6, u6), (s7, t7, u7))):
-        out[j, r0 + i * step], out[j + 1, r0 + i * step], out[j + 2, r0 + i * step] = s, t, u
-
-
-@njit(fastmath=REDUCE, cache=True)
-def _row(x, w, r, out):
-    """out[:, r] = x @ w[r]   (the N % R rows left over; always the same rows for a shape)"""
-    for j in range(x.shape[0]):
-        s = ZERO
-        for k in range(x.shape[1]):
-            s += w[r, k] * x[j, k]
-        out[j, r] = s
+@njit(inline="always", cache=True)
+def _dot4_of(part, scales, per_block, parts, nbytes, d, o0, o1, o2, o3, x, kp):
+    """Lanes 0..3 = rows at o0..o3 . x[:kp] (each in the fixed order)"""
+    a0 = a1 = a2 = a3 = vzero()
+    for b in range(kp // per_block):
+        ob = nbytes * b
+        v0, v1 = scales(d, o0 + ob), scales(d, o1 + ob)
+        v2, v3 = scales(d, o2 + ob), scales(d, o3 + ob)
+        for p in range(parts):
+            e = per_block * b + 32 * p
+            x0, x1 = vload(x, e), vload(x, e + 16)
+            lo, hi = part(d, o0 + ob, p, v0)
+            a0 = vfma(hi, x1, vfma(lo, x0, a0))
+            lo, hi = part(d, o1 + ob, p, v1)
+            a1 = vfma(hi, x1, vfma(lo, x0, a1))
+            lo, hi = part(d, o2 + ob, p, v2)
+            a2 = vfma(hi, x1, vfma(lo, x0, a2))
+            lo, hi = part(d, o3 + ob, p, v3)
+            a3 = vfma(hi, x1, vfma(lo, x0, a3))
+    z = vzero()
+    return vsum16(a0, a1, a2, a3, z, z, z, z, z, z, z, z, z, z, z, z)
 
 
 @njit(cache=True)
-def _unit_rows(n_rows, rows, b):
-    """Unit b of an n_rows matrix cut in units of `rows` -> (first row, step, count):
-    `rows` strided rows, or one leftover row."""
-    n_blocks = n_rows // rows
-    u = np.int64(b)  # prange indices may be unsigned; unsigned + signed would give float64
-    if u < n_blocks:
-        return u, n_blocks, rows
-    return rows * n_blocks + u - n_blocks, 1, 1
+def _dot4(t, d, o0, o1, o2, o3, x, kp):
+    if t == Q4_1:
+        return _dot4_of(part_q4_1, no_scales, 32, 1, 24, d, o0, o1, o2, o3, x, kp)
+    if t == Q8_0:
+        return _dot4_of(part_q8_0, no_scales, 32, 1, 36, d, o0, o1, o2, o3, x, kp)
+    if t == Q4_K:
+        return _dot4_of(part_q4_k, scales_k, 256, 8, 144, d, o0, o1, o2, o3, x, kp)
+    if t == Q6_K:
+        return _dot4_of(part_q6_k, scales_q6_k, 256, 8, 210, d, o0, o1, o2, o3, x, kp)
+    if t == Q5_K:
+        return _dot4_of(part_q5_k, scales_k, 256, 8, 176, d, o0, o1, o2, o3, x, kp)
+    if t == Q4_0:
+        return _dot4_of(part_q4_0, no_scales, 32, 1, 20, d, o0, o1, o2, o3, x, kp)
+    if t == Q5_0:
+        return _dot4_of(part_q5_0, no_scales, 32, 1, 24, d, o0, o1, o2, o3, x, kp)
+    if t == Q5_1:
+        return _dot4_of(part_q5_1, no_scales, 32, 1, 28, d, o0, o1, o2, o3, x, kp)
+    if t == F16:
+        return _dot4_of(part_f16, no_scales, 32, 1, 64, d, o0, o1, o2, o3, x, kp)
+    if t == BF16:
+        return _dot4_of(part_bf16, no_scales, 32, 1, 64, d, o0, o1, o2, o3, x, kp)
+    return _dot4_of(part_f32, no_scales, 32, 1, 128, d, o0, o1, o2, o3, x, kp)
+
+
+@njit(inline="always", cache=True)
+def _row_offsets(o, stride, n):
+    """The 4 rows a unit computes: its n rows, the last repeated (extra results discarded)"""
+    return o, o + min(1, n - 1) * stride, o + min(2, n - 1) * stride, o + min(3, n - 1) * stride
 
 
 @njit(cache=True)
-def _n_units(n_rows, rows):
-    return n_rows // rows + n_rows % rows
+def _decode_unit(d, unit, x, out):
+    """out[r0 + i] = row i . x for the unit's rows   x [Kp], out [N]"""
+    r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
+    o0, o1, o2, o3 = _row_offsets(o, stride, n)
+    s = _dot4(t, d, o0, o1, o2, o3, x, x.shape[0])
+    for i in range(n):
+        out[r0 + i] = vlane(s, i)
+
+
+# ---------------------------------------------------------------- many tokens: decode once, tile
+
+
+@njit(inline="always", cache=True)
+def _to_f32_of(part, scales, per_block, parts, nbytes, d, o, kp, out, oo):
+    for b in range(kp // per_block):
+        v = scales(d, o + nbytes * b)
+        for p in range(parts):
+            lo, hi = part(d, o + nbytes * b, p, v)
+            e = oo + per_block * b + 32 * p
+            vstore(out, e, lo)
+            vstore(out, e + 16, hi)
 
 
 @njit(cache=True)
-def _unit_size(x):
-    """Rows per unit for x [L, K]: R1 for decode, R when tokens share the weight rows"""
-    return R1 if x.shape[0] == 1 else R
+def rows_to_f32(t, d, o, kp, out, oo):
+    """out[oo : oo+kp] = the row at byte o of d, decoded (gguf's floats, zero padding)"""
+    if t == Q4_1:
+        _to_f32_of(part_q4_1, no_scales, 32, 1, 24, d, o, kp, out, oo)
+    elif t == Q8_0:
+        _to_f32_of(part_q8_0, no_scales, 32, 1, 36, d, o, kp, out, oo)
+    elif t == Q4_K:
+        _to_f32_of(part_q4_k, scales_k, 256, 8, 144, d, o, kp, out, oo)
+    elif t == Q6_K:
+        _to_f32_of(part_q6_k, scales_q6_k, 256, 8, 210, d, o, kp, out, oo)
+    elif t == Q5_K:
+        _to_f32_of(part_q5_k, scales_k, 256, 8, 176, d, o, kp, out, oo)
+    elif t == Q4_0:
+        _to_f32_of(part_q4_0, no_scales, 32, 1, 20, d, o, kp, out, oo)
+    elif t == Q5_0:
+        _to_f32_of(part_q5_0, no_scales, 32, 1, 24, d, o, kp, out, oo)
+    elif t == Q5_1:
+        _to_f32_of(part_q5_1, no_scales, 32, 1, 28, d, o, kp, out, oo)
+    elif t == F16:
+        _to_f32_of(part_f16, no_scales, 32, 1, 64, d, o, kp, out, oo)
+    elif t == BF16:
+        _to_f32_of(part_bf16, no_scales, 32, 1, 64, d, o, kp, out, oo)
+    else:
+        _to_f32_of(part_f32, no_scales, 32, 1, 128, d, o, kp, out, oo)
 
 
 @njit(cache=True)
-def _unit(x, w, n_rows, offset, b, out):
-    """out[:, rows] = x @ w[rows].T for the rows of unit b of w[offset:offset+n_rows]"""
-    r0, step, count = _unit_rows(n_rows, _unit_size(x), b)
-    if count == 1:
-        _row(x, w, offset + r0, out)
-        return
-    if count == R1:
-        _tile1_r1(x, w, offset + r0, step, out)
-        return
-    j = 0
-    while j + 3 <= x.shape[0]:
-        _tile3(x, j, w, offset + r0, step, out)
-        j += 3
-    if x.shape[0] - j == 2:
-        _tile2(x, j, w, offset + r0, step, out)
-    elif x.shape[0] - j == 1:
-        _tile1(x, j, w, offset + r0, step, out)
+def decode_rows(t, d, o, stride, n, kp, out):
+    """out [n, kp] = the n rows at o, o+stride, ... decoded (whole tensors, for references)"""
+    for i in range(n):
+        rows_to_f32(t, d, o + i * stride, kp, out.reshape(-1), i * kp)
 
 
-@njit(parallel=True, cache=True)
-def matmul(x, w, out):
-    """out = x @ w.T   x [L, K], w [N, K] -> out [L, N]"""
-    for b in prange(_n_units(w.shape[0], _unit_size(x))):
-        _unit(x, w, w.shape[0], 0, b, out)
+@njit(inline="always", cache=True)
+def _tile(w, kp, x, xo, jn):
+    """Rows w[i*kp:] (i < 4) . tokens x[xo + j*kp:] (j < jn <= 4): lane 4i + j"""
+    z = vzero()
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = z
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = z
+    if jn == 4:
+        for c in range(0, kp, 16):
+            x0, x1 = vload(x, xo + c), vload(x, xo + kp + c)
+            x2, x3 = vload(x, xo + 2 * kp + c), vload(x, xo + 3 * kp + c)
+            w0 = vload(w, c)
+            a00, a01 = vfma(w0, x0, a00), vfma(w0, x1, a01)
+            a02, a03 = vfma(w0, x2, a02), vfma(w0, x3, a03)
+            w1 = vload(w, kp + c)
+            a10, a11 = vfma(w1, x0, a10), vfma(w1, x1, a11)
+            a12, a13 = vfma(w1, x2, a12), vfma(w1, x3, a13)
+            w2 = vload(w, 2 * kp + c)
+            a20, a21 = vfma(w2, x0, a20), vfma(w2, x1, a21)
+            a22, a23 = vfma(w2, x2, a22), vfma(w2, x3, a23)
+            w3 = vload(w, 3 * kp + c)
+            a30, a31 = vfma(w3, x0, a30), vfma(w3, x1, a31)
+            a32, a33 = vfma(w3, x2, a32), vfma(w3, x3, a33)
+    elif jn == 3:
+        for c in range(0, kp, 16):
+            x0, x1, x2 = vload(x, xo + c), vload(x, xo + kp + c), vload(x, xo + 2 * kp + c)
+            w0, w1 = vload(w, c), vload(w, kp + c)
+            a00, a01, a02 = vfma(w0, x0, a00), vfma(w0, x1, a01), vfma(w0, x2, a02)
+            a10, a11, a12 = vfma(w1, x0, a10), vfma(w1, x1, a11), vfma(w1, x2, a12)
+            w2, w3 = vload(w, 2 * kp + c), vload(w, 3 * kp + c)
+            a20, a21, a22 = vfma(w2, x0, a20), vfma(w2, x1, a21), vfma(w2, x2, a22)
+            a30, a31, a32 = vfma(w3, x0, a30), vfma(w3, x1, a31), vfma(w3, x2, a32)
+    elif jn == 2:
+        for c in range(0, kp, 16):
+            x0, x1 = vload(x, xo + c), vload(x, xo + kp + c)
+            w0, w1 = vload(w, c), vload(w, kp + c)
+            w2, w3 = vload(w, 2 * kp + c), vload(w, 3 * kp + c)
+            a00, a01 = vfma(w0, x0, a00), vfma(w0, x1, a01)
+            a10, a11 = vfma(w1, x0, a10), vfma(w1, x1, a11)
+            a20, a21 = vfma(w2, x0, a20), vfma(w2, x1, a21)
+            a30, a31 = vfma(w3, x0, a30), vfma(w3, x1, a31)
+    else:
+        for c in range(0, kp, 16):
+            x0 = vload(x, xo + c)
+            a00, a10 = vfma(vload(w, c), x0, a00), vfma(vload(w, kp + c), x0, a10)
+            a20, a30 = vfma(vload(w, 2 * kp + c), x0, a20), vfma(vload(w, 3 * kp + c), x0, a30)
+    return vsum16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33)
 
 
-@njit(parallel=True, cache=True)
-def matmul_add(x, w, tmp, h):
-    """h += x @ w.T (the residual add fused in)   x [L, K], w [D, K], tmp/h [L, D]"""
-    n_rows = w.shape[0]
-    for b in prange(_n_units(n_rows, _unit_size(x))):
-        _unit(x, w, n_rows, 0, b, tmp)
-        r0, step, count = _unit_rows(n_rows, _unit_size(x), b)
-        for j in range(x.shape[0]):
-            for r in range(r0, r0 + count * step, step):
-                h[j, r] += tmp[j, r]
+@njit(cache=True)
+def _tiles_unit(d, unit, x, t0, t1, out, w):
+    """out[t, r0 + i] = row i . x[t] for t0 <= t < t1   x [L, Kp], w [4*Kp] scratch"""
+    r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
+    kp = x.shape[1]
+    for i in range(n):
+        rows_to_f32(t, d, o + i * stride, kp, w, i * kp)
+    xf = x.reshape(-1)
+    j = t0
+    while j < t1:
+        jn = min(4, t1 - j)
+        s = _tile(w, kp, xf, j * kp, jn)
+        for i in range(n):
+            for q in range(jn):
+                out[j + q, r0 + i] = vlane(s, 4 * i + q)
+        j += jn
+
+
+@njit(cache=True)
+def _unit(d, units, u, x, t0, t1, out, w):
+    if x.shape[0] == 1:
+        _decode_unit(d, units[u], x[0], out[0])
+    else:
+        _tiles_unit(d, units[u], x, t0, t1, out, w)
+
+
+# ---------------------------------------------------------------- parallel drivers
+# One parallel function serves the three matmul kinds, so the type dispatch above is compiled
+# into one parallel region (numba re-optimizes callees inside every caller).
+
+PLAIN, ADD, GATE_UP = 0, 1, 2
+CHUNKS = 16  # L > 1: contiguous runs of units per call, each with its own L1 scratch
+
+
+@njit(cache=True)
+def _padded(x):
+    """x [L, K] -> [L, Kp], Kp = K rounded up to 32 (float rows are stored padded alike)"""
+    kp = -(-x.shape[1] // 32) * 32
+    if kp == x.shape[1]:
+        return x
+    out = np.zeros((x.shape[0], kp), np.float32)
+    out[:, :x.shape[1]] = x
+    return out
 
 
 @njit(cache=True)
@@ -192,16 +265,85 @@ def _silu(g):
     return g / (ONE + np.exp(-g))
 
 
+@njit(cache=True)
+def _epilogue(kind, units, u, t0, t1, out, dest):
+    """ADD: dest += out on the unit's rows; GATE_UP: dest = silu(gate) * up"""
+    r0, n = units[u, 0], units[u, 1]
+    if kind == ADD:
+        for j in range(t0, t1):
+            for r in range(r0, r0 + n):
+                dest[j, r] += out[j, r]
+    elif kind == GATE_UP:
+        n_ff = dest.shape[1]
+        for j in range(t0, t1):
+            for r in range(r0, r0 + n):
+                dest[j, r] = _silu(out[j, r]) * out[j, n_ff + r]
+
+
+@njit(cache=True)
+def _work(kind, d, units, u, x, t0, t1, out, dest, w):
+    """Unit u (and for GATE_UP its up unit), then the epilogue"""
+    _unit(d, units, u, x, t0, t1, out, w)
+    if kind == GATE_UP:
+        _unit(d, units, units.shape[0] // 2 + u, x, t0, t1, out, w)
+    _epilogue(kind, units, u, t0, t1, out, dest)
+
+
 @njit(parallel=True, cache=True)
+def _parallel(kind, x, d, units, t0, t1, out, dest):
+    n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
+    if x.shape[0] == 1:
+        for u in prange(n):
+            _work(kind, d, units, u, x, 0, 1, out, dest, x[0, :0])
+        return
+    chunks = min(n, CHUNKS)
+    for c in prange(chunks):
+        w = np.zeros(R * x.shape[1], np.float32)
+        for u in range(c * n // chunks, (c + 1) * n // chunks):
+            _work(kind, d, units, u, x, t0, t1, out, dest, w)
+
+
+@njit(cache=True)
+def _run(kind, x, w, out, dest):
+    x = _padded(x)
+    for t0 in range(0, x.shape[0], TB):
+        _parallel(kind, x, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest)
+
+
+@njit(cache=True)
+def matmul(x, w, out):
+    """out = x @ w.T   x [L, K], w = (data, units) of [N, K] -> out [L, N]"""
+    _run(PLAIN, x, w, out, out)
+
+
+@njit(cache=True)
+def matmul_add(x, w, tmp, h):
+    """h += x @ w.T (the residual add fused in)   x [L, K], w [D, K], tmp/h [L, D]"""
+    _run(ADD, x, w, tmp, h)
+
+
+@njit(cache=True)
 def gate_up_silu(x, w, gu, act):
     """act = silu(x @ gate.T) * (x @ up.T)
-    x [L, D], w [2F, D] rows gate then up, gu [L, 2F] scratch -> act [L, F]"""
-    n_ff = act.shape[1]
-    for b in prange(_n_units(n_ff, _unit_size(x))):
-        _unit(x, w, n_ff, 0, b, gu)
-        _unit(x, w, n_ff, n_ff, b, gu)
-        r0, step, count = _unit_rows(n_ff, _unit_size(x), b)
-        for j in range(x.shape[0]):
-            for r in range(r0, r0 + count * step, step):
-                act[j, r] = _silu(gu[j, r]) * gu[j, n_ff + r]
+    x [L, D], w [2F, D] units of gate then of up, gu [L, 2F] scratch -> act [L, F]"""
+    _run(GATE_UP, x, w, gu, act)
 
+
+@njit(cache=True)
+def n_rows(w):
+    """N of a matrix w = (data, units)"""
+    u = w[1]
+    return u[u.shape[0] - 1, 0] + u[u.shape[0] - 1, 1]
+
+
+@njit(cache=True)
+def embed_rows(w, tokens, h):
+    """h[j] = row tokens[j] of w, decoded   tokens [L], h [L, D]"""
+    d, units = w
+    kp = -(-h.shape[1] // 32) * 32
+    row = np.empty(kp, np.float32)
+    for j in range(tokens.shape[0]):
+        u = np.searchsorted(units[:, 0], tokens[j], side="right") - 1
+        o = units[u, 3] + (tokens[j] - units[u, 0]) * units[u, 4]
+        rows_to_f32(units[u, 2], d, o, kp, row, 0)
+        h[j] = row[:h.shape[1]]

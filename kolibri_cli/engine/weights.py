@@ -1,65 +1,183 @@
-"""Weights laid out once for the kernel: fused QKV and gate/up matrices, float32, C-contiguous.
+"""Weights laid out once for the kernel: each matrix a `Matrix` of units over a byte buffer (see
+`matmul`), norms and biases float32 arrays. The fused QKV and gate/up matrices are the units of
+their parts in order; nothing is copied to fuse them.
 
-Optional parts (q/k/v biases, q/k norms) are zero-length arrays when the architecture lacks
-them: the kernel tests `.shape[0]`, so the plain Llama path pays one branch, not a copy.
+Two sources: float tensors by Hugging Face name (`layout`: stored as F32 rows, or quantized to
+Q8_0 on request), and kernel-layout blocks in a memory-mapped model cache (`Matrix.of_rows`
+over the cache buffer, built by `store`). Optional parts (q/k/v biases, q/k norms) are
+zero-length arrays when the architecture lacks them: the kernel tests `.shape[0]`.
 """
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from kolibri_cli.engine import blocks
 from kolibri_cli.engine.config import ModelConfig
+
+STORAGE = ("float32", "q8_0")  # what `layout` can store float tensors as
 
 
 def _none() -> np.ndarray:
     return np.zeros(0, np.float32)  # [0]: "this layer has no such part"
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Rows of one stored tensor: their block type and byte addresses in a buffer."""
+
+    code: int  # blocks.TYPES key
+    at: np.ndarray  # int64 [n]: byte address of each row, in the matrix's row order
+    k: int  # weights per row
+
+
+@dataclass
+class Matrix:
+    """A weight matrix [N, K] as the kernel reads it: (data, units), see `matmul`."""
+
+    data: np.ndarray  # uint8 [bytes]: the buffer every row lives in
+    units: np.ndarray  # int64 [U, 5]: (first row, rows <= 4, block type, byte offset, stride)
+    shape: tuple[int, int]  # (N, K)
+
+    @classmethod
+    def of_rows(cls, data: np.ndarray, parts: list[Rows]) -> "Matrix":
+        """The matrix whose rows are the parts' rows, stacked in order."""
+        units, first = [], 0
+        for part in parts:
+            units += _units(part, first)
+            first += len(part.at)
+        k = {p.k for p in parts}
+        if len(k) != 1:
+            raise ValueError(f"parts of one matrix differ in width: {sorted(k)}")
+        return cls(data, np.array(units, np.int64).reshape(-1, 5), (first, k.pop()))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.data, self.units
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage a decode step reads for this matrix."""
+        k = self.shape[1]
+        return int(sum(n * blocks.TYPES[t].row_bytes(k) for _, n, t, _, _ in self.units))
+
+    @property
+    def types(self) -> list[str]:
+        return sorted({blocks.TYPES[int(t)].name for t in self.units[:, 2]})
+
+    def to_float32(self) -> np.ndarray:
+        """[N, K] float32: every row decoded (references and tests)."""
+        from kolibri_cli.engine.matmul import decode_rows
+
+        n, k = self.shape
+        kp = -(-k // 32) * 32
+        out = np.zeros((n, kp), np.float32)
+        for r0, count, t, o, stride in self.units:
+            decode_rows(t, self.data, o, stride, count, kp, out[r0:r0 + count])
+        return np.ascontiguousarray(out[:, :k])
+
+
+def _units(part: Rows, first: int) -> list[tuple[int, ...]]:
+    """Up to 4 consecutive rows per unit, whenever their addresses are evenly spaced."""
+    out, i, at = [], 0, part.at
+    while i < len(at):
+        n = 1
+        while n < 4 and i + n < len(at) and at[i + n] - at[i + n - 1] == (at[i + 1] - at[i]):
+            n += 1
+        stride = int(at[i + 1] - at[i]) if n > 1 else 0
+        out.append((first + i, n, part.code, int(at[i]), stride))
+        i += n
+    return out
+
+
+def stacked(code: int, k: int, rows: list[np.ndarray]) -> Matrix:
+    """The matrix of several tensors' kernel-storage rows [n_i, row bytes], copied into one
+    buffer one after another."""
+    data = np.concatenate([np.ascontiguousarray(r).reshape(-1) for r in rows])
+    parts, offset = [], 0
+    for r in rows:
+        parts.append(Rows(code, offset + r.shape[1] * np.arange(r.shape[0], dtype=np.int64), k))
+        offset += r.nbytes
+    return Matrix.of_rows(data, parts)
+
+
+def float_matrix(tensors: list[np.ndarray], storage: str = "float32") -> Matrix:
+    """Float tensors [n_i, K] stacked row-wise: F32 rows, or Q8_0 blocks (K a multiple of 32)."""
+    k = tensors[0].shape[1]
+    if storage == "q8_0" and k % 32 == 0:
+        from gguf import GGMLQuantizationType, quants
+
+        rows = [blocks.repack(blocks.Q8_0, quants.quantize(np.asarray(t, np.float32),
+                                                            GGMLQuantizationType.Q8_0))
+                for t in tensors]
+        code = blocks.Q8_0
+    else:
+        rows = [blocks.float_rows(blocks.F32, np.asarray(t, np.float32)) for t in tensors]
+        code = blocks.F32
+    return stacked(code, k, rows)
+
+
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # [D]
-    wqkv: np.ndarray  # [(H + 2*KVH) * Dh, D]  rows: q heads, then k heads, then v heads
-    wo: np.ndarray  # [D, H*Dh]
+    wqkv: Matrix  # [(H + 2*KVH) * Dh, D]  rows: q heads, then k heads, then v heads
+    wo: Matrix  # [D, H*Dh]
     mlp_norm: np.ndarray  # [D]
-    w_gate_up: np.ndarray  # [2F, D]  rows: gate then up
-    w_down: np.ndarray  # [D, F]
+    w_gate_up: Matrix  # [2F, D]  rows: gate then up
+    w_down: Matrix  # [D, F]
     bqkv: np.ndarray = field(default_factory=_none)  # [(H + 2*KVH) * Dh] biases (Qwen2) | [0]
     q_norm: np.ndarray = field(default_factory=_none)  # [Dh] q head RMSNorm (Qwen3) | [0]
     k_norm: np.ndarray = field(default_factory=_none)  # [Dh] k head RMSNorm (Qwen3) | [0]
 
-    def arrays(self) -> tuple[np.ndarray, ...]:
+    def arrays(self) -> tuple:
         """The tuple the kernel's `_layer` unpacks (order matters)."""
-        return (self.attn_norm, self.wqkv, self.wo, self.mlp_norm, self.w_gate_up, self.w_down,
-                self.bqkv, self.q_norm, self.k_norm)
+        return (self.attn_norm, self.wqkv.arrays(), self.wo.arrays(), self.mlp_norm,
+                self.w_gate_up.arrays(), self.w_down.arrays(), self.bqkv, self.q_norm,
+                self.k_norm)
+
+    def matrices(self) -> list[Matrix]:
+        return [self.wqkv, self.wo, self.w_gate_up, self.w_down]
 
 
 @dataclass
 class Weights:
-    embed: np.ndarray  # [V, D]
+    embed: Matrix  # [V, D]
     layers: list[LayerWeights]
     norm: np.ndarray  # [D]
-    head: np.ndarray  # [V, D]; the same array as `embed` when tied
+    head: Matrix  # [V, D]; the same object as `embed` when tied
 
     def nbytes_per_token(self) -> int:
-        """Bytes of weights a decode step reads: every layer matrix, the norms and the head."""
-        layer = sum(a.nbytes for lw in self.layers for a in vars(lw).values())
-        return layer + self.norm.nbytes + self.head.nbytes
+        """Bytes of weights a decode step reads: every layer matrix and vector, the final norm
+        and the head (the embedding lookup reads one row: not counted)."""
+        vectors = sum(a.nbytes for lw in self.layers
+                      for a in (lw.attn_norm, lw.mlp_norm, lw.bqkv, lw.q_norm, lw.k_norm))
+        matrices = sum(m.nbytes for lw in self.layers for m in lw.matrices())
+        return vectors + matrices + self.norm.nbytes + self.head.nbytes
+
+    def storage(self) -> dict[str, int]:
+        """Block type name -> matrices holding it (a fused matrix counts once per type)."""
+        counts: dict[str, int] = {}
+        for m in [self.head, *(m for lw in self.layers for m in lw.matrices())]:
+            for t in m.types:
+                counts[t] = counts.get(t, 0) + 1
+        return counts
 
 
 def _f32(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def _layer(config: ModelConfig, tensors: dict[str, np.ndarray], i: int) -> LayerWeights:
+def _layer(config: ModelConfig, tensors: dict[str, np.ndarray], i: int,
+           storage: str) -> LayerWeights:
     p = f"model.layers.{i}."
     t = lambda name: tensors[p + name]  # noqa: E731
+    m = lambda *names: float_matrix([t(n) for n in names], storage)  # noqa: E731
     lw = LayerWeights(
         attn_norm=_f32(t("input_layernorm.weight")),
-        wqkv=_f32(np.concatenate([t(f"self_attn.{x}_proj.weight") for x in "qkv"])),
-        wo=_f32(t("self_attn.o_proj.weight")),
+        wqkv=m(*(f"self_attn.{x}_proj.weight" for x in "qkv")),
+        wo=m("self_attn.o_proj.weight"),
         mlp_norm=_f32(t("post_attention_layernorm.weight")),
-        w_gate_up=_f32(np.concatenate([t("mlp.gate_proj.weight"), t("mlp.up_proj.weight")])),
-        w_down=_f32(t("mlp.down_proj.weight")),
+        w_gate_up=m("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+        w_down=m("mlp.down_proj.weight"),
     )
     if config.qkv_bias:
         lw.bqkv = _f32(np.concatenate([t(f"self_attn.{x}_proj.bias") for x in "qkv"]))
@@ -69,15 +187,19 @@ def _layer(config: ModelConfig, tensors: dict[str, np.ndarray], i: int) -> Layer
     return lw
 
 
-def layout(config: ModelConfig, tensors: dict[str, np.ndarray]) -> Weights:
-    """HF tensor names -> kernel layout (`tensors` already checked against weight_shapes())."""
-    layers = [_layer(config, tensors, i) for i in range(config.num_hidden_layers)]
-    embed = _f32(tensors["model.embed_tokens.weight"])
-    head = embed if config.tie_word_embeddings else _f32(tensors["lm_head.weight"])
+def layout(config: ModelConfig, tensors: dict[str, np.ndarray],
+           storage: str = "float32") -> Weights:
+    """HF tensor names -> kernel layout (`tensors` already checked against weight_shapes()).
+    storage "q8_0" quantizes every matrix whose width is a multiple of 32 (gguf's Q8_0)."""
+    layers = [_layer(config, tensors, i, storage) for i in range(config.num_hidden_layers)]
+    embed = float_matrix([tensors["model.embed_tokens.weight"]], storage)
+    head = (embed if config.tie_word_embeddings
+            else float_matrix([tensors["lm_head.weight"]], storage))
     return Weights(embed=embed, layers=layers, norm=_f32(tensors["model.norm.weight"]), head=head)
 
 
-def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.02) -> Weights:
+def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.02,
+                   storage: str = "float32") -> Weights:
     """Random weights for tests and kernel benchmarks (no checkpoint needed)."""
     rng = np.random.default_rng(seed)
     tensors = {
@@ -85,4 +207,4 @@ def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.02) -> W
         else scale * rng.standard_normal(shape)
         for name, shape in config.weight_shapes().items()
     }
-    return layout(config, tensors)
+    return layout(config, tensors, storage)

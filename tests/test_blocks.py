@@ -1,0 +1,153 @@
+"""Block storage: every type decodes to exactly gguf's floats, and a matmul over any type gives
+bitwise the float32 path's result (its dequantized rows), for every L and tile."""
+
+import os
+import subprocess
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from kolibri_cli.engine import blocks, simd
+from kolibri_cli.engine.matmul import matmul
+from kolibri_cli.engine.weights import Matrix, Rows, stacked
+
+gguf = pytest.importorskip("gguf")
+G = gguf.GGMLQuantizationType
+QUANT = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+FLOAT = ["F32", "F16", "BF16"]
+# byte offsets of a block's float16 fields, with a scale that keeps weights ~0.02 (finite)
+HALVES = {"Q4_0": {0: 0.005}, "Q4_1": {0: 0.003, 2: -0.02}, "Q5_0": {0: 0.002},
+          "Q5_1": {0: 0.0015, 2: -0.02}, "Q8_0": {0: 0.0003}, "Q4_K": {0: 1e-4, 2: 7.5e-4},
+          "Q5_K": {0: 5e-5, 2: 7.5e-4}, "Q6_K": {208: 1.5e-5}}
+
+
+def random_file_rows(name: str, n: int, k: int, rng) -> np.ndarray:
+    """GGUF rows [n, file row bytes] of random blocks (every code, scale sign and sub-scale)."""
+    t = blocks.BY_NAME[name]
+    if name in FLOAT:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        if name == "F16":
+            return w.astype(np.float16).view(np.uint8)
+        if name == "BF16":
+            return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return w.view(np.uint8)
+    raw = rng.integers(0, 256, (n, k // t.weights, t.file_bytes), dtype=np.uint8)
+    for off, scale in HALVES[name].items():
+        h = (scale * rng.choice([-1, 1], raw.shape[:2]) * (0.5 + rng.random(raw.shape[:2])))
+        raw[:, :, off:off + 2] = h.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(n, -1)
+
+
+def storage_matrix(name: str, file_rows: np.ndarray, k: int) -> Matrix:
+    t = blocks.BY_NAME[name]
+    if name == "F32":
+        rows = blocks.float_rows(t.code, file_rows.view(np.float32).reshape(-1, k))
+    elif name == "F16":
+        rows = blocks.float_rows(t.code, file_rows.view(np.float16).reshape(-1, k))
+    elif name == "BF16":
+        rows = blocks.float_rows(t.code, file_rows.view(np.uint16).reshape(-1, k))
+    else:
+        rows = blocks.repack(t.code, file_rows)
+    return stacked(t.code, k, [rows])
+
+
+def gguf_floats(name: str, file_rows: np.ndarray, k: int) -> np.ndarray:
+    return gguf.quants.dequantize(file_rows, G[name]).astype(np.float32).reshape(-1, k)
+
+
+@pytest.mark.parametrize("name", QUANT + FLOAT)
+def test_decoded_rows_are_gguf_floats(name):
+    rng = np.random.default_rng(len(name) + ord(name[1]))
+    k = 512
+    file_rows = random_file_rows(name, 9, k, rng)
+    got = storage_matrix(name, file_rows, k).to_float32()
+    want = gguf_floats(name, file_rows, k)
+    assert got.dtype == np.float32
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))  # -0.0 included
+
+
+@pytest.mark.parametrize("name", QUANT + FLOAT)
+def test_matmul_equals_float32_path_for_every_l(name):
+    """x @ w.T over blocks == over the decoded float32 rows, bitwise, for L = 1..16 and a
+    long call split at random points; every row of an L-row call == the 1-row call."""
+    rng = np.random.default_rng(ord(name[-1]))
+    n, k = 42, 512  # 42 rows: units of 4 and a short one
+    file_rows = random_file_rows(name, n, k, rng)
+    m = storage_matrix(name, file_rows, k)
+    f = stacked(blocks.F32, k, [blocks.float_rows(blocks.F32, gguf_floats(name, file_rows, k))])
+    x = rng.standard_normal((150, k)).astype(np.float32)
+    alone = np.empty((150, n), np.float32)
+    for j in range(150):
+        matmul(x[j:j + 1], f.arrays(), alone[j:j + 1])
+    for L in [*range(1, 17), 64, 65, 150]:
+        out = np.empty((L, n), np.float32)
+        matmul(x[:L], m.arrays(), out)
+        assert np.array_equal(out.view(np.uint32), alone[:L].view(np.uint32)), L
+    cuts = np.sort(rng.choice(np.arange(1, 150), 6, replace=False))
+    parts = []
+    for a, b in zip([0, *cuts], [*cuts, 150], strict=True):
+        out = np.empty((b - a, n), np.float32)
+        matmul(x[a:b], m.arrays(), out)
+        parts.append(out)
+    assert np.array_equal(np.concatenate(parts).view(np.uint32), alone.view(np.uint32))
+
+
+def _fma32(a, b, c) -> np.float32:
+    """fl(a*b + c) for float32 a, b, c: the exact value rounded once, to nearest even"""
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    near = np.float32(float(exact))
+    inf = np.float32(np.inf)
+    candidates = [np.nextafter(near, -inf), near, np.nextafter(near, inf)]
+    dist = [abs(Fraction(float(v)) - exact) for v in candidates]
+    best = min(dist)
+    ties = [v for v, e in zip(candidates, dist, strict=True) if e == best]
+    return min(ties, key=lambda v: int(np.array(v).view(np.uint32)) & 1)
+
+
+def test_matmul_is_the_fixed_order_dot():
+    """The order itself: 16 lanes of fused multiply-adds in increasing k, then the tree."""
+    rng = np.random.default_rng(3)
+    k = 48
+    w = rng.standard_normal((5, k)).astype(np.float32)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    out = np.empty((1, 5), np.float32)
+    matmul(x, stacked(blocks.F32, k, [blocks.float_rows(blocks.F32, w)]).arrays(), out)
+    for r in range(5):
+        lanes = [np.float32(0)] * 16
+        for c in range(0, k, 16):
+            lanes = [_fma32(w[r, c + i], x[0, c + i], lanes[i]) for i in range(16)]
+        v = np.array(lanes, np.float32)
+        while len(v) > 1:
+            v = (v[:len(v) // 2] + v[len(v) // 2:]).astype(np.float32)
+        assert out[0, r] == v[0]
+
+
+def test_units_follow_row_addresses():
+    """Rows read with a stride (llama.cpp's Q/K order) or out of order form correct units."""
+    rng = np.random.default_rng(4)
+    k = 64
+    w = rng.standard_normal((12, k)).astype(np.float32)
+    rows = blocks.float_rows(blocks.F32, w)
+    order = np.array([0, 2, 4, 6, 1, 3, 5, 7, 11, 10, 8, 9])
+    m = Matrix.of_rows(rows.reshape(-1), [Rows(blocks.F32, rows.shape[1] * order, k)])
+    assert np.array_equal(m.to_float32(), w[order])
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    out = np.empty((3, 12), np.float32)
+    matmul(x, m.arrays(), out)
+    assert np.allclose(out, x @ w[order].T, atol=1e-5)
+
+
+def test_portable_path_gives_the_same_bits(tmp_path):
+    """Without AVX-512 table lookups the decoders compute the same floats (run in a process
+    with its own numba cache, as another CPU would)."""
+    if not simd.LUT:
+        pytest.skip("this CPU runs the portable path already")
+    code = ("import sys; sys.argv=['x']; from kolibri_cli.engine import simd; "
+            "assert not simd.LUT; import pytest; "
+            "sys.exit(pytest.main(['-q', '-x', '-p', 'no:cacheprovider', "
+            f"'{__file__}::test_decoded_rows_are_gguf_floats']))")
+    env = os.environ | {"KOLIBRI_SIMD": "portable", "NUMBA_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
