@@ -53,11 +53,13 @@ def test_model_list_and_info_json_default(run, pulled_default, monkeypatch):
         assert result.exit_code == 0, result.output
         info = json.loads(result.stdout)
         assert info["parameters"] == 134515008
-        assert info["bytes_per_token"] == 538060032
+        # 210 Q4_1 matrices (24 bytes a block of 32: float32 scales), the Q8_0 tied head, norms
+        assert info["bytes_per_token"] == 111617280
+        assert info["storage"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
         assert info["chat_template"] is True and info["context_length"] == 8192
         assert (info["architecture"], info["layers"], info["heads"], info["kv_heads"]) == (
             "LlamaForCausalLM", 30, 9, 3)
-        assert info["dtypes"] == ["F32"] and info["tied_head"] is True
+        assert info["dtypes"] == ["F32", "U8"] and info["tied_head"] is True
         assert info["name"] == "smollm2-135m-instruct"
         assert info["source"]["gguf_sha256"].startswith("b179c952")
     table = run("model", "info")

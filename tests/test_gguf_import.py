@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
-from kolibri_cli.engine.loader import read_safetensors, sha256_files
+from kolibri_cli.engine import blockfile
+from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.store import cache as store
 from kolibri_cli.store import gguf as gguf_convert
@@ -180,12 +181,16 @@ def test_f32_import_gives_transformers_logits(kolibri_home, tmp_path, case):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_q8_0_import_holds_the_dequantized_tensors(kolibri_home, tmp_path, arch):
+def test_q8_0_import_holds_the_gguf_blocks(kolibri_home, tmp_path, arch):
+    """The cache keeps Q8_0 blocks (not float32), and they decode to the GGUF's tensors."""
     hf = hf_model(arch)
     path = tmp_path / "q8.gguf"
     expect = write_gguf(path, hf, arch, quant=Q.Q8_0)
     _, folder = store.import_gguf(path, name="q8")
-    got = read_safetensors(folder / "model.safetensors")
+    types, sizes = blockfile.storage(folder / blockfile.NAME)
+    assert types == {"F32": types["F32"], "Q8_0": len([a for a in expect.values() if a.ndim == 2])}
+    assert sum(sizes.values()) < sum(a.nbytes for a in expect.values()) / 3
+    got = blockfile.float_tensors(folder / blockfile.NAME)
     heads = {"q_proj": hf.config.num_attention_heads, "k_proj": hf.config.num_key_value_heads}
     assert len(got) == len(expect)
     for gname, a in expect.items():
@@ -264,8 +269,9 @@ def test_unsupported_architecture_is_named(kolibri_home, tmp_path):
 def test_too_big_for_memory_gives_both_numbers(kolibri_home, tmp_path, monkeypatch):
     write_gguf(tmp_path / "x.gguf", hf_model("llama"), "llama")
     monkeypatch.setattr(store, "free_memory", lambda: 1000)
-    with pytest.raises(KolibriError, match=r"needs 0\.\d\d MB as float32, but 0\.00 MB of memory "
-                                           r"is available and [\d.]+ [GM]B of disk is free"):
+    with pytest.raises(KolibriError, match=r"needs 0\.\d\d MB in kernel storage, but 0\.00 MB "
+                                           r"of memory is available and [\d.]+ [GM]B of disk "
+                                           r"is free"):
         store.import_gguf(tmp_path / "x.gguf")
     monkeypatch.setattr(store, "free_memory", lambda: 10**12)
     monkeypatch.setattr(store, "free_disk", lambda path: 2000)

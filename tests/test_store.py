@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kolibri_cli.engine import loader
+from kolibri_cli.engine import blockfile
 from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
 from kolibri_cli.store import cache as store
@@ -22,7 +22,7 @@ from kolibri_cli.store.atomic import atomic_dir, default_mode, temp_name, write_
 from kolibri_cli.store.gguf import unpermute
 
 NAME = store.DEFAULT_MODEL
-MODEL_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+MODEL_FILES = {"config.json", "model.kolibri", "tokenizer.json", "tokenizer_config.json",
                "kolibri.json"}
 GGUF_NAME = Path(store.REGISTRY[NAME].member).name  # a pull keeps it: llama-server runs it
 
@@ -70,7 +70,7 @@ def test_pull_gives_a_complete_hf_folder(pulled_default, monkeypatch):
 @pytest.mark.model
 def test_second_pull_is_a_no_op(pulled_default, monkeypatch):
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
-    weights = pulled_default.path / "model.safetensors"
+    weights = pulled_default.path / "model.kolibri"
     before = weights.stat().st_mtime_ns
 
     def no_download(*args):
@@ -132,7 +132,7 @@ def fake_convert(calls: list | None = None, delay: float = 0.0, fail=None):
         time.sleep(delay)
         if fail is not None:
             raise fail
-        for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        for name in ("model.kolibri", "tokenizer.json", "tokenizer_config.json"):
             (out_dir / name).write_text(name)
 
     return convert
@@ -227,7 +227,7 @@ def test_disk_full_is_one_clear_error(fake_wheel, kolibri_home, monkeypatch, err
 
 def test_disk_full_during_a_real_write(fake_wheel, kolibri_home, monkeypatch):
     def convert(gguf_path, out_dir, progress=None):
-        with open(out_dir / "model.safetensors", "wb") as f:
+        with open(out_dir / "model.kolibri", "wb") as f:
             f.write(b"x")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -348,7 +348,7 @@ def test_converted_weights_equal_transformers_gguf_loading(pulled_default):
                                       model_to_load=skeleton)["tensors"]
     except Exception as e:  # noqa: BLE001 - an API change in transformers is a skip, not a failure
         pytest.skip(f"transformers cannot load this GGUF here: {type(e).__name__}: {e}")
-    ours = loader.read_safetensors(pulled_default.path / "model.safetensors")
+    ours = blockfile.float_tensors(pulled_default.path / blockfile.NAME)
     for name in sorted(ours):  # q_proj and k_proj included: the un-permute is exact
         a, b = ours[name], np.asarray(theirs[name].to(torch.float32))
         assert a.dtype == np.float32 and a.shape == b.shape, name
@@ -420,7 +420,7 @@ def test_convert_tiny_gguf_round_trips_weights_config_and_tokenizer(tmp_path):
     got = ModelConfig.from_file(out / "config.json")
     assert got == dataclasses.replace(config, rope_theta=5000.0, rms_norm_eps=1e-6,
                                       max_position_embeddings=256, eos_token_ids=(2,))
-    weights = loader.load_tensors(out, got)
+    weights = blockfile.float_tensors(out / blockfile.NAME)  # F32 tensors: stored as float rows
     assert set(weights) == set(tensors)
     for name, a in tensors.items():
         assert np.array_equal(weights[name], a), name

