@@ -105,3 +105,61 @@ def test_measured_probe_counts_equal_simulation_on_smoke_goldens(pulled_default,
         assert (real["verify_passes"], real["drafts_proposed"], real["drafts_accepted"]) == (
             sim["verify_passes"], sim["drafts_proposed"], sim["drafts_accepted"])
     assert set(measured["costs"]) == {"1", "2", "3", "4", "5", "6"}
+
+
+# ---------------------------------------------------------------- the default model's blocks
+
+
+@pytest.fixture(scope="session")
+def float32_twin(model):
+    """The default model on the float32 path: its Q4_1/Q8_0 blocks decoded once (the floats
+    gguf's dequantize gives), stored as float32 rows."""
+    from kolibri_cli.engine import blockfile
+    from kolibri_cli.engine.kernel import Transformer
+    from kolibri_cli.engine.weights import layout
+
+    tensors = blockfile.float_tensors(model.path / blockfile.NAME)
+    return Transformer(model.config, layout(model.config, tensors))
+
+
+def test_runs_from_its_gguf_blocks(model):
+    assert model.weights.storage() == {"Q4_1": 120, "Q8_0": 1}
+    assert model.weights.nbytes_per_token() < 120e6  # 538 MB as float32
+
+
+def test_blocks_equal_the_float32_path(model, float32_twin):
+    """Every L 1..16 after a prefix, and a 300-token prompt cut at random points: bitwise."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, model.config.vocab_size, 300)
+    blocks = model.transformer
+    want = float32_twin.forward(ids, 0, float32_twin.new_cache(300))
+    cache = blocks.new_cache(300)
+    assert np.array_equal(blocks.forward(ids, 0, cache), want)
+    for n in range(1, 17):
+        cache.length = 40
+        assert np.array_equal(blocks.forward(ids[40:40 + n], 40, cache), want[40:40 + n]), n
+    cuts = [0, *sorted(rng.choice(np.arange(1, 300), 6, replace=False).tolist()), 300]
+    got = [blocks.forward(ids[a:b], a, cache) for a, b in zip(cuts, cuts[1:], strict=False)]
+    assert np.array_equal(np.concatenate(got), want)
+
+
+Q8_0_GOLDENS = CHAT.with_name("chat.q8_0.jsonl")
+
+
+@pytest.fixture(scope="session")
+def q8_0_model(pulled_default):
+    from kolibri_cli.store.models import open_model
+
+    return open_model(str(pulled_default.path), numerics="q8_0")
+
+
+def test_q8_0_path_equals_its_own_goldens(q8_0_model):
+    """--quantize q8_0 is a numeric path of its own: its goldens were recorded by kolibri on it
+    (`kolibri goldens record --engine kolibri --quantize q8_0`), and it reproduces them."""
+    goldens = load_goldens(Q8_0_GOLDENS)
+    assert {g.reference["dtype"] for g in goldens} == {"q8_0"}
+    assert q8_0_model.weights.storage() == {"Q8_0": 121}
+    for g in goldens:
+        assert check_one(q8_0_model, g).identical, g.id

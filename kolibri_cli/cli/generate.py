@@ -32,6 +32,7 @@ def generate(
     system: opt.SystemOpt = None,
     stop: opt.StopOpt = None,
     threads: opt.ThreadsOpt = None,
+    quantize: opt.QuantizeOpt = None,
     as_json: opt.JsonOpt = False,
 ) -> None:
     """Generate text, plainly or with n-gram speculation: the same ids either way, greedy or
@@ -45,7 +46,7 @@ def generate(
     drafter = opt.proposer(k, window, proposer_name)  # validated even when unused
     drafter = drafter if (spec or compare) else None
     text = opt.read_prompt(prompt)
-    m = opt.load_model(model, threads)
+    m = opt.load_model(model, threads, quantize=quantize)
     if drafter:
         opt.fit_context(drafter.k, drafter.window_max, m)
     ids, max_tokens = _prompt_ids(m, text, raw, max_tokens, system)

@@ -14,6 +14,7 @@ from kolibri_cli.cli.options import (
     JsonOpt,
     MinPOpt,
     ModelOpt,
+    QuantizeOpt,
     RepetitionPenaltyOpt,
     SeedOpt,
     ServedModelOpt,
@@ -66,6 +67,7 @@ def record(
     gguf: GgufOpt = None,
     timeout: TimeoutOpt = 600.0,
     served_model: ServedModelOpt = None,
+    quantize: QuantizeOpt = None,
 ) -> None:
     """Record chains for a prompt file, greedy or sampled (written atomically when all are
     done); a sampled chain records its sampling parameters and seed."""
@@ -84,7 +86,7 @@ def record(
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
     if output.is_dir():
         raise KolibriError(f"cannot write {output}: it is a folder")
-    m = load_model(model, threads, weights=not remote)
+    m = load_model(model, threads, weights=not remote, quantize=quantize)
     chat = not raw and m.tokenizer.chat_template is not None
     how = resolve_sampling(m, given)
     with _engine(engine, m, engine_api, gguf, threads, timeout, served_model) as runner:
@@ -137,6 +139,7 @@ def check(
         "--allow-model-mismatch",
         help="Check goldens recorded from other weights anyway.")] = False,
     threads: ThreadsOpt = None,
+    quantize: QuantizeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Re-generate each golden with kolibri: identical, or where and why it diverges.
@@ -147,7 +150,7 @@ def check(
     from kolibri_cli.goldens.chains import load_goldens
 
     chains = load_goldens(goldens)
-    m = load_model(model, threads)
+    m = load_model(model, threads, quantize)
     recorder.check_model_matches(m, chains, allow_model_mismatch)
     results = []
     with render.progress_bar("checking ") as bar:

@@ -85,12 +85,13 @@ def info(
     name: Annotated[str | None, typer.Argument(help="Model name or folder.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Architecture, parameters, bytes read per token, dtypes, context, chat template."""
+    """Architecture, parameters, storage types and bytes read per token, context, template."""
     from kolibri_cli.cli import render
     from kolibri_cli.store.info import model_info
 
     found = model_info(name)
     if as_json:
         return print_json(found.to_dict())
-    rows = [(k, v) for k, v in found.to_dict().items() if k != "source"]
+    shown = {"storage": render.storage_text, "bytes_per_token": lambda n: f"{n / 1e6:.1f} MB"}
+    rows = [(k, shown.get(k, str)(v)) for k, v in found.to_dict().items() if k != "source"]
     render.out.print(render.kv_table(found.name, rows))

@@ -24,6 +24,9 @@ ThreadsOpt = Annotated[int | None, typer.Option(
 KOpt = Annotated[int, typer.Option("--k", help="Most draft tokens per verify pass.")]
 WindowOpt = Annotated[str, typer.Option(
     "--window", help="n-gram sizes tried, 'MIN-MAX' or 'N' (longest first).")]
+QuantizeOpt = Annotated[str | None, typer.Option(
+    "--quantize", help="q8_0: run the model's float32 weights quantized to Q8_0 blocks (made at "
+    "load; a numeric path of its own, with its own goldens).")]
 ProposerOpt = Annotated[str, typer.Option(
     "--proposer", help=f"Draft rule: {', '.join(PROPOSERS)}. See docs/probe.md.")]
 
@@ -47,18 +50,24 @@ def print_json(obj, indent: int | None = 2) -> None:
     sys.stdout.flush()
 
 
-def load_model(spec: str | None, threads: int | None = None, weights: bool = True):
+def load_model(spec: str | None, threads: int | None = None, weights: bool = True,
+               quantize: str | None = None):
     """The model named or found at `spec`, pulled on first use, with progress on stderr;
-    `weights=False` when only its tokenizer is needed (a server runs the model)."""
+    `weights=False` when only its tokenizer is needed (a server runs the model); `quantize`
+    "q8_0": its float32 matrices as Q8_0 blocks made at load."""
     from kolibri_cli.cli import render
+    from kolibri_cli.engine.weights import STORAGE
     from kolibri_cli.store.models import open_model
 
+    if quantize is not None and quantize not in STORAGE[1:]:
+        raise KolibriError(f"--quantize must be {' or '.join(STORAGE[1:])} (got {quantize!r})")
     if threads:
         from kolibri_cli.engine.jit import set_threads
 
         set_threads(threads)
     with render.progress_bar() as bar:
-        return open_model(spec, notify=render.note, progress=bar, weights=weights)
+        return open_model(spec, notify=render.note, progress=bar, weights=weights,
+                          numerics=quantize or "float32")
 
 
 def read_prompt(prompt: str) -> str:

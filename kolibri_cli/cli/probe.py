@@ -349,7 +349,7 @@ def _bench_golden(model):
     prompt = bench_prompt(model)
     chain = generate_plain(model, prompt, BENCH_NEW_TOKENS).output_ids
     return Golden(f"bench-seed{BENCH_SEED}", "bench", "", False, prompt, chain, model.name,
-                  model.sha256, {"engine": "kolibri", "dtype": "float32"}, list(model.eos_ids))
+                  model.sha256, {"engine": "kolibri", "dtype": model.numerics}, list(model.eos_ids))
 
 
 def _measure(cfg, model, goldens, runs) -> dict:

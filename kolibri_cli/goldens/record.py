@@ -25,10 +25,14 @@ def _engine(model, engine: str):
         def run(ids, n, sampling):
             r = generate_plain(model, ids, n, sampling=sampling)
             return r.output_ids, {"engine": "kolibri", "engine_version": _version(),
-                                  "dtype": "float32", "max_tokens": n}
+                                  "dtype": model.numerics, "max_tokens": n}
         return run
     if engine == "transformers":
         from kolibri_cli.goldens import reference
+
+        if model.numerics != "float32":
+            raise KolibriError(f"the transformers reference runs float32 weights only; record "
+                               f"{model.numerics} goldens with --engine kolibri")
 
         ref = reference.load(model.path)
 
@@ -123,8 +127,17 @@ def check_one(model, golden: Golden) -> CheckResult:
 
 
 def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> None:
-    """The goldens were recorded from this model's weights (unless allowed otherwise), and every
-    one fits it whatever: ids inside its vocabulary, prompt + output inside its context."""
+    """The goldens were recorded from this model's weights and on its numeric path (float32 vs
+    q8_0) unless allowed otherwise, and every one fits it whatever: ids inside its vocabulary,
+    prompt + output inside its context."""
+    other = [g for g in goldens if g.reference.get("engine", "kolibri") in ENGINES
+             and g.reference.get("dtype", "float32") != model.numerics]  # servers: their own
+    if other and not allow_mismatch:
+        dtype = other[0].reference.get("dtype", "float32")
+        raise KolibriError(
+            f"golden {other[0].id!r} was recorded on the {dtype} numeric path, the model runs "
+            f"{model.numerics} ({'--quantize ' + dtype if dtype != 'float32' else 'no --quantize'}"
+            " matches it); pass --allow-model-mismatch to proceed anyway")
     wrong = [g for g in goldens if g.model_sha256 and g.model_sha256 != model.sha256]
     if wrong and not allow_mismatch:
         raise KolibriError(

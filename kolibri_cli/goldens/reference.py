@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kolibri_cli.decode.sampling import GREEDY, Sampling, penalized, perturbed
+from kolibri_cli.engine import blockfile
 from kolibri_cli.errors import KolibriError
 
 
@@ -34,9 +35,28 @@ def load(folder: Path):
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     warnings.filterwarnings("ignore", category=FutureWarning)
+    if (Path(folder) / blockfile.NAME).is_file():
+        return _from_blocks(Path(folder), torch, transformers)
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch.float32, attn_implementation="eager"
     )
+    return model.eval()
+
+
+def _from_blocks(folder: Path, torch, transformers):
+    """A cache model: its blocks decoded to float32 (the values gguf's dequantize gives, which
+    transformers' own GGUF loader gives too), loaded into the architecture of config.json."""
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = {k: torch.from_numpy(v) for k, v in blockfile.float_tensors(
+        folder / blockfile.NAME).items()}
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if unexpected or [m for m in missing if m != "lm_head.weight"]:
+        raise KolibriError(f"{folder}: weights do not fit {config.architectures}: missing "
+                           f"{missing[:3]}, unexpected {unexpected[:3]}")
+    if "lm_head.weight" in missing:
+        model.tie_weights()
     return model.eval()
 
 
