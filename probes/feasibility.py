@@ -51,10 +51,11 @@ def measured_costs() -> str:
 def bench_section() -> str:
     b = json.loads(kolibri("bench", "--json"))
     costs = ", ".join(f"c({n}) = {c:.2f}" for n, c in b["costs"].items())
+    storage = ", ".join(f"{t} x{n}" for t, n in b["storage"].items())
     return "\n".join([
         "## Speed on this machine (`kolibri bench`)\n",
         f"- read bandwidth {b['bandwidth_gb_s']:.1f} GB/s; {b['bytes_per_token'] / 1e6:.0f} MB of "
-        f"float32 weights per token: bound {b['bound_tokens_per_s']:.1f} tok/s",
+        f"weights per token as stored ({storage}): bound {b['bound_tokens_per_s']:.1f} tok/s",
         f"- plain decode {b['plain_tokens_per_s']:.1f} tok/s = "
         f"{b['fraction_of_bound']:.0%} of the bound ({b['threads']} threads)",
         f"- bench chain (seed {b['chain_seed']}, {b['plain_steps']} plain steps, "
