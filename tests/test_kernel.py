@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 from kolibri_cli.engine import attention, kernel, matmul, rope
 from kolibri_cli.engine.config import ModelConfig, RopeScaling
 from kolibri_cli.engine.kernel import KVCache, Transformer
+from kolibri_cli.engine.simd import vlane
 from kolibri_cli.engine.weights import float_matrix, random_weights
 from kolibri_cli.errors import KolibriError
 
@@ -305,6 +307,13 @@ def test_matmul_rows_independent_of_call_size():
             assert np.array_equal(out, alone[s:s + n])
 
 
+@njit
+def _tile_lanes(w, kp, x, xo, jn):
+    """matmul._tile's 16 lanes as an array (lane 4i + j = row i . token j)"""
+    s = matmul._tile(w, kp, x, xo, jn)
+    return np.array([vlane(s, i) for i in range(16)], np.float32)
+
+
 @pytest.mark.bitwise
 def test_register_tiles_round_alike():
     """The decode dot and the 4 x 1..4 register tiles give bitwise equal dots, for widths that
@@ -314,21 +323,16 @@ def test_register_tiles_round_alike():
         m = float_matrix([rand(rng, 4, k_dim)])
         x = matmul._padded(rand(rng, 4, k_dim))
         kp = x.shape[1]
-        w = np.empty(4 * kp, np.float32)
-        matmul.rows_to_f32(m.units[0, 2], m.data, int(m.units[0, 3]), kp, w, 0)
-        for i in range(1, 4):
-            matmul.rows_to_f32(m.units[0, 2], m.data, int(m.units[0, 3]) + i * int(m.units[0, 4]),
-                               kp, w, i * kp)
-        wide = [matmul._tile(w, kp, x.reshape(-1), 0, jn) for jn in (4, 3, 2)]
+        w = np.concatenate([m.to_float32(), np.zeros((4, kp - k_dim), np.float32)], 1).ravel()
+        wide = {jn: _tile_lanes(w, kp, x.ravel(), 0, jn).reshape(4, 4)[:, :jn] for jn in (2, 3, 4)}
         for j in range(4):
             one = np.empty(4, np.float32)
             matmul._decode_unit(m.data, m.units[0], x[j], one)
-            tile1 = matmul._tile(w, kp, x.reshape(-1), j * kp, 1)
-            lanes = [tile1[4 * i] for i in range(4)]
-            assert np.array_equal(one, lanes) and one.any()
-            for jn, t in zip((4, 3, 2), wide, strict=True):
+            assert one.any()
+            assert np.array_equal(one, _tile_lanes(w, kp, x.ravel(), j * kp, 1).reshape(4, 4)[:, 0])
+            for jn in (2, 3, 4):
                 if j < jn:
-                    assert np.array_equal(one, [t[4 * i + j] for i in range(4)])
+                    assert np.array_equal(one, wide[jn][:, j]), (k_dim, j, jn)
 
 
 @pytest.mark.bitwise
