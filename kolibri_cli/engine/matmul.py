@@ -290,24 +290,26 @@ def _work(kind, d, units, u, x, t0, t1, out, dest, w):
 
 
 @njit(parallel=True, cache=True)
-def _parallel(kind, x, d, units, t0, t1, out, dest):
+def _parallel(kind, x, d, units, t0, t1, out, dest, scratch):
+    """Chunk c of the units (one prange loop: each loop is a function numba compiles whole)
+    scratch [chunks, 4*Kp]: chunk c's L1 scratch; [units, 0] when decoding, a unit a chunk"""
     n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
-    if x.shape[0] == 1:
-        for u in prange(n):
-            _work(kind, d, units, u, x, 0, 1, out, dest, x[0, :0])
-        return
-    chunks = min(n, CHUNKS)
+    chunks = scratch.shape[0]
     for c in prange(chunks):
-        w = np.zeros(R * x.shape[1], np.float32)
-        for u in range(c * n // chunks, (c + 1) * n // chunks):
-            _work(kind, d, units, u, x, t0, t1, out, dest, w)
+        i = np.int64(c)  # prange indices may be unsigned: keep the callees' signatures int64
+        for u in range(i * n // chunks, (i + 1) * n // chunks):
+            _work(kind, d, units, u, x, t0, t1, out, dest, scratch[i])
 
 
 @njit(cache=True)
 def _run(kind, x, w, out, dest):
     x = _padded(x)
+    n = w[1].shape[0] // 2 if kind == GATE_UP else w[1].shape[0]
+    decode = x.shape[0] == 1
+    scratch = np.empty((n if decode else min(n, CHUNKS), 0 if decode else R * x.shape[1]),
+                       np.float32)
     for t0 in range(0, x.shape[0], TB):
-        _parallel(kind, x, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest)
+        _parallel(kind, x, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch)
 
 
 @njit(cache=True)
