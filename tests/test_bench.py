@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from kolibri_cli.bench.chain import BENCH_PROMPT_TOKENS, bench_prompt
 from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.engine.tokenizer import Tokenizer
@@ -17,3 +19,76 @@ def test_bench_prompt_draws_no_special_added_or_padding_ids(tiny_llama_folder):
     ids = bench_prompt(SimpleNamespace(tokenizer=tokenizer, config=config))
     assert len(set(ids)) == BENCH_PROMPT_TOKENS
     assert all(3 <= i < 259 for i in ids)
+
+
+# ---------------------------------------------------------------- kolibri bench --peer
+
+FAKE_LLAMA_BENCH = '''#!{python}
+"""llama-bench's JSON for -p/-n; like the AVX-512 build, the repack path dies on batches >= 2."""
+import json, os, signal, sys
+a = sys.argv
+arg = lambda name: a[a.index(name) + 1] if name in a else None
+with open(os.environ["FAKE_LLAMA_LOG"], "a") as log:
+    log.write(" ".join(a[1:]) + "\\n")
+repack = arg("--repack") != "0"
+prompts = [int(p) for p in arg("-p").split(",")]
+if repack and max(prompts) >= 2:
+    os.kill(os.getpid(), signal.SIGSEGV)
+rows = [{{"build_commit": "fake", "build_number": 1, "n_prompt": p, "n_gen": 0,
+          "avg_ts": 1000.0 / (1 + 0.1 * (p - 1)) * p}} for p in prompts if p]
+if int(arg("-n")):
+    rows = [{{"build_commit": "fake", "build_number": 1, "n_prompt": 0, "n_gen": int(arg("-n")),
+              "avg_ts": 200.0 if repack else 100.0}}]
+print(json.dumps(rows))
+'''
+
+
+def test_bench_peer_runs_llama_bench_on_the_models_gguf(kolibri_home, tmp_path, monkeypatch):
+    """`kolibri bench --peer llama.cpp`: llama-bench on the imported GGUF with the same threads,
+    both repack variants, failures reported (not retried), ratios from the same run."""
+    import json
+    import sys
+
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+    from kolibri_cli.store import cache, synthetic
+
+    gguf_path = tmp_path / "tiny.gguf"
+    synthetic.write(gguf_path, n_layers=1, d=256, ff=512, heads=4, kv_heads=2, vocab=300,
+                    context=256, types=lambda kind, layer, n: "Q4_1")
+    cache.import_gguf(gguf_path, "tiny")
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_LLAMA_BENCH.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("FAKE_LLAMA_LOG", str(tmp_path / "calls.log"))
+    result = CliRunner().invoke(app, ["bench", "-m", "tiny", "--peer", "llama.cpp", "--peer-bin",
+                                      str(fake), "--repeats", "1", "--k", "2", "--prefill", "64",
+                                      "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    r = json.loads(result.stdout)
+    assert "Q4_1" in r["storage"]
+    assert r["bytes_per_token"] > 0 and r["prefill_tokens"] == 64 and r["identical"]
+    peer = r["peer"]
+    assert peer["gguf"] == str(gguf_path.resolve()) and peer["threads"] == 1
+    assert peer["decode_tokens_per_s"] == {"repack": 200.0, "no repack": 100.0}
+    assert peer["prefill_tokens_per_s"] == {"no repack": 64000.0 / (1 + 6.3)}
+    assert "signal 11" in peer["failures"]["prefill repack"]
+    assert peer["costs"] == {"1": 1.0, "2": pytest.approx(1.1), "3": pytest.approx(1.2)}
+    ratios = r["peer_ratios"]
+    assert ratios["decode vs no repack"] == pytest.approx(r["plain_tokens_per_s"] / 100.0)
+    assert ratios["c(3) vs no repack"] == pytest.approx(r["costs"]["3"] / 1.2)
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert all(f"-m {gguf_path.resolve()} -t 1 " in c for c in calls) and len(calls) == 5
+
+
+def test_bench_peer_needs_a_known_peer_and_a_binary(kolibri_home, tmp_path):
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--peer", "vllm"])
+    assert result.exit_code == 1 and "unknown --peer 'vllm'" in result.stderr
+    result = CliRunner().invoke(app, ["bench", "--peer", "llama.cpp", "--peer-bin",
+                                      str(tmp_path / "absent")])
+    assert result.exit_code == 1 and "no such file" in result.stderr
