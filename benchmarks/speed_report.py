@@ -63,26 +63,28 @@ def median_of(runs: list[dict], *keys) -> float:
     return statistics.median(values)
 
 
-def default_model(baseline: Path, rounds: int) -> dict:
+def default_model(baseline: Path, rounds: int, repeats: int, peer_bin: list[str]) -> dict:
     new_home, old_home = BUILD / "home-new", BUILD / "home-baseline"
     rss = {"new": rss_of_generate(ROOT, new_home, 64)}
     rss["baseline"] = rss_of_generate(baseline, old_home, 64)
-    new, old = [], []
+    new, old, load = [], [], [os.getloadavg()[0]]
     for _ in range(rounds):  # alternate: machine noise hits both alike
-        new.append(json.loads(kolibri(ROOT, new_home, "bench", "--json", "--peer",
-                                      "llama.cpp")[0]))
-        old.append(json.loads(kolibri(baseline, old_home, "bench", "--json")[0]))
-    return {"new": new, "baseline": old, "rss": rss}
+        new.append(json.loads(kolibri(ROOT, new_home, "bench", "--json", "--repeats",
+                                      str(repeats), "--peer", "llama.cpp", *peer_bin)[0]))
+        old.append(json.loads(kolibri(baseline, old_home, "bench", "--json", "--repeats",
+                                      str(repeats))[0]))
+        load.append(os.getloadavg()[0])
+    return {"new": new, "baseline": old, "rss": rss, "load": load}
 
 
-def big_model(gguf: Path) -> dict:
+def big_model(gguf: Path, peer_bin: list[str]) -> dict:
     home = BUILD / "home-big"
     name = gguf.name.removesuffix(".gguf")
     if not (home / "models" / name / "kolibri.json").is_file():
         kolibri(ROOT, home, "model", "import", str(gguf), "--name", name)
     rss = kolibri(ROOT, home, "generate", "-m", name, "-n", "16", "--json", PROMPT)[1]
     bench = json.loads(kolibri(ROOT, home, "bench", "-m", name, "--json", "--peer", "llama.cpp",
-                               "--prefill", "0", "--repeats", "1", "--k", "1")[0])
+                               *peer_bin, "--prefill", "0", "--repeats", "1", "--k", "1")[0])
     return {"name": name, "rss": rss, "bench": bench}
 
 
@@ -94,12 +96,16 @@ def section(d: dict, big: dict | None, rev: str) -> str:
     peer = new[-1]["peer"]
     lines = [BEGIN, "", f"Measured by `python benchmarks/speed_report.py --baseline {rev}` "
              f"({len(new)} alternating rounds, medians; {new[0]['threads']} threads; peer: "
-             f"llama.cpp {peer['version']}, llama-bench on the same GGUF, last round).", "",
+             f"llama.cpp {peer['version']}, llama-bench on the same GGUF, last round; 1-minute "
+             f"load average {', '.join(f'{x:.1f}' for x in d['load'])} on 2 cores, "
+             "before and after each round).", "",
              "| figure | kolibri | baseline (float32 kernel) | llama.cpp | llama.cpp --repack 0 |",
              "|---|---|---|---|---|"]
     dec = peer["decode_tokens_per_s"]
     lines.append(f"| plain decode tok/s | {plain:.1f} | {base:.1f} | {dec.get('repack', 0):.1f} | "
                  f"{dec.get('no repack', 0):.1f} |")
+    lines.append(f"| spec decode tok/s (bench chain) | {m(new, 'spec_tokens_per_s'):.1f} | "
+                 f"{m(old, 'spec_tokens_per_s'):.1f} | | |")
     lines.append(f"| c({n}) | {m(new, 'costs', str(n)):.2f} | {m(old, 'costs', str(n)):.2f} | | "
                  f"{peer['costs'].get(str(n), 0):.2f} |")
     pre = peer["prefill_tokens_per_s"]
@@ -108,6 +114,8 @@ def section(d: dict, big: dict | None, rev: str) -> str:
                  f"{pre.get('no repack', 0):.1f} |")
     lines.append(f"| weights per token | {new[0]['bytes_per_token'] / 1e6:.0f} MB | "
                  f"{old[0]['bytes_per_token'] / 1e6:.0f} MB | | |")
+    lines.append(f"| bandwidth bound tok/s (read {m(new, 'bandwidth_gb_s'):.1f} GB/s) | "
+                 f"{m(new, 'bound_tokens_per_s'):.1f} | {m(old, 'bound_tokens_per_s'):.1f} | | |")
     lines.append(f"| peak RSS, generate -n 64 | {d['rss']['new'] / 1e6:.0f} MB | "
                  f"{d['rss']['baseline'] / 1e6:.0f} MB | | |")
     lines += ["", f"Ratios: plain decode {plain / base:.2f}x the baseline, "
@@ -133,11 +141,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", required=True, help="git revision with the float32 kernel")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="kolibri bench --repeats")
     ap.add_argument("--big", type=Path, help="a big GGUF (benchmarks/synthetic_gguf.py)")
+    ap.add_argument("--peer-bin", help="llama-bench (default: kolibri bench's search)")
     args = ap.parse_args()
     BUILD.mkdir(exist_ok=True)
-    data = default_model(checkout(args.baseline), args.rounds)
-    big = big_model(args.big) if args.big else None
+    peer_bin = ["--peer-bin", args.peer_bin] if args.peer_bin else []
+    data = default_model(checkout(args.baseline), args.rounds, args.repeats, peer_bin)
+    big = big_model(args.big, peer_bin) if args.big else None
     (BUILD / "speed_report.json").write_text(json.dumps({"default": data, "big": big}, indent=1))
     text = DOC.read_text()
     new = section(data, big, args.baseline)
