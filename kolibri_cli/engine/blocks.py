@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 from kolibri_cli.engine.simd import (
     LUT,
     f16,
