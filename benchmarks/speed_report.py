@@ -1,7 +1,8 @@
 """Regenerate the measured section of docs/bench.md: kolibri against its own float32 kernel of an
 earlier commit and against llama.cpp, on the same machine in one run.
 
-    .venv/bin/python benchmarks/speed_report.py --baseline fd7d59e [--big llama8b.gguf]
+    .venv/bin/python benchmarks/speed_report.py --baseline 9c0ce10 [--rounds 3] [--repeats 5]
+        [--big llama8b.gguf] [--peer-bin PATH]
 
 1. `kolibri bench --json --peer llama.cpp` (this checkout) and `kolibri bench --json` of the
    baseline commit (its float32 kernel; checked out into build/, its own KOLIBRI_HOME), run
