@@ -13,7 +13,7 @@ from kolibri_cli.engine import jitcache
 
 PACKAGE = Path(jitcache.__file__).resolve().parents[1]
 
-# One forward of a tiny random model. argv[1] "readonly": a read-only embedding table and final
+# One forward of a tiny random model. argv[1] "readonly": a read-only embedding buffer and final
 # norm, which numba types differently (memory-mapped weights are read-only), while every
 # parallel part of the kernel sees the same types as before.
 FORWARD = """
@@ -26,7 +26,7 @@ c = ModelConfig(vocab_size=97, hidden_size=24, intermediate_size=40, num_hidden_
                 num_attention_heads=4, num_key_value_heads=2, head_dim=8)
 w = random_weights(c, seed=1, scale=0.3)
 if sys.argv[1] == "readonly":
-    w.embed.flags.writeable = w.norm.flags.writeable = False
+    w.embed.data.flags.writeable = w.norm.flags.writeable = False
 tf = Transformer(c, w)
 logits = tf.forward([3, 1, 4, 1, 5], 0, tf.new_cache(8))
 print(hashlib.sha256(logits.tobytes()).hexdigest())
