@@ -150,7 +150,7 @@ def check(
     from kolibri_cli.goldens.chains import load_goldens
 
     chains = load_goldens(goldens)
-    m = load_model(model, threads, quantize)
+    m = load_model(model, threads, quantize=quantize)
     recorder.check_model_matches(m, chains, allow_model_mismatch)
     results = []
     with render.progress_bar("checking ") as bar:

@@ -50,7 +50,7 @@ def print_json(obj, indent: int | None = 2) -> None:
     sys.stdout.flush()
 
 
-def load_model(spec: str | None, threads: int | None = None, weights: bool = True,
+def load_model(spec: str | None, threads: int | None = None, *, weights: bool = True,
                quantize: str | None = None):
     """The model named or found at `spec`, pulled on first use, with progress on stderr;
     `weights=False` when only its tokenizer is needed (a server runs the model); `quantize`

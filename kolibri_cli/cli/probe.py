@@ -334,7 +334,7 @@ def _in_process(cfg) -> bool:
 def _load_model(cfg, weights: bool = True):
     from kolibri_cli.cli.options import fit_context, load_model
 
-    model = load_model(cfg.model, cfg.threads if weights else None, weights)
+    model = load_model(cfg.model, cfg.threads if weights else None, weights=weights)
     fit_context(max(cfg.k), max(w[1] for w in cfg.window), model)
     return model
 
