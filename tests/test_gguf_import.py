@@ -334,6 +334,8 @@ def test_float32_cache_is_replaced_by_blocks_once(kolibri_home, tmp_path):
     notes = []
     old = open_model(str(folder), notify=notes.append)  # a path: loaded as it is
     assert old.weights.storage() == {"F32": sum(old.weights.storage().values())}
+    assert len(notes) == 1 and "without file checksums" in notes[0]
+    notes.clear()
     model = open_model("old", notify=notes.append)
     assert len(notes) == 1 and "re-importing" in notes[0]
     assert (folder / blockfile.NAME).is_file() and not (folder / "model.safetensors").exists()
@@ -352,6 +354,7 @@ def test_float32_cache_without_its_gguf_keeps_working(kolibri_home, tmp_path):
     (tmp_path / "m.gguf").unlink()
     notes = []
     model = open_model("old", notify=notes.append)
-    assert len(notes) == 1 and "not at hand" in notes[0]
+    assert len(notes) == 1 and "not at hand" in notes[0] and "without file checksums" in notes[0]
+    assert "kolibri model import" in notes[0] and "--name old --force" in notes[0]
     assert set(model.weights.storage()) == {"F32"} and store.is_float32_cache(folder)
     assert np.array_equal(logits_of(model), want)

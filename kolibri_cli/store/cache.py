@@ -296,7 +296,7 @@ def resolve(spec: str | None, notify: Notify | None = None,
                    f"pass ./{spec} for the folder")
         return _upgraded(spec, target, notify, progress)
     path = Path(spec).expanduser()
-    if path.exists() or "/" in spec or spec.startswith("."):
+    if _path_like(spec):
         cached = model_dir(spec) if NAME_PATTERN.fullmatch(spec) else None
         if notify and cached is not None and is_complete(cached):
             notify(f"note: using the folder ./{spec}, not the cached model {spec}; pass "
@@ -332,9 +332,23 @@ def gguf_file(folder: Path) -> Path:
     return out
 
 
+def _path_like(spec: str) -> bool:
+    """`resolve` reads a spec that is not a registry name as a folder path when this holds."""
+    return Path(spec).expanduser().exists() or "/" in spec or spec.startswith(".")
+
+
+def noted_float32(spec: str | None, folder: Path) -> bool:
+    """Whether `resolve(spec)` returned `folder` as a float32 cache it could not upgrade, and said
+    so in a note (which also names the missing checksums)."""
+    spec = spec or DEFAULT_MODEL
+    return is_float32_cache(folder) and (spec in REGISTRY or not _path_like(spec))
+
+
 def is_float32_cache(folder: Path) -> bool:
-    """A model an older kolibri converted to float32 safetensors (538 MB for the default)."""
-    return is_complete(folder) and not (folder / blockfile.NAME).is_file()
+    """A model an older kolibri converted to float32 safetensors (538 MB for the default). A
+    folder whose block file is gone (and that has no safetensors) is damaged, not older."""
+    return (is_complete(folder) and not (folder / blockfile.NAME).is_file()
+            and (folder / "model.safetensors").is_file())
 
 
 def _upgraded(name: str, folder: Path, notify: Notify | None,
@@ -358,8 +372,10 @@ def _upgraded(name: str, folder: Path, notify: Notify | None,
                    f"{source} once")
         return import_gguf(source, name, progress, force=True)[1]
     if notify:
-        notify(f"model {name} is cached as float32 by an older kolibri and its GGUF is not at "
-               "hand; running it as float32 (kolibri model pull / import --force converts it)")
+        unchecked = "" if "files" in meta else ", without file checksums (damage goes undetected),"
+        notify(f"model {name} is cached as float32 by an older kolibri{unchecked} and its GGUF is "
+               f"not at hand; running it as float32 ({integrity.repair_hint(name, meta)} "
+               "converts it)")
     return folder
 
 

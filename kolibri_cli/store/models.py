@@ -16,7 +16,8 @@ def open_model(spec: str | None = None, notify=None, progress=None, weights: boo
     if not meta:  # a user's folder: its errors are about that folder
         return load_model(path, name, "", notify, weights, numerics)
     integrity.check_sizes(path, name, meta)
-    if notify and (note := integrity.unrecorded_note(name, meta)):
+    if notify and not cache.noted_float32(spec, path) and (
+            note := integrity.unrecorded_note(name, meta)):
         notify(note)
     try:
         return load_model(path, name, meta.get("gguf_sha256", ""), notify, weights, numerics)
