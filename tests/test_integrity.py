@@ -10,6 +10,7 @@ from crafted import write_gguf
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
+from kolibri_cli.engine import blockfile
 from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.store import cache as store
 
@@ -33,7 +34,7 @@ def tiny(kolibri_home, tmp_path):
 
 
 def data_start(path) -> int:
-    """Where a safetensors file's tensor bytes begin (after its header)."""
+    """Where the block file's tensor bytes begin (after its safetensors-style header)."""
     return 8 + int.from_bytes(path.read_bytes()[:8], "little")
 
 
@@ -61,14 +62,14 @@ def test_verify_intact_model(tiny):
     assert "tiny: all 5 files intact" in result.stderr
     doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
     assert doc["ok"] is True and doc["unrecorded"] == []
-    assert {f["file"] for f in doc["files"]} >= {"model.safetensors", "config.json"}
+    assert {f["file"] for f in doc["files"]} >= {blockfile.NAME, "config.json"}
     assert all(f["status"] == "ok" and f["sha256"] == f["expected_sha256"] for f in doc["files"])
 
 
 def test_flipped_bytes_load_but_verify_finds_them(tiny):
     """The repro: 192 XOR-flipped bytes inside the weights keep every size, so the model still
     loads and generates (other text, exit 0); verify reads every byte and says which file."""
-    weights = tiny / "model.safetensors"
+    weights = tiny / blockfile.NAME
     before = run("generate", "--model", "tiny", "-n", "4", "--raw", "--json", "hello").stdout
     flip(weights, at=weights.stat().st_size // 2)
     after = run("generate", "--model", "tiny", "-n", "4", "--raw", "--json", "hello")
@@ -78,15 +79,15 @@ def test_flipped_bytes_load_but_verify_finds_them(tiny):
     assert "1 of 5 files of tiny are damaged" in line
     assert "kolibri model import" in line and "--name tiny --force" in line
     damaged = [row for row in result.stdout.splitlines() if row.startswith("DAMAGED")]
-    assert len(damaged) == 1 and "model.safetensors" in damaged[0]
+    assert len(damaged) == 1 and blockfile.NAME in damaged[0]
     doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
     assert doc["ok"] is False
-    assert [f["file"] for f in doc["files"] if f["status"] == "damaged"] == ["model.safetensors"]
+    assert [f["file"] for f in doc["files"] if f["status"] == "damaged"] == [blockfile.NAME]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "grow", "delete"])
 def test_a_size_change_is_caught_at_load(tiny, damage):
-    weights = tiny / "model.safetensors"
+    weights = tiny / blockfile.NAME
     if damage == "truncate":
         weights.write_bytes(weights.read_bytes()[:-100])
     elif damage == "grow":
@@ -94,11 +95,11 @@ def test_a_size_change_is_caught_at_load(tiny, damage):
     else:
         weights.unlink()
     line = one_error_line(run("generate", "--model", "tiny", "-n", "2", "hello"))
-    assert "the cached model tiny is damaged (model.safetensors" in line
+    assert f"the cached model tiny is damaged ({blockfile.NAME}" in line
     assert "--name tiny --force" in line
     status = {"truncate": "resized", "grow": "resized", "delete": "missing"}[damage]
     doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
-    assert [f["status"] for f in doc["files"] if f["file"] == "model.safetensors"] == [status]
+    assert [f["status"] for f in doc["files"] if f["file"] == blockfile.NAME] == [status]
 
 
 def test_structural_damage_suggests_verify_and_the_rewrite(tiny):
@@ -157,7 +158,7 @@ def goldens_then_damage(tiny, tmp_path, prompts_text: str):
     out = tmp_path / "g.jsonl"
     assert run("goldens", "record", "--prompts", str(prompts), "-o", str(out), "--engine",
                "kolibri", "--model", "tiny", "-n", "8", "--raw").exit_code == 0
-    weights = tiny / "model.safetensors"
+    weights = tiny / blockfile.NAME
     flip(weights, at=data_start(weights), n=weights.stat().st_size - data_start(weights))
     return out
 
@@ -183,8 +184,8 @@ def test_probe_measure_divergence_points_at_verify(tiny, tmp_path):
 def test_the_default_pull_records_its_files(pulled_default, monkeypatch):
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
     meta = json.loads((pulled_default.path / "kolibri.json").read_text())
-    assert meta["files"]["model.safetensors"]["bytes"] == (
-        pulled_default.path / "model.safetensors").stat().st_size
+    assert meta["files"][blockfile.NAME]["bytes"] == (
+        pulled_default.path / blockfile.NAME).stat().st_size
     copy = pulled_default.home / "models" / "copy-for-verify"
     shutil.copytree(pulled_default.path, copy)
     try:
