@@ -119,11 +119,22 @@ def test_folder_changes_with_any_source_of_the_package(tmp_path, monkeypatch):
     package.mkdir()
     (package / "kernel.py").write_text("def forward(): pass\n")
     (package / "attention.py").write_text("def attend(): pass\n")
-    before = jitcache._sources_key(package, None)
+    before = jitcache._sources_key(package, None, "")
     (package / "attention.py").write_text("def attend(): return 1\n")
     jitcache._sources_key.cache_clear()
-    assert jitcache._sources_key(package, None) != before
-    assert jitcache._sources_key(package, 1) != jitcache._sources_key(package, None)
+    assert jitcache._sources_key(package, None, "") != before
+    assert jitcache._sources_key(package, 1, "") != jitcache._sources_key(package, None, "")
+
+
+def test_portable_simd_gets_its_own_folder(monkeypatch):
+    """KOLIBRI_SIMD=portable compiles other code (no table lookups): never the AVX-512 build's
+    cached kernels (numba's index keys the CPU, not our environment variable)."""
+    source = jitcache.PACKAGE / "engine" / "blocks.py"
+    monkeypatch.delenv("KOLIBRI_SIMD", raising=False)
+    native = jitcache.cache_dir(source)
+    monkeypatch.setenv("KOLIBRI_SIMD", "portable")
+    assert jitcache.cache_dir(source) != native
+    assert jitcache.cache_dir(source).parent == native.parent
 
 
 def test_package_folder_gets_no_cache_files(runs):

@@ -7,6 +7,7 @@ folder when its decorator runs. `NUMBA_CACHE_DIR`, when set, wins.
 """
 
 import hashlib
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,16 +27,19 @@ def cache_dir(source: Path) -> Path:
     numba checks a cached function against its own file only. A kernel inlines the functions it
     calls from sibling modules, so after an upgrade that changed only attention.py, numba would
     keep serving the old attention inside the kernel. Keying the folder by every source of the
-    package (and by numba, llvmlite and bounds checking, which numba's index ignores too) makes
-    any change a fresh folder. Compiled code may only call compiled code of its own package."""
+    package (and by numba, llvmlite, bounds checking and KOLIBRI_SIMD, which numba's index
+    ignores too: a portable build must not serve an AVX-512 one) makes any change a fresh
+    folder. Compiled code may only call compiled code of its own package."""
     package = Path(source).resolve().parent
     name = package.relative_to(PACKAGE).as_posix().replace("/", ".")
-    return cache_root() / "numba" / f"{name}-{_sources_key(package, numba.config.BOUNDSCHECK)}"
+    key = _sources_key(package, numba.config.BOUNDSCHECK, os.environ.get("KOLIBRI_SIMD", ""))
+    return cache_root() / "numba" / f"{name}-{key}"
 
 
 @lru_cache
-def _sources_key(package: Path, boundscheck) -> str:
-    h = hashlib.sha256(f"{numba.__version__} {llvmlite.__version__} {boundscheck}".encode())
+def _sources_key(package: Path, boundscheck, simd: str) -> str:
+    h = hashlib.sha256(
+        f"{numba.__version__} {llvmlite.__version__} {boundscheck} {simd}".encode())
     for path in sorted(package.glob("*.py")):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
