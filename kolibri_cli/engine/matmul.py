@@ -56,8 +56,36 @@ TB = 64  # tokens per block when L > 1: the block [TB, K] of x stays in L2
 
 
 @njit(inline="always", cache=True)
-def _dot4_of(part, scales, per_block, parts, nbytes, d, o0, o1, o2, o3, x, kp):
-    """Lanes 0..3 = rows at o0..o3 . x[:kp] (each in the fixed order)"""
+def _typed(t, op, a):
+    """op(part, scales, weights per block, parts per block, bytes per block, a) with the decoder
+    of block type t: the one place the kernel dispatches on the type"""
+    if t == Q4_1:
+        return op(part_q4_1, no_scales, 32, 1, 24, a)
+    if t == Q8_0:
+        return op(part_q8_0, no_scales, 32, 1, 36, a)
+    if t == Q4_K:
+        return op(part_q4_k, scales_k, 256, 8, 144, a)
+    if t == Q6_K:
+        return op(part_q6_k, scales_q6_k, 256, 8, 210, a)
+    if t == Q5_K:
+        return op(part_q5_k, scales_k, 256, 8, 176, a)
+    if t == Q4_0:
+        return op(part_q4_0, no_scales, 32, 1, 20, a)
+    if t == Q5_0:
+        return op(part_q5_0, no_scales, 32, 1, 24, a)
+    if t == Q5_1:
+        return op(part_q5_1, no_scales, 32, 1, 28, a)
+    if t == F16:
+        return op(part_f16, no_scales, 32, 1, 64, a)
+    if t == BF16:
+        return op(part_bf16, no_scales, 32, 1, 64, a)
+    return op(part_f32, no_scales, 32, 1, 128, a)
+
+
+@njit(inline="always", cache=True)
+def _dot4_of(part, scales, per_block, parts, nbytes, a):
+    """Lanes 0..3 = rows at o0..o3 . x[:kp] (each in the fixed order)   a = (d, o0..o3, x, kp)"""
+    d, o0, o1, o2, o3, x, kp = a
     a0 = a1 = a2 = a3 = vzero()
     for b in range(kp // per_block):
         ob = nbytes * b
@@ -80,27 +108,7 @@ def _dot4_of(part, scales, per_block, parts, nbytes, d, o0, o1, o2, o3, x, kp):
 
 @njit(cache=True)
 def _dot4(t, d, o0, o1, o2, o3, x, kp):
-    if t == Q4_1:
-        return _dot4_of(part_q4_1, no_scales, 32, 1, 24, d, o0, o1, o2, o3, x, kp)
-    if t == Q8_0:
-        return _dot4_of(part_q8_0, no_scales, 32, 1, 36, d, o0, o1, o2, o3, x, kp)
-    if t == Q4_K:
-        return _dot4_of(part_q4_k, scales_k, 256, 8, 144, d, o0, o1, o2, o3, x, kp)
-    if t == Q6_K:
-        return _dot4_of(part_q6_k, scales_q6_k, 256, 8, 210, d, o0, o1, o2, o3, x, kp)
-    if t == Q5_K:
-        return _dot4_of(part_q5_k, scales_k, 256, 8, 176, d, o0, o1, o2, o3, x, kp)
-    if t == Q4_0:
-        return _dot4_of(part_q4_0, no_scales, 32, 1, 20, d, o0, o1, o2, o3, x, kp)
-    if t == Q5_0:
-        return _dot4_of(part_q5_0, no_scales, 32, 1, 24, d, o0, o1, o2, o3, x, kp)
-    if t == Q5_1:
-        return _dot4_of(part_q5_1, no_scales, 32, 1, 28, d, o0, o1, o2, o3, x, kp)
-    if t == F16:
-        return _dot4_of(part_f16, no_scales, 32, 1, 64, d, o0, o1, o2, o3, x, kp)
-    if t == BF16:
-        return _dot4_of(part_bf16, no_scales, 32, 1, 64, d, o0, o1, o2, o3, x, kp)
-    return _dot4_of(part_f32, no_scales, 32, 1, 128, d, o0, o1, o2, o3, x, kp)
+    return _typed(t, _dot4_of, (d, o0, o1, o2, o3, x, kp))
 
 
 @njit(inline="always", cache=True)
@@ -123,7 +131,8 @@ def _decode_unit(d, unit, x, out):
 
 
 @njit(inline="always", cache=True)
-def _to_f32_of(part, scales, per_block, parts, nbytes, d, o, kp, out, oo):
+def _to_f32_of(part, scales, per_block, parts, nbytes, a):
+    d, o, kp, out, oo = a
     for b in range(kp // per_block):
         v = scales(d, o + nbytes * b)
         for p in range(parts):
@@ -136,28 +145,7 @@ def _to_f32_of(part, scales, per_block, parts, nbytes, d, o, kp, out, oo):
 @njit(cache=True)
 def rows_to_f32(t, d, o, kp, out, oo):
     """out[oo : oo+kp] = the row at byte o of d, decoded (gguf's floats, zero padding)"""
-    if t == Q4_1:
-        _to_f32_of(part_q4_1, no_scales, 32, 1, 24, d, o, kp, out, oo)
-    elif t == Q8_0:
-        _to_f32_of(part_q8_0, no_scales, 32, 1, 36, d, o, kp, out, oo)
-    elif t == Q4_K:
-        _to_f32_of(part_q4_k, scales_k, 256, 8, 144, d, o, kp, out, oo)
-    elif t == Q6_K:
-        _to_f32_of(part_q6_k, scales_q6_k, 256, 8, 210, d, o, kp, out, oo)
-    elif t == Q5_K:
-        _to_f32_of(part_q5_k, scales_k, 256, 8, 176, d, o, kp, out, oo)
-    elif t == Q4_0:
-        _to_f32_of(part_q4_0, no_scales, 32, 1, 20, d, o, kp, out, oo)
-    elif t == Q5_0:
-        _to_f32_of(part_q5_0, no_scales, 32, 1, 24, d, o, kp, out, oo)
-    elif t == Q5_1:
-        _to_f32_of(part_q5_1, no_scales, 32, 1, 28, d, o, kp, out, oo)
-    elif t == F16:
-        _to_f32_of(part_f16, no_scales, 32, 1, 64, d, o, kp, out, oo)
-    elif t == BF16:
-        _to_f32_of(part_bf16, no_scales, 32, 1, 64, d, o, kp, out, oo)
-    else:
-        _to_f32_of(part_f32, no_scales, 32, 1, 128, d, o, kp, out, oo)
+    _typed(t, _to_f32_of, (d, o, kp, out, oo))
 
 
 @njit(cache=True)
