@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kolibri_cli.decode.proposers import draft
+from kolibri_cli.decode.proposers import draft, start_request
 from kolibri_cli.decode.sampling import GREEDY, Sampler, Sampling
 from kolibri_cli.decode.stops import Stops
 from kolibri_cli.errors import KolibriError
@@ -114,6 +114,7 @@ def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
 def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
                   on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
                   stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
+    start_request(proposer, prompt_ids)
     run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv)
     run.commit([run.prefill()], on_tokens)
     passes, proposer_s = [], 0.0

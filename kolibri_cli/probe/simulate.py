@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kolibri_cli.decode.costs import cost_model
-from kolibri_cli.decode.proposers import Proposer, draft, format_window, make_proposer
+from kolibri_cli.decode.proposers import (
+    Proposer,
+    draft,
+    draft_tree,
+    format_window,
+    make_proposer,
+    start_request,
+)
 from kolibri_cli.errors import KolibriError
 
 
@@ -174,18 +181,37 @@ def simulate_chain(prompt_ids, output_ids, proposer: Proposer, k: int,
     limit, stop_ids = (n, ()) if counting is None else (counting.max_tokens, counting.eos_ids)
     counts = Counts(plain_steps=n - 1, drafted_at=[0] * k, accepted_at=[0] * k)
     observe = getattr(proposer, "observe", None)
+    start_request(proposer, prompt_ids)
     pos = 1
     while pos < n:
         budget = min(k, limit - pos - 1)
         # propose even when budget = 0 (it returns []): the generator does, and stateful
         # proposers must see the same calls in both
-        drafted = draft(proposer, context[: len(prompt_ids) + pos], budget)
-        accepted = _accepted_prefix(drafted, golden[pos : pos + len(drafted)], stop_ids)
-        counts.record_pass(len(drafted), accepted)
+        drafted, accepted = _pass(proposer, context[: len(prompt_ids) + pos], budget, golden, pos,
+                                  stop_ids)
+        counts.record_pass(drafted, accepted)
         pos += accepted + 1
         if observe is not None:
-            observe(context[: len(prompt_ids) + pos], len(drafted), accepted)
+            observe(context[: len(prompt_ids) + pos], drafted, accepted)
     return counts
+
+
+def _pass(proposer: Proposer, context, budget: int, golden, pos: int,
+          stop_ids=()) -> tuple[int, int]:
+    """(drafts verified, drafts accepted) in one pass: a chain's accepted prefix, or a tree's
+    nodes and its longest accepted branch (the golden picks the child at every depth; past the
+    chain's end nothing is accepted)."""
+    if hasattr(proposer, "propose_tree"):
+        tree = draft_tree(proposer, context, budget)
+        depths = tree.depths()
+
+        def next_token(node: int) -> int:
+            at = pos + (depths[node] if node >= 0 else 0)
+            return int(golden[at]) if at < len(golden) else -1
+
+        return len(tree), len(tree.accepted_path(next_token))
+    drafted = draft(proposer, context, budget)
+    return len(drafted), _accepted_prefix(drafted, golden[pos : pos + len(drafted)], stop_ids)
 
 
 def best_run(runs: list[SimRun]) -> SimRun:

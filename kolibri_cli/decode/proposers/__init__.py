@@ -5,19 +5,29 @@ Model-free proposers behind one tiny interface (`Proposer`), each following a pu
 caller's budget, so a smaller budget gives a prefix of the same draft: the simulation (which knows
 where a chain ends) and a real run (which does not) see the same drafts. Stateful proposers also
 have `observe(context, drafted, accepted)`, called after every verify pass by both the simulation
-and the speculative generator, so they evolve identically in both.
+and the speculative generator, so they evolve identically in both; those that keep state across
+requests the way a server does (llama.cpp's types) also have `begin(prompt_ids)`, called when a
+request starts (`start_request`).
 Non-goals: verification, acceptance, the KV cache (the speculative generator owns those).
 """
 
 from typing import Protocol, runtime_checkable
 
 from kolibri_cli.decode.proposers.adaptive import AdaptiveProposer
-from kolibri_cli.decode.proposers.llamacpp import LlamaCppSimpleProposer
+from kolibri_cli.decode.proposers.llamacpp import (
+    LLAMACPP_DEFAULTS,
+    LlamaCppCacheProposer,
+    LlamaCppMapK4vProposer,
+    LlamaCppMapKProposer,
+    LlamaCppModProposer,
+    LlamaCppSimpleProposer,
+)
 from kolibri_cli.decode.proposers.ngram import HfProposer, NgramProposer
 from kolibri_cli.decode.proposers.settings import (
     DEFAULT_K,
     DEFAULT_PROPOSER,
     DEFAULT_WINDOW,
+    LlamaCppOptions,
     format_window,
     parse_k,
     parse_k_list,
@@ -26,14 +36,19 @@ from kolibri_cli.decode.proposers.settings import (
     validate_k,
     validate_window,
 )
-from kolibri_cli.decode.proposers.suffix import SuffixProposer
+from kolibri_cli.decode.proposers.sglang import SglangProposer
+from kolibri_cli.decode.proposers.suffix import SuffixProposer, SuffixTreeProposer
+from kolibri_cli.decode.proposers.tree import DraftTree
 from kolibri_cli.errors import KolibriError
 
 __all__ = [
     "DEFAULT_K", "DEFAULT_PROPOSER", "DEFAULT_WINDOW", "PROPOSERS", "AdaptiveProposer",
-    "HfProposer", "LlamaCppSimpleProposer", "NgramProposer", "Proposer", "SuffixProposer",
-    "canonical_proposer", "draft", "format_window", "make_proposer", "parse_k", "parse_k_list",
-    "parse_window", "parse_window_list", "shares_state", "validate_k", "validate_window",
+    "HfProposer", "LlamaCppCacheProposer", "LlamaCppMapK4vProposer", "LlamaCppMapKProposer",
+    "LlamaCppModProposer", "LlamaCppOptions", "LlamaCppSimpleProposer", "NgramProposer",
+    "Proposer", "SglangProposer", "SuffixProposer", "SuffixTreeProposer", "DraftTree",
+    "canonical_proposer", "default_settings", "draft", "draft_tree", "is_tree_proposer",
+    "format_window", "make_proposer", "parse_k", "parse_k_list", "parse_window",
+    "parse_window_list", "shares_state", "start_request", "validate_k", "validate_window",
 ]
 
 
@@ -60,10 +75,19 @@ PROPOSERS = {
     "vllm": NgramProposer,
     "hf": HfProposer,
     "llamacpp-simple": LlamaCppSimpleProposer,
+    "llamacpp-map-k": LlamaCppMapKProposer,
+    "llamacpp-map-k4v": LlamaCppMapK4vProposer,
+    "llamacpp-mod": LlamaCppModProposer,
+    "llamacpp-cache": LlamaCppCacheProposer,
     "suffix": SuffixProposer,
     "adaptive": AdaptiveProposer,
+    "suffix-tree": SuffixTreeProposer,
+    "sglang": SglangProposer,
 }
 ALIASES = {"ngram": "vllm"}
+# (k, window) where a proposer's own defaults differ from kolibri's shared ones; for tree
+# proposers k counts tree nodes
+DEFAULTS = LLAMACPP_DEFAULTS | {"sglang": (12, (1, 12)), "suffix-tree": (12, (1, 4))}
 
 
 def draft(proposer: Proposer, context, budget: int) -> list[int]:
@@ -77,6 +101,35 @@ def draft(proposer: Proposer, context, budget: int) -> list[int]:
     return tokens
 
 
+def draft_tree(proposer: Proposer, context, budget: int) -> DraftTree:
+    """A tree proposer's draft tree for `context`, no deeper than `budget` (at most k nodes): the
+    tree counterpart of `draft`."""
+    tree = proposer.propose_tree(context, budget)
+    if len(tree) > proposer.k or tree.depth() > max(budget, 0):
+        raise KolibriError(f"proposer {proposer.name!r} drafted a tree of {len(tree)} nodes and "
+                           f"depth {tree.depth()} (cap {proposer.k}, budget {budget}): a proposer "
+                           "bug")
+    return tree
+
+
+def is_tree_proposer(proposer) -> bool:
+    """Whether `proposer` drafts trees (several candidates per pass)."""
+    return hasattr(proposer, "propose_tree")
+
+
+def start_request(proposer: Proposer, prompt_ids) -> None:
+    """Tell a proposer that keeps state across requests that a new one starts."""
+    begin = getattr(proposer, "begin", None)
+    if begin is not None:
+        begin(prompt_ids)
+
+
+def default_settings(name: str) -> tuple[int, tuple[int, int]]:
+    """(k, window) a proposer runs with when none is given: llama.cpp's types keep upstream's
+    defaults, the others share kolibri's."""
+    return DEFAULTS.get(canonical_proposer(name), (DEFAULT_K, DEFAULT_WINDOW))
+
+
 def canonical_proposer(name: str) -> str:
     """The proposer's canonical name ("ngram" -> "vllm"); unknown names are a KolibriError."""
     name = ALIASES.get(name, name)
@@ -88,12 +141,16 @@ def canonical_proposer(name: str) -> str:
 
 def make_proposer(name: str, k: int, window: tuple[int, int],
                   costs: dict[int, float] | None = None, cross_request: bool = False,
-                  eos_ids: tuple[int, ...] = ()) -> Proposer:
+                  eos_ids: tuple[int, ...] = (),
+                  llamacpp: LlamaCppOptions | None = None) -> Proposer:
     """A fresh proposer called `name` with draft cap k and n-gram window (min, max); `costs` feeds
-    `adaptive`, `cross_request` feeds `suffix`, `eos_ids` feeds `hf` (others ignore them)."""
+    `adaptive`, `cross_request` feeds `suffix`, `eos_ids` feeds `hf`, `llamacpp` feeds llama.cpp's
+    stateful types (others ignore them)."""
     name = canonical_proposer(name)
-    if name == "suffix":
-        return SuffixProposer(k, *window, cross_request=cross_request)
+    if name in LLAMACPP_DEFAULTS and name != "llamacpp-simple":
+        return PROPOSERS[name](k, *window, options=llamacpp)
+    if name in ("suffix", "suffix-tree"):
+        return PROPOSERS[name](k, *window, cross_request=cross_request)
     if name == "adaptive":
         return AdaptiveProposer(k, *window, costs=costs)
     if name == "hf":

@@ -1,4 +1,8 @@
-"""Proposer settings: the defaults, and parsing/validation of k and the n-gram window."""
+"""Proposer settings: the defaults, and parsing/validation of k, the n-gram window and
+llama.cpp's per-type options."""
+
+from dataclasses import dataclass
+from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.text import shown
@@ -65,3 +69,33 @@ def parse_window_list(text: str | list) -> list[tuple[int, int]]:
 
 def _unique(items: list) -> list:
     return list(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    """llama.cpp's per-type options besides n (the window) and m (k); None = upstream's default.
+    Proposers of other families ignore them."""
+
+    min_hits: int | None = None  # ngram-map-k4v: key hits before a value drafts (upstream 1)
+    n_min: int | None = None  # ngram-mod: fewest chained hits that make a draft (upstream 48)
+    lookup_cache_static: Path | None = None  # ngram-cache: a llama.cpp static cache file
+    lookup_cache_dynamic: Path | None = None  # ngram-cache: a llama.cpp dynamic cache file
+
+    def __post_init__(self):
+        for name in ("min_hits", "n_min"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < (1 if name == "min_hits" else 0)):
+                low = 1 if name == "min_hits" else 0
+                raise KolibriError(f"{name.replace('_', '-')} must be a whole number >= {low}, "
+                                   f"got {value!r}")
+
+    def label(self) -> str:
+        """" min-hits=2 n-min=8 static=file.bin" (only what was set), for run names."""
+        parts = [f"min-hits={self.min_hits}" if self.min_hits is not None else "",
+                 f"n-min={self.n_min}" if self.n_min is not None else "",
+                 f"static={Path(self.lookup_cache_static).name}"
+                 if self.lookup_cache_static else "",
+                 f"dynamic={Path(self.lookup_cache_dynamic).name}"
+                 if self.lookup_cache_dynamic else ""]
+        return "".join(" " + p for p in parts if p)

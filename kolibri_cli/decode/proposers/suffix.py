@@ -6,6 +6,7 @@ import numpy as np
 
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 from kolibri_cli.decode.proposers.suffix_tree import SuffixTrie
+from kolibri_cli.decode.proposers.tree import DraftTree
 
 
 class SuffixProposer:
@@ -84,3 +85,27 @@ class SuffixProposer:
         if self._global is not None:
             self._global.extend(self._requests, tokens[len(tokens) - 1 :].tolist())
         self._seen = tokens.copy()
+
+
+class SuffixTreeProposer(SuffixProposer):
+    """SuffixDecoding's tree speculation (ArcticInference `SuffixTree::_speculate_tree`,
+    `use_tree_spec`): the same suffix trees and match-length choice as `suffix`, but each match
+    drafts a tree — the up-to-k most probable continuations anywhere below the match, best
+    first — so one pass verifies several candidates. k counts tree nodes."""
+
+    name: ClassVar[str] = "suffix-tree"
+
+    def propose_tree(self, context, max_depth: int) -> DraftTree:
+        self._sync(context)
+        pattern = self._seen[-self.max_depth :].tolist()
+        args = (self.k, self.max_spec_factor, self.max_spec_offset, self.min_token_prob, True)
+        draft = self._local.speculate(pattern, *args)
+        if self._global is not None:
+            other = self._global.speculate(pattern, *args)
+            draft = other if other.score > draft.score else draft
+        return DraftTree(tuple(draft.token_ids), tuple(draft.parents)).cut(max(max_depth, 0))
+
+    def propose(self, context, max_tokens: int) -> list[int]:
+        """The branch through every node's first (most probable) child, for chain callers."""
+        tree = self.propose_tree(context, max_tokens)
+        return [tree.tokens[i] for i in tree.first_branch()]

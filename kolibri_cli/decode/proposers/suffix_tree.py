@@ -10,10 +10,11 @@ one node, this trie keeps one node per token: along such a chain every count is 
 estimated probabilities (child count / parent count) are the same.
 
 Cost: appending a token touches at most `max_depth` nodes (one per live suffix); `speculate` is
-O(max_depth^2) dictionary steps. Non-goals: removal and eviction of sequences, tree (multi-branch)
-drafts — kolibri verifies one draft chain per pass.
+O(max_depth^2) dictionary steps. Non-goals: removal and eviction of sequences.
 """
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -30,6 +31,7 @@ class Draft:
     """One speculation: the tokens, their estimated probabilities, and how it was found."""
 
     token_ids: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # tree mode: parent index, -1 = the root
     probs: list[float] = field(default_factory=list)  # estimated P(token | pattern), per token
     score: float = 0.0  # sum of probs: the expected number of accepted tokens
     match_len: int = 0  # length of the context suffix the draft continues
@@ -71,18 +73,21 @@ class SuffixTrie:
         return node
 
     def speculate(self, pattern, max_spec_tokens: int, max_spec_factor: float = 1.0,
-                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1) -> Draft:
-        """ArcticInference's `speculate` (path mode): for every match length 1 .. len(pattern)-1
-        whose suffix of `pattern` occurs, draft up to min(max_spec_tokens, factor * match_len +
-        offset) tokens along the most frequent children while the running probability stays >=
-        min_token_prob; keep the draft with the highest score (ties: the longer match)."""
+                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1,
+                  tree: bool = False) -> Draft:
+        """ArcticInference's `speculate`: for every match length 1 .. len(pattern)-1 whose suffix
+        of `pattern` occurs, draft up to min(max_spec_tokens, factor * match_len + offset) tokens
+        — along the most frequent children (path mode), or best-first over all continuations
+        (`tree`) — while the estimated probability stays >= min_token_prob; keep the draft with
+        the highest score (ties: the longer match)."""
+        grow = _speculate_tree if tree else _speculate_path
         best = Draft()
         for match_len in range(1, len(pattern)):
             node = self.match(pattern[len(pattern) - match_len :])
             if node is None:
                 break  # a longer suffix cannot occur either
             cap = int(match_len * max_spec_factor + max_spec_offset + 1e-6)
-            draft = _speculate_path(node, max(min(max_spec_tokens, cap), 0), min_token_prob)
+            draft = grow(node, max(min(max_spec_tokens, cap), 0), min_token_prob)
             if draft.score >= best.score:
                 best = draft
                 best.match_len = match_len
@@ -101,10 +106,37 @@ def _speculate_path(node: Node, max_tokens: int, min_token_prob: float) -> Draft
         prob *= child.count / node.count
         if prob < min_token_prob:
             break
+        draft.parents.append(len(draft.token_ids) - 1)
         draft.token_ids.append(token)
         draft.probs.append(prob)
         draft.score += prob
         node = child
+    return draft
+
+
+def _speculate_tree(node: Node, max_tokens: int, min_token_prob: float) -> Draft:
+    """ArcticInference's `_speculate_tree`: take the most probable continuation not yet taken,
+    anywhere below `node` (a child's probability is its parent's times count(child) /
+    count(parent)), until max_tokens nodes are taken or none reaches min_token_prob. Equal
+    probabilities go to the earlier-queued node (the more frequent sibling first)."""
+    draft, order = Draft(), itertools.count()
+    heap: list[tuple[float, int, int, Node, int]] = []  # (-prob, order, token, node, parent)
+
+    def push_children(parent_node: Node, prob: float, parent: int) -> None:
+        for token, child in sorted(parent_node.children.items(), key=lambda tc: -tc[1].count):
+            p = prob * child.count / parent_node.count
+            if p < min_token_prob:
+                break
+            heapq.heappush(heap, (-p, next(order), token, child, parent))
+
+    push_children(node, 1.0, -1)
+    while heap and len(draft.token_ids) < max_tokens:
+        neg, _, token, child, parent = heapq.heappop(heap)
+        draft.parents.append(parent)
+        draft.token_ids.append(token)
+        draft.probs.append(-neg)
+        draft.score += -neg
+        push_children(child, -neg, len(draft.token_ids) - 1)
     return draft
 
 

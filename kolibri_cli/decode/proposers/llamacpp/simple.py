@@ -1,4 +1,4 @@
-"""llama.cpp's draftless n-gram speculative types."""
+"""llama.cpp's `ngram-simple`: stateless, the most recent earlier occurrence of a fixed n-gram."""
 
 from dataclasses import dataclass
 from typing import ClassVar
@@ -60,3 +60,8 @@ class LlamaCppSimpleProposer:
         if start < 0 or max_tokens <= 0:
             return []
         return tokens[start : start + min(length, max_tokens)].tolist()
+
+    def server_args(self) -> tuple[str, ...]:
+        """llama-server's flags for this type and these settings."""
+        return ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(self.window_max),
+                "--spec-ngram-simple-size-m", str(self.k))
