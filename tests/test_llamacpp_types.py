@@ -8,7 +8,11 @@ import subprocess
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_models import prompts, tiny_model
 
+from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import (
     LlamaCppCacheProposer,
     LlamaCppMapK4vProposer,
@@ -23,12 +27,41 @@ from kolibri_cli.decode.proposers.llamacpp import ngram_cache
 from kolibri_cli.decode.proposers.llamacpp.ngram_map import ngram_hash
 from kolibri_cli.decode.proposers.llamacpp.std_order import StdCounts
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.simulate import simulate_chain
+
+NO_EOS = {seed: tiny_model(seed, eos=(), tied=True, scale=0.1) for seed in (0, 1)}
 
 
 def serve(proposer, prompt, generated, budget=100):
     """Draft once after `prompt` + `generated` (the last generated token is the sampled one)."""
     start_request(proposer, prompt)
     return proposer.propose(prompt + generated, budget)
+
+
+# ---- state across requests: simulation == real run ------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.sampled_from([0, 1]), batch=st.lists(prompts, min_size=2, max_size=4),
+       name=st.sampled_from(["llamacpp-map-k", "llamacpp-map-k4v", "llamacpp-mod",
+                             "llamacpp-cache"]), k=st.integers(1, 8), n=st.integers(1, 3),
+       max_tokens=st.integers(2, 40))
+def test_state_across_requests_is_the_same_in_simulation_and_real_runs(seed, batch, name, k, n,
+                                                                       max_tokens):
+    """One instance over several prompts in a row, like a server slot. The models never emit
+    eos, so every chain runs to max_tokens: a chain that stops on eos earlier makes the real run
+    ask for one more draft (it cannot know the end is near; its budget is still positive) where
+    the simulation's budget is 0 — a server-state type then differs on the NEXT request. The
+    measured probe generates with max_tokens = the chain's length, where both agree."""
+    model = NO_EOS[seed]
+    real, simulated = (make_proposer(name, k, (n, n), llamacpp=LlamaCppOptions(n_min=1))
+                       for _ in range(2))
+    for prompt in batch:
+        plain = generate_plain(model, prompt, max_tokens)
+        stats = generate_spec(model, prompt, max_tokens, real).spec_stats()
+        sim = simulate_chain(prompt, plain.output_ids, simulated, k)
+        assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
+            sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
 
 
 # ---- defaults and llama-server flags ---------------------------------------------------------
@@ -234,3 +267,56 @@ def test_std_order_equals_libstdcxx(tmp_path):
             part.add(t)
         assert " ".join(f"{t}:{c}" for t, c in part.items()) == line.strip()
     assert np.mean([len(set(s)) > 13 for s in seqs]) > 0.3  # rehashes were exercised
+
+
+# ---- the probe's options ---------------------------------------------------------------------
+
+
+def probe(*args):
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    return CliRunner().invoke(app, ["probe", *map(str, args)])
+
+
+@pytest.fixture
+def chain_goldens(tmp_path):
+    import json
+
+    motif = [11, 12, 13, 14, 15, 16, 17, 18]
+    lines = [{"id": i, "category": "c", "prompt": "p", "chat": True, "prompt_ids": motif * 3,
+              "output_ids": motif * 4, "model": "m", "model_sha256": "0" * 64, "reference": {}}
+             for i in range(2)]
+    path = tmp_path / "g.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def test_probe_runs_llamacpp_types_at_their_defaults_and_with_options(chain_goldens, tmp_path):
+    import json
+
+    result = probe("--goldens", chain_goldens, "--proposer", "llamacpp-mod,llamacpp-map-k4v",
+                   "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["config"]["k"] is None  # each proposer at its own default
+    assert [(r["proposer"], r["k"], r["window"]) for r in doc["runs"]] == [
+        ("llamacpp-mod", 64, [24, 24]), ("llamacpp-map-k4v", 48, [12, 12])]
+    toml = tmp_path / "p.toml"
+    toml.write_text('goldens = "g.jsonl"\nproposer = "llamacpp-mod"\nk = 8\nwindow = "4"\n'
+                    "n_min = 2\n")
+    low, high = (json.loads(probe(toml, "--json", *extra).stdout)
+                 for extra in ((), ("--n-min", "9")))
+    assert low["runs"][0]["total"]["drafts_accepted"] > 0  # the motif's pool chains on
+    assert (low["config"]["llamacpp"]["n_min"], high["config"]["llamacpp"]["n_min"]) == (2, 9)
+
+
+def test_probe_rejects_bad_llamacpp_options(chain_goldens, tmp_path):
+    toml = tmp_path / "p.toml"
+    toml.write_text("n_min = -1\n")
+    assert "n_min must be a whole number >= 0" in probe(toml).stderr
+    missing = probe("--goldens", chain_goldens, "--proposer", "llamacpp-cache",
+                    "--lookup-cache-static", tmp_path / "none.bin")
+    assert (missing.exit_code, missing.stdout) == (1, "")
+    assert "cannot read the n-gram cache" in missing.stderr

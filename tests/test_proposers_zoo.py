@@ -177,6 +177,8 @@ def test_names_aliases_and_protocols():
 # ---- the lossless law and simulation == real run, on tiny random models ---------------------
 
 NAMES = ["vllm", "hf", "llamacpp-simple", "suffix", "suffix+cross", "adaptive"]
+# llama.cpp's stateful types: their own cross-request test is in test_llamacpp_types.py
+SERVER_STATE = ["llamacpp-map-k", "llamacpp-map-k4v", "llamacpp-mod", "llamacpp-cache"]
 
 
 def build(name: str, k: int, window: tuple[int, int]):
@@ -184,7 +186,8 @@ def build(name: str, k: int, window: tuple[int, int]):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2), prompt=prompts, name=st.sampled_from(NAMES), k=st.integers(1, 8),
+@given(seed=st.integers(0, 2), prompt=prompts, name=st.sampled_from(NAMES + SERVER_STATE),
+       k=st.integers(1, 8),
        window=st.sampled_from([(1, 1), (1, 4), (2, 2), (3, 5)]), max_tokens=st.integers(1, 40))
 def test_spec_equals_plain_for_every_proposer(seed, prompt, name, k, window, max_tokens):
     model = MODELS[seed]

@@ -7,15 +7,19 @@ from typing import Annotated
 import typer
 
 from kolibri_cli.cli import options as opt
-from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
+from kolibri_cli.decode.proposers import DEFAULT_PROPOSER
 from kolibri_cli.errors import KolibriError
 
 
 def bench(
     model: opt.ModelOpt = None,
-    k: opt.KOpt = DEFAULT_K,
-    window: opt.WindowOpt = opt.WINDOW_DEFAULT,
+    k: opt.KOpt = None,
+    window: opt.WindowOpt = None,
     proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
+    min_hits: opt.MinHitsOpt = None,
+    n_min: opt.NMinOpt = None,
+    lookup_cache_static: opt.StaticCacheOpt = None,
+    lookup_cache_dynamic: opt.DynamicCacheOpt = None,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1,
                                          help="Repeats; medians are reported.")] = 5,
     temperature: opt.TemperatureOpt = None,
@@ -56,10 +60,12 @@ def bench(
     from kolibri_cli.cli import render
     from kolibri_cli.engine.jit import get_threads
 
+    llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
+    new_proposer = lambda: opt.proposer(k, window, proposer_name, llamacpp)  # noqa: E731
+    drafter = new_proposer()  # bad settings fail before the model loads
     if engine not in (None, "kolibri"):
-        return _bench_servers(engine, model, k, repeats, threads, engine_api, gguf, timeout,
-                              as_json)
-    drafter = opt.proposer(k, window, proposer_name)  # bad settings fail before the model loads
+        return _bench_servers(engine, model, drafter.k, repeats, threads, engine_api, gguf,
+                              timeout, as_json)
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     if peer is not None and peer not in peers.PEERS:
         raise KolibriError(f"unknown --peer {peer!r} (known: {', '.join(peers.PEERS)})")
@@ -76,8 +82,8 @@ def bench(
         return peers.run_llama_bench(peer_file, get_threads(), max_n, min(repeats, 3), binary,
                                      prefill)
 
-    result = run_bench(m, lambda: opt.proposer(k, window, proposer_name), repeats,
-                       get_threads(), how, prefill, run_peer if peer else None)
+    result = run_bench(m, new_proposer, repeats, get_threads(), how, prefill,
+                       run_peer if peer else None)
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.bench_table(result))

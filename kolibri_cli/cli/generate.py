@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from kolibri_cli.cli import options as opt
-from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
+from kolibri_cli.decode.proposers import DEFAULT_PROPOSER
 from kolibri_cli.errors import KolibriError
 
 
@@ -17,11 +17,15 @@ def generate(
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most new tokens.")] = 256,
     raw: Annotated[bool, typer.Option("--raw", help="No chat template: the bare prompt.")] = False,
     spec: Annotated[bool, typer.Option("--spec", help="n-gram speculative decoding.")] = False,
-    k: opt.KOpt = DEFAULT_K,
-    window: opt.WindowOpt = opt.WINDOW_DEFAULT,
+    k: opt.KOpt = None,
+    window: opt.WindowOpt = None,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Run plain then spec, check identical ids, print both speeds.")] = False,
     proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
+    min_hits: opt.MinHitsOpt = None,
+    n_min: opt.NMinOpt = None,
+    lookup_cache_static: opt.StaticCacheOpt = None,
+    lookup_cache_dynamic: opt.DynamicCacheOpt = None,
     temperature: opt.TemperatureOpt = None,
     top_k: opt.TopKOpt = None,
     top_p: opt.TopPOpt = None,
@@ -43,7 +47,8 @@ def generate(
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
-    drafter = opt.proposer(k, window, proposer_name)  # validated even when unused
+    llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
+    drafter = opt.proposer(k, window, proposer_name, llamacpp)  # validated even when unused
     drafter = drafter if (spec or compare) else None
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)

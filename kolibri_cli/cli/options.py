@@ -9,9 +9,8 @@ import typer
 
 from kolibri_cli.decode.proposers import (
     DEFAULT_PROPOSER,
-    DEFAULT_WINDOW,
     PROPOSERS,
-    format_window,
+    LlamaCppOptions,
 )
 from kolibri_cli.errors import KolibriError
 
@@ -21,9 +20,21 @@ ModelOpt = Annotated[str | None, typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", "-t", min=1, help="Kernel threads (default: all cores).")]
-KOpt = Annotated[int, typer.Option("--k", help="Most draft tokens per verify pass.")]
-WindowOpt = Annotated[str, typer.Option(
-    "--window", help="n-gram sizes tried, 'MIN-MAX' or 'N' (longest first).")]
+KOpt = Annotated[int | None, typer.Option(
+    "--k", help="Most draft tokens per verify pass (tree proposers: tree nodes). [default: 5; "
+    "llama.cpp's types and the tree proposers: their own, see docs/probe.md]")]
+WindowOpt = Annotated[str | None, typer.Option(
+    "--window", help="n-gram sizes tried, 'MIN-MAX' or 'N' (longest first; llama.cpp's types: "
+    "n = MAX). [default: 1-4, or the proposer's own]")]
+MinHitsOpt = Annotated[int | None, typer.Option(
+    "--min-hits", min=1, help="llamacpp-map-k4v: key hits before it drafts. [default: 1]")]
+NMinOpt = Annotated[int | None, typer.Option(
+    "--n-min", min=0, help="llamacpp-mod: fewest chained tokens that make a draft. [default: 48]")]
+StaticCacheOpt = Annotated[Path | None, typer.Option(
+    "--lookup-cache-static", help="llamacpp-cache: a llama.cpp static n-gram cache file "
+    "(llama-lookup-create).")]
+DynamicCacheOpt = Annotated[Path | None, typer.Option(
+    "--lookup-cache-dynamic", help="llamacpp-cache: a llama.cpp dynamic n-gram cache file.")]
 QuantizeOpt = Annotated[str | None, typer.Option(
     "--quantize", help="q8_0: run the model's float32 weights quantized to Q8_0 blocks (made at "
     "load; a numeric path of its own, with its own goldens).")]
@@ -40,8 +51,6 @@ TimeoutOpt = Annotated[float, typer.Option(
 ServedModelOpt = Annotated[str | None, typer.Option(
     "--served-model", help="Model id to request from an OpenAI-style server. [default: its "
     "first]")]
-
-WINDOW_DEFAULT = format_window(DEFAULT_WINDOW)  # the --window default as typed
 
 
 def print_json(obj, indent: int | None = 2) -> None:
@@ -113,13 +122,23 @@ def fit_context(k: int, window_max: int, model) -> None:
                            f"({context} tokens)")
 
 
-def proposer(k: int, window: str, name: str = DEFAULT_PROPOSER):
-    """A fresh proposer from command-line settings (bad settings fail before a model loads)."""
-    from kolibri_cli.decode.proposers import make_proposer, parse_window
+def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
+             llamacpp: LlamaCppOptions | None = None):
+    """A fresh proposer from command-line settings (bad settings fail before a model loads);
+    k or window None = the proposer's default."""
+    from kolibri_cli.decode.proposers import default_settings, make_proposer, parse_window
 
-    if k < 1:  # name the option; make_proposer's own check speaks of "k"
+    if k is not None and k < 1:  # name the option; make_proposer's own check speaks of "k"
         raise KolibriError(f"--k must be at least 1 (got {k})")
-    return make_proposer(name, k, parse_window(window))
+    default_k, default_window = default_settings(name)
+    return make_proposer(name, default_k if k is None else k,
+                         default_window if window is None else parse_window(window),
+                         llamacpp=llamacpp)
+
+
+def llamacpp_options(min_hits: int | None, n_min: int | None, static: Path | None,
+                     dynamic: Path | None) -> LlamaCppOptions:
+    return LlamaCppOptions(min_hits, n_min, static, dynamic)
 
 
 # ---- sampling: shared by generate, chat, goldens record, bench and probe ---------------------

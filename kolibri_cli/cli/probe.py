@@ -49,14 +49,15 @@ def probe(
         None,
         "--k",
         metavar="K[,K...]",
-        help=f"Draft tokens per pass, or a sweep: 1,2,3,5,8. [default: {DEFAULT_K}]",
+        help=f"Draft tokens per pass (tree proposers: tree nodes), or a sweep: 1,2,3,5,8. "
+        f"[default: {DEFAULT_K}; llama.cpp's types and tree proposers: their own]",
     ),
     window: str | None = typer.Option(
         None,
         "--window",
         metavar="MIN-MAX[,...]",
-        help="n-gram lengths MIN-MAX or N, or a sweep: 1-4,2-4,3-5. "
-        f"[default: {format_window(DEFAULT_WINDOW)}]",
+        help="n-gram lengths MIN-MAX or N (llama.cpp's types: n = MAX), or a sweep: "
+        f"1-4,2-4,3-5. [default: {format_window(DEFAULT_WINDOW)}, or the proposer's own]",
     ),
     proposer: str | None = typer.Option(
         None,
@@ -69,6 +70,22 @@ def probe(
         None,
         "--cross-request/--no-cross-request",
         help="suffix: also draft from a global tree over earlier goldens' outputs.",
+    ),
+    min_hits: int | None = typer.Option(
+        None, "--min-hits", metavar="N", help="llamacpp-map-k4v: key hits before it drafts. "
+        "[default: 1]"
+    ),
+    n_min: int | None = typer.Option(
+        None, "--n-min", metavar="N", help="llamacpp-mod: fewest chained tokens that make a "
+        "draft. [default: 48]"
+    ),
+    lookup_cache_static: Path | None = typer.Option(
+        None, "--lookup-cache-static", metavar="FILE", help="llamacpp-cache: a llama.cpp "
+        "static n-gram cache file (llama-lookup-create)."
+    ),
+    lookup_cache_dynamic: Path | None = typer.Option(
+        None, "--lookup-cache-dynamic", metavar="FILE", help="llamacpp-cache: a llama.cpp "
+        "dynamic n-gram cache file."
     ),
     costs: str | None = typer.Option(
         None,
@@ -429,8 +446,10 @@ def _command(cfg) -> str:
     args = ["kolibri", "probe"]
     for path in cfg.goldens:
         args += ["--goldens", _rel(path)]
-    args += ["--k", ",".join(map(str, cfg.k))]
-    args += ["--window", ",".join(f"{lo}-{hi}" for lo, hi in cfg.window)]
+    if cfg.k:
+        args += ["--k", ",".join(map(str, cfg.k))]
+    if cfg.window:
+        args += ["--window", ",".join(f"{lo}-{hi}" for lo, hi in cfg.window)]
     if cfg.proposer != [DEFAULT_PROPOSER]:
         args += ["--proposer", ",".join(cfg.proposer)]
     if cfg.cross_request:
@@ -438,6 +457,10 @@ def _command(cfg) -> str:
     if cfg.costs:
         args += ["--costs", ",".join(f"{c:g}" for c in cfg.costs.values())]
     optional = {"--category": cfg.category and ",".join(cfg.category), "--limit": cfg.limit,
+                "--min-hits": cfg.min_hits, "--n-min": cfg.n_min,
+                "--lookup-cache-static": cfg.lookup_cache_static and _rel(cfg.lookup_cache_static),
+                "--lookup-cache-dynamic": cfg.lookup_cache_dynamic
+                and _rel(cfg.lookup_cache_dynamic),
                 "--max-tokens": cfg.max_tokens, "--engine": cfg.engine,
                 "--baseline": cfg.baseline, "--engine-api": cfg.engine_api,
                 "--gguf": cfg.gguf and _rel(cfg.gguf),

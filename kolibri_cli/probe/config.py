@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kolibri_cli.decode.proposers import (
-    DEFAULT_K,
     DEFAULT_PROPOSER,
-    DEFAULT_WINDOW,
+    LlamaCppOptions,
     canonical_proposer,
     format_window,
     parse_k_list,
@@ -31,10 +30,14 @@ class ProbeConfig:
     """Everything one probe run needs; defaults are the command's defaults."""
 
     goldens: list[Path] = field(default_factory=list)  # files or folders (*.jsonl under them)
-    k: list[int] = field(default_factory=lambda: [DEFAULT_K])  # one value, or a sweep
-    window: list[tuple[int, int]] = field(default_factory=lambda: [DEFAULT_WINDOW])
+    k: list[int] = field(default_factory=list)  # one value, or a sweep; [] = each proposer's own
+    window: list[tuple[int, int]] = field(default_factory=list)  # [] = each proposer's own
     proposer: list[str] = field(default_factory=lambda: [DEFAULT_PROPOSER])  # several: compare
     cross_request: bool = False  # suffix: also a global tree over earlier goldens' outputs
+    min_hits: int | None = None  # llamacpp-map-k4v: key hits before it drafts
+    n_min: int | None = None  # llamacpp-mod: fewest chained tokens that make a draft
+    lookup_cache_static: Path | None = None  # llamacpp-cache: llama.cpp static cache file
+    lookup_cache_dynamic: Path | None = None  # llamacpp-cache: llama.cpp dynamic cache file
     costs: dict[int, float] | None = None  # c(n) for n = 1, 2, ... (adaptive; modelled speedup)
     category: list[str] | None = None  # keep only goldens of these categories
     limit: int | None = None  # at most this many goldens (after the category filter)
@@ -77,9 +80,12 @@ class ProbeConfig:
             "proposer": self.proposer[0],
             "proposers": self.proposer,
             "cross_request": self.cross_request,
+            "llamacpp": {"min_hits": self.min_hits, "n_min": self.n_min,
+                         "lookup_cache_static": _str_or_none(self.lookup_cache_static),
+                         "lookup_cache_dynamic": _str_or_none(self.lookup_cache_dynamic)},
             "costs": None if self.costs is None else {str(n): c for n, c in self.costs.items()},
-            "k": self.k,
-            "window": [format_window(w) for w in self.window],
+            "k": self.k or None,  # None: each proposer's default
+            "window": [format_window(w) for w in self.window] or None,
             "category": self.category,
             "limit": self.limit,
             "max_tokens": self.max_tokens,
@@ -99,9 +105,13 @@ class ProbeConfig:
         """The sampling settings given for --measure (empty: each golden's own)."""
         return {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
 
+    def llamacpp_options(self) -> LlamaCppOptions:
+        return LlamaCppOptions(self.min_hits, self.n_min, self.lookup_cache_static,
+                               self.lookup_cache_dynamic)
+
 
 FIELDS = [f.name for f in dataclasses.fields(ProbeConfig) if f.name != "source"]
-PATH_KEYS = ("markdown", "plot", "gguf", "rows")
+PATH_KEYS = ("markdown", "plot", "gguf", "rows", "lookup_cache_static", "lookup_cache_dynamic")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 
 
@@ -173,8 +183,10 @@ def _parse(key: str, value):
         if isinstance(value, bool):
             return "local" if value else None
         return str(_expect(value, key, str))
-    if key in ("limit", "max_tokens", "threads", "repeats", "workers"):
+    if key in ("limit", "max_tokens", "threads", "repeats", "workers", "min_hits"):
         return _positive_int(value, key)
+    if key == "n_min":
+        return _positive_int(value, key, low=0)
     if key in ("top_k", "seed"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise KolibriError(f"{key} must be a whole number >= 0, got {shown(value)}")
@@ -232,13 +244,13 @@ def _costs(value) -> dict[int, float]:
     return {n: c for n, c in enumerate(costs, start=1)}
 
 
-def _positive_int(value, key: str) -> int:
+def _positive_int(value, key: str, low: int = 1) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError, OverflowError):
-        number = 0
-    if isinstance(value, bool) or isinstance(value, float) or number < 1:
-        raise KolibriError(f"{key} must be a whole number >= 1, got {shown(value)}")
+        number = low - 1
+    if isinstance(value, bool) or isinstance(value, float) or number < low:
+        raise KolibriError(f"{key} must be a whole number >= {low}, got {shown(value)}")
     return number
 
 

@@ -26,6 +26,8 @@ import numpy as np
 
 from kolibri_cli.decode.costs import cost_model
 from kolibri_cli.decode.proposers import (
+    LLAMACPP_DEFAULTS,
+    LlamaCppOptions,
     Proposer,
     draft,
     draft_tree,
@@ -130,10 +132,13 @@ class SimRun:
     ordered: bool = False  # the proposer shares state across requests: one stream per file
     streams: int = 0  # ordered: the streams (files) replayed, each in order from a fresh state
     by_seed: dict[int, dict[str, Counts]] | None = None  # sampled chains: per seed, per category
+    llamacpp: LlamaCppOptions | None = None  # llama.cpp's per-type options
 
     @property
     def label(self) -> str:
-        return f"k={self.k} window={format_window(self.window)}"
+        extra = self.llamacpp.label() if self.llamacpp and self.proposer in LLAMACPP_DEFAULTS \
+            else ""
+        return f"k={self.k} window={format_window(self.window)}{extra}"
 
     @property
     def name(self) -> str:
@@ -143,7 +148,7 @@ class SimRun:
     def new_proposer(self) -> Proposer:
         """A fresh proposer configured like the one this run simulated."""
         return make_proposer(self.proposer, self.k, self.window, self.costs, self.cross_request,
-                             self.eos_ids)
+                             self.eos_ids, self.llamacpp)
 
     def modelled_speedup(self, counts: Counts | None = None) -> float | None:
         """The cost model's speedup for `counts` (default: the total) with the run's costs, or

@@ -42,7 +42,8 @@ from kolibri_cli.decode.proposers.tree import DraftTree
 from kolibri_cli.errors import KolibriError
 
 __all__ = [
-    "DEFAULT_K", "DEFAULT_PROPOSER", "DEFAULT_WINDOW", "PROPOSERS", "AdaptiveProposer",
+    "DEFAULT_K", "DEFAULT_PROPOSER", "DEFAULT_WINDOW", "LLAMACPP_DEFAULTS", "PROPOSERS",
+    "AdaptiveProposer",
     "HfProposer", "LlamaCppCacheProposer", "LlamaCppMapK4vProposer", "LlamaCppMapKProposer",
     "LlamaCppModProposer", "LlamaCppOptions", "LlamaCppSimpleProposer", "NgramProposer",
     "Proposer", "SglangProposer", "SuffixProposer", "SuffixTreeProposer", "DraftTree",
