@@ -98,3 +98,22 @@ def test_tree_proposers_registered():
         proposer = make_proposer(name, 8, (1, 4))
         assert proposer.name == name and hasattr(proposer, "propose_tree")
     assert isinstance(make_proposer("suffix-tree", 8, (1, 4)), SuffixTreeProposer)
+
+
+def test_adaptive_tree_learns_what_pays():
+    """Early on (every estimate 1/2) it drafts a few nodes; after passes whose nodes were all
+    rejected, no node is worth its cost any more."""
+    from kolibri_cli.decode.proposers import AdaptiveTreeProposer
+
+    proposer = AdaptiveTreeProposer(8, costs={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3})
+    context = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]
+    start_request(proposer, context[:-2])
+    first = proposer.propose_tree(context, 8)
+    assert 0 < len(first) <= 8
+    for _ in range(30):
+        tree = proposer.propose_tree(context, 8)
+        if not len(tree):
+            break
+        proposer.observe(context + [9], len(tree), 0)  # the model said 9: nothing accepted
+    assert len(proposer.propose_tree(context, 8)) == 0
+    assert proposer._tested.sum() > 0 and proposer._accepted.sum() == 0

@@ -14,6 +14,7 @@ Non-goals: verification, acceptance, the KV cache (the speculative generator own
 from typing import Protocol, runtime_checkable
 
 from kolibri_cli.decode.proposers.adaptive import AdaptiveProposer
+from kolibri_cli.decode.proposers.adaptive_tree import AdaptiveTreeProposer
 from kolibri_cli.decode.proposers.llamacpp import (
     LLAMACPP_DEFAULTS,
     LlamaCppCacheProposer,
@@ -43,7 +44,7 @@ from kolibri_cli.errors import KolibriError
 
 __all__ = [
     "DEFAULT_K", "DEFAULT_PROPOSER", "DEFAULT_WINDOW", "LLAMACPP_DEFAULTS", "PROPOSERS",
-    "AdaptiveProposer",
+    "AdaptiveProposer", "AdaptiveTreeProposer",
     "HfProposer", "LlamaCppCacheProposer", "LlamaCppMapK4vProposer", "LlamaCppMapKProposer",
     "LlamaCppModProposer", "LlamaCppOptions", "LlamaCppSimpleProposer", "NgramProposer",
     "Proposer", "SglangProposer", "SuffixProposer", "SuffixTreeProposer", "DraftTree",
@@ -83,12 +84,14 @@ PROPOSERS = {
     "suffix": SuffixProposer,
     "adaptive": AdaptiveProposer,
     "suffix-tree": SuffixTreeProposer,
+    "adaptive-tree": AdaptiveTreeProposer,
     "sglang": SglangProposer,
 }
 ALIASES = {"ngram": "vllm"}
 # (k, window) where a proposer's own defaults differ from kolibri's shared ones; for tree
 # proposers k counts tree nodes
-DEFAULTS = LLAMACPP_DEFAULTS | {"sglang": (12, (1, 12)), "suffix-tree": (12, (1, 4))}
+DEFAULTS = LLAMACPP_DEFAULTS | {"sglang": (12, (1, 12)), "suffix-tree": (12, (1, 4)),
+                                "adaptive-tree": (16, (1, 4))}
 
 
 def draft(proposer: Proposer, context, budget: int) -> list[int]:
@@ -154,6 +157,8 @@ def make_proposer(name: str, k: int, window: tuple[int, int],
         return PROPOSERS[name](k, *window, cross_request=cross_request)
     if name == "adaptive":
         return AdaptiveProposer(k, *window, costs=costs)
+    if name == "adaptive-tree":
+        return AdaptiveTreeProposer(k, *window, costs=costs, cross_request=cross_request)
     if name == "hf":
         return HfProposer(k, *window, eos_ids=tuple(eos_ids))
     return PROPOSERS[name](k, window[0], window[1])

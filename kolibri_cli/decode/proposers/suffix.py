@@ -5,7 +5,7 @@ from typing import ClassVar
 import numpy as np
 
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
-from kolibri_cli.decode.proposers.suffix_tree import SuffixTrie
+from kolibri_cli.decode.proposers.suffix_tree import Draft, SuffixTrie
 from kolibri_cli.decode.proposers.tree import DraftTree
 
 
@@ -47,13 +47,17 @@ class SuffixProposer:
 
     def propose(self, context, max_tokens: int) -> list[int]:
         self._sync(context)
+        return self._best_draft().token_ids[: max(max_tokens, 0)]
+
+    def _best_draft(self, tree: bool = False) -> Draft:
+        """The local tree's draft, or the global one's if it scores strictly higher."""
         pattern = self._seen[-self.max_depth :].tolist()
-        args = (self.k, self.max_spec_factor, self.max_spec_offset, self.min_token_prob)
+        args = (self.k, self.max_spec_factor, self.max_spec_offset, self.min_token_prob, tree)
         draft = self._local.speculate(pattern, *args)
         if self._global is not None:
             other = self._global.speculate(pattern, *args)
             draft = other if other.score > draft.score else draft
-        return draft.token_ids[: max(max_tokens, 0)]
+        return draft
 
     @property
     def shares_state(self) -> bool:
@@ -97,12 +101,7 @@ class SuffixTreeProposer(SuffixProposer):
 
     def propose_tree(self, context, max_depth: int) -> DraftTree:
         self._sync(context)
-        pattern = self._seen[-self.max_depth :].tolist()
-        args = (self.k, self.max_spec_factor, self.max_spec_offset, self.min_token_prob, True)
-        draft = self._local.speculate(pattern, *args)
-        if self._global is not None:
-            other = self._global.speculate(pattern, *args)
-            draft = other if other.score > draft.score else draft
+        draft = self._best_draft(tree=True)
         return DraftTree(tuple(draft.token_ids), tuple(draft.parents)).cut(max(max_depth, 0))
 
     def propose(self, context, max_tokens: int) -> list[int]:
