@@ -12,6 +12,8 @@ from a longer earlier request), the comparison fails here.
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 HASH_SIZE = 262144  # COMMON_NGRAM_HASH_MAP_SIZE
 MAX_VALUES = 4  # COMMON_NGRAM_MAX_VALUES
 MAX_COUNT = 16380  # COMMON_NGRAM_MAX_VALUE_COUNT
@@ -57,7 +59,7 @@ class NgramMap:
         self.last_draft_key_idx = 0
         self.last_draft_value_idx = 0
         self.idx_last_check = 0  # history length at the last call
-        self.key_map = [0] * HASH_SIZE  # hash -> position of an n-gram with that hash (0: none)
+        self.key_map = np.zeros(HASH_SIZE, np.uint32)  # hash -> position of an n-gram (0: none)
         self.key_map_last_idx = 0  # positions up to here are in key_map
 
     def begin(self, prompt: list[int]) -> None:
@@ -68,7 +70,7 @@ class NgramMap:
         if cleanup > size_begin:
             cleanup = size_begin - n - m if size_begin > n + m else 0
         if size_begin < self.idx_last_check:
-            self.key_map = [0 if 0 != idx >= cleanup else idx for idx in self.key_map]
+            self.key_map[self.key_map >= max(cleanup, 1)] = 0
             self.key_map_last_idx = cleanup - 1 if cleanup > 0 else 0
             self._drop_keys_from(cleanup)
         self.idx_last_check = size_begin
@@ -123,7 +125,7 @@ class NgramMap:
         """The key's position: from the hash table, else the newest occurrence before the
         request's start, else the newest one after it; 0 = none (position 0 is never used)."""
         n, m, cur_len = self.n, self.m, len(inp)
-        idx = self.key_map[ngram_hash(key, 0, n)]
+        idx = int(self.key_map[ngram_hash(key, 0, n)])
         if idx != 0 and idx < cur_len - n - m - 1 and _equal(inp, idx, key):
             return idx
         if self.size_last_begin > n + m + 1:
