@@ -4,12 +4,16 @@
 
 It runs, in this order, and assembles what they print:
 1. `kolibri bench --json` — plain vs spec on the bench chain, c(n), the bandwidth bound;
-2. `kolibri probe probes/feasibility.toml` — the chat goldens: every proposer x k x window
-   simulated, each proposer's best setting measured with the model;
+2. `kolibri probe probes/feasibility.toml` — the chat goldens: every chain proposer x k x
+   window simulated, each proposer's best setting measured with the model; then
+   `probes/feasibility-trees.toml`, the same for the tree proposers, and the two side by side;
+   and llama.cpp's types at their upstream defaults (simulated);
 3. `kolibri goldens record` over Spec-Bench (../shared/datasets/spec_bench/question.jsonl,
    10 prompts per category, 128 new tokens; written to build/, never committed) and
    `kolibri probe --json` over those chains at vLLM's rule k=5 window 1-4 and at the
-   prompt-lookup-decoding setting Spec-Bench published (n-gram up to 3, 10 draft tokens);
+   prompt-lookup-decoding setting Spec-Bench published (n-gram up to 3, 10 draft tokens); every
+   proposer's best setting on them (simulated), and the best chain and the best tree proposer
+   measured on 2 prompts per category;
 4. `kolibri goldens record` of the chat prompts sampled at T = 0.7 with 3 seeds, and
    `kolibri probe --json` over them and over the greedy chat goldens: greedy vs sampled.
 
@@ -66,15 +70,90 @@ def bench_section() -> str:
     ])
 
 
-def chat_section(costs: str) -> str:
-    kolibri("probe", "probes/feasibility.toml", "--costs", costs)
+CHAINS = ["vllm", "llamacpp-simple", "llamacpp-map-k", "llamacpp-map-k4v", "llamacpp-mod",
+          "llamacpp-cache", "suffix", "adaptive"]
+TREES = ["suffix-tree", "sglang", "adaptive-tree"]
+CHAIN_SWEEP = ("1,2,3,5,8", "1-2,1-3,1-4,2-4,3-5,5-5")
+TREE_SWEEP = ("2,4,8,12,16", "1-4,1-12")
+
+
+def chat_section(costs: str) -> tuple[str, dict]:
+    """The chain proposers' report on the chat goldens, and its JSON (for the comparison)."""
+    doc = json.loads(kolibri("probe", "probes/feasibility.toml", "--costs", costs, "--json"))
     text = (BUILD / "feasibility-chat.md").read_text()
     body = text.split("\n", 1)[1].replace("../docs/feasibility.png", "feasibility.png")
     body = "\n".join(line for line in body.split("\n") if not line.startswith("Regenerate with"))
     head = ("## Chat goldens (kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl)\n\n"
-            f"c(n) for the modelled speedups and the adaptive proposer, measured by `kolibri bench "
-            f"--k 8` in this run: {costs}.\n")
-    return head + body.replace("\n## ", "\n### ")
+            f"c(n) for the modelled speedups and the adaptive proposers, measured by `kolibri "
+            f"bench --k 8` in this run: {costs}.\n")
+    return head + body.replace("\n## ", "\n### "), doc
+
+
+def _best(doc: dict) -> list[dict]:
+    """Each proposer's run at its best modelled speedup, with its measured figures."""
+    runs = {(r["proposer"], r["k"], tuple(r["window"])): r for r in doc["runs"]}
+    return [runs[(c["proposer"], c["k"], tuple(c["window"]))] | {"comparison": c}
+            for c in doc["comparison"]]
+
+
+def _row(run: dict, kind: str) -> str:
+    t, c, m = run["total"], run["comparison"], run["measured"] or {}
+    per_pass = t["drafts_proposed"] / t["verify_passes"] if t["verify_passes"] else 0.0
+    measured = f"{m['speedup']:.2f}x" if m else "not run"
+    predicted = f"{m['predicted_speedup']:.2f}x" if m.get("predicted_speedup") else ""
+    proposer_us = f"{m['proposer_s_per_pass'] * 1e6:.0f}" if m else ""
+    return (f"| {run['proposer']} | {kind} | {run['k']} | {run['window'][0]}-{run['window'][1]} "
+            f"| {t['ratio']:.2f}x | {per_pass:.2f} | {c['mean_acceptance_length'] or 0:.2f} | "
+            f"{c['modelled_speedup']:.2f}x | {measured} | {predicted} | {proposer_us} |")
+
+
+def trees_section(costs: str, chains: dict) -> str:
+    """The tree proposers beside the chain proposers, every one at its best setting."""
+    trees = json.loads(kolibri("probe", "probes/feasibility-trees.toml", "--costs", costs,
+                               "--json"))
+    rows = [_row(r, "chain") for r in _best(chains)] + [_row(r, "tree") for r in _best(trees)]
+    best = {kind: max((r for r in _best(doc) if r["measured"]), default=None,
+                      key=lambda r: r["measured"]["speedup"])
+            for kind, doc in (("chain", chains), ("tree", trees))}
+    verdict = ""
+    if best["chain"] and best["tree"]:
+        ch, tr = best["chain"], best["tree"]
+        verdict = (f"Measured in this run: the best tree proposer, {tr['proposer']} "
+                   f"({tr['measured']['speedup']:.2f}x), against the best chain proposer, "
+                   f"{ch['proposer']} ({ch['measured']['speedup']:.2f}x).\n")
+    return "\n".join([
+        "## Chains vs trees (chat goldens)\n",
+        "Every proposer at its best setting by modelled speedup (chains: k x window over "
+        f"{CHAIN_SWEEP[0]} x {CHAIN_SWEEP[1]}; trees: k = tree nodes over {TREE_SWEEP[0]}, "
+        f"window {TREE_SWEEP[1]}), each measured with the model (plain vs spec in the same run, "
+        "trees verified in one forward pass with tree attention). Drafts per pass = tokens, or "
+        "tree nodes: what a pass verifies and what c(n) prices. Proposer time is per pass, in "
+        "us, measured in the spec runs (included in the prediction, not in the modelled "
+        "column).\n",
+        "| proposer | kind | k | window | ratio | drafts / pass | mean acc. len | modelled "
+        "| measured | predicted (measured c(n)) | proposer us / pass |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *rows, "", verdict,
+    ])
+
+
+def llamacpp_defaults_section(costs: str) -> str:
+    """llama.cpp's types as llama-server runs them by default, on the chat goldens."""
+    doc = json.loads(kolibri("probe", "--proposer", ",".join(CHAINS[1:6]), "--costs", costs,
+                             "--json"))
+    rows = [f"| {r['proposer']} | {r['k']} | {r['window'][1]} | {r['total']['ratio']:.2f}x | "
+            f"{r['total']['drafts_proposed']} | {r['total']['drafts_accepted']} | "
+            f"{r['modelled_speedup']:.2f}x |" for r in doc["runs"]]
+    return "\n".join([
+        "## llama.cpp's types at their upstream defaults (chat goldens, simulated)\n",
+        "As `llama-server --spec-type ngram-*` runs them without size options (m = k, n = window "
+        "max; ngram-mod's n-min 48, ngram-cache's 8 tokens). Long keys rarely recur in 128-token "
+        "chat answers, so these draft little here; the sweep above finds their better settings. "
+        "The counts are the ones llama-server itself reports for these settings "
+        "(`tests/test_llama_server_types.py`).\n",
+        "| type | m (k) | n | ratio | drafts | accepted | modelled speedup |",
+        "|---|---|---|---|---|---|---|", *rows, "",
+    ])
 
 
 def spec_bench_goldens() -> Path:
@@ -106,7 +185,54 @@ def _mean_len(c: dict) -> str:
         "passes_with_drafts"] else "n/a"
 
 
-def spec_bench_section() -> str:
+def spec_bench_measured_goldens(goldens: Path, per_category: int = 2) -> Path:
+    """The first `per_category` Spec-Bench chains of each category (for the measured runs)."""
+    out, kept, seen = BUILD / "spec_bench_measured.jsonl", [], {}
+    for line in goldens.read_text().splitlines():
+        cat = json.loads(line)["category"]
+        seen[cat] = seen.get(cat, 0) + 1
+        if seen[cat] <= per_category:
+            kept.append(line)
+    out.write_text("".join(line + "\n" for line in kept))
+    return out
+
+
+def spec_bench_proposers(goldens: Path, costs: str) -> str:
+    """Every proposer's best setting on the Spec-Bench chains (simulated), and the best chain and
+    tree proposer measured on a few prompts per category."""
+    docs = {kind: json.loads(kolibri("probe", "--goldens", str(goldens), "--proposer",
+                                     ",".join(names), "--k", sweep[0], "--window", sweep[1],
+                                     "--costs", costs, "--json"))
+            for kind, names, sweep in (("chain", CHAINS, CHAIN_SWEEP),
+                                       ("tree", TREES, TREE_SWEEP))}
+    rows = [_row(r, kind) for kind, doc in docs.items() for r in _best(doc)]
+    top = {kind: max(_best(doc), key=lambda r: r["comparison"]["modelled_speedup"])
+           for kind, doc in docs.items()}
+    subset = spec_bench_measured_goldens(goldens)
+    measured = json.loads(kolibri(
+        "probe", "--goldens", str(subset), "--proposer",
+        ",".join(top[kind]["proposer"] for kind in ("chain", "tree")),
+        "--k", ",".join(dict.fromkeys(str(top[kind]["k"]) for kind in top)),
+        "--window", ",".join(dict.fromkeys(f"{r['window'][0]}-{r['window'][1]}"
+                                           for r in top.values())),
+        "--costs", costs, "--measure", "--json"))
+    kinds = {top["chain"]["proposer"]: "chain", top["tree"]["proposer"]: "tree"}
+    measured_rows = [_row(r, kinds[r["proposer"]]) for r in _best(measured)]
+    n = len(subset.read_text().splitlines())
+    header = ("| proposer | kind | k | window | ratio | drafts / pass | mean acc. len | modelled "
+              "| measured | predicted (measured c(n)) | proposer us / pass |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|")
+    return "\n".join([
+        "### Every proposer on the Spec-Bench chains (simulated)\n",
+        "Each at its best setting by modelled speedup over the same sweeps as the chat goldens.\n",
+        header, *rows, "",
+        f"### Measured: the best chain and the best tree proposer ({n} Spec-Bench prompts, the "
+        "first 2 of each category)\n",
+        header, *measured_rows, "",
+    ])
+
+
+def spec_bench_section(costs: str) -> str:
     goldens = spec_bench_goldens()
     ours = probe_categories(goldens, 5, "1-4")
     pld = probe_categories(goldens, 10, "1-3")
@@ -143,7 +269,7 @@ def spec_bench_section() -> str:
         "`mt_bench` sums its eight categories. SmolLM2-135M often copies the German source "
         "instead of translating it (see `output_ids` in build/spec_bench.jsonl), which is why its "
         "translation chains draft so well, unlike Vicuna-7B's.\n",
-        *rows, "",
+        *rows, "", spec_bench_proposers(goldens, costs),
     ])
 
 
@@ -220,11 +346,13 @@ def main() -> None:
     BUILD.mkdir(exist_ok=True)
     if sys.argv[1:] == ["sampled"]:
         return update_sampled_section()
-    sections = [bench_section(), chat_section(measured_costs()), spec_bench_section(),
-                sampled_section()]
+    costs = measured_costs()
+    chat, chains = chat_section(costs)
+    sections = [bench_section(), chat, trees_section(costs, chains),
+                llamacpp_defaults_section(costs), spec_bench_section(costs), sampled_section()]
     header = ("# Feasibility: n-gram speculation for SmolLM2-135M-Instruct on this CPU\n\n"
               "Regenerate with `python probes/feasibility.py` (needs `pip install -e '.[plot]'`; "
-              "it takes about 15 minutes). Every figure below is printed by the kolibri commands "
+              "it takes about an hour). Every figure below is printed by the kolibri commands "
               "that script runs; only Spec-Bench's published figures are quoted (from its "
               "Leaderboard.md).\n")
     _write_doc("\n".join([header, *sections]))
