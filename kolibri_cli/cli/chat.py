@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from kolibri_cli.cli import options as opt
-from kolibri_cli.decode.proposers import DEFAULT_K, DEFAULT_PROPOSER
+from kolibri_cli.decode.proposers import DEFAULT_PROPOSER
 
 HELP = ("/reset forgets the conversation, /spec on|off switches n-gram speculation, /exit (or "
         "Ctrl-D) leaves; Ctrl-C stops an answer.")
@@ -17,8 +17,8 @@ def chat(
     max_tokens: Annotated[int, typer.Option(
         "--max-tokens", "-n", min=1, help="Most new tokens per answer.")] = 512,
     spec: Annotated[bool, typer.Option("--spec", help="Start with n-gram speculation on.")] = False,
-    k: opt.KOpt = DEFAULT_K,
-    window: opt.WindowOpt = opt.WINDOW_DEFAULT,
+    k: opt.KOpt = None,
+    window: opt.WindowOpt = None,
     proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
     temperature: opt.TemperatureOpt = None,
     top_k: opt.TopKOpt = None,
