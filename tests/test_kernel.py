@@ -150,7 +150,8 @@ def test_rope_and_cache_write_match_reference():
     cache = KVCache(1, n_kv, 16, dh)
     cos, sin = rope.rope_tables(TINY, 16)
     q = np.empty((n_tok, n_heads, dh), np.float32)
-    attention.qkv_to_cache(qkv, start, n_heads, cache.k[0], cache.v[0], cos, sin, q)
+    attention.qkv_to_cache(qkv, start, n_heads, cache.k[0], cache.v[0], cos, sin, q,
+                           np.zeros(0, np.int64))  # a chain
     pos = np.arange(start, start + n_tok)
     q_ref = ref_rope(qkv[:, :n_heads * dh].reshape(n_tok, n_heads, dh).astype(np.float64), pos, 1e4)
     k_ref = ref_rope(qkv[:, n_heads * dh:(n_heads + n_kv) * dh].reshape(n_tok, n_kv, dh), pos, 1e4)

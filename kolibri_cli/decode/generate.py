@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kolibri_cli.decode.proposers import draft, start_request
+from kolibri_cli.decode.proposers import (
+    DraftTree,
+    draft,
+    draft_tree,
+    is_tree_proposer,
+    start_request,
+)
 from kolibri_cli.decode.sampling import GREEDY, Sampler, Sampling
 from kolibri_cli.decode.stops import Stops
 from kolibri_cli.errors import KolibriError
@@ -23,8 +29,16 @@ OnTokens = Callable[[list[int]], None]  # called with the ids each step adds
 @dataclass
 class VerifyPass:
     pos: int  # output index of the first token this pass produces
-    drafted: int  # drafts run through the pass
-    accepted: int  # drafts equal to the token chosen at their position (longest prefix)
+    drafted: int  # drafts run through the pass (a tree's nodes)
+    accepted: int  # drafts equal to the token chosen at their position (longest prefix/branch)
+    depths: tuple[int, ...] = ()  # a tree's node depths (empty: a chain)
+
+    def aimed_before(self, offset: int) -> int:
+        """Drafts aimed at output positions pos .. pos + offset - 1 (a chain's first `offset`;
+        a tree's nodes at depth <= offset)."""
+        if self.depths:
+            return sum(d <= offset for d in self.depths)
+        return min(self.drafted, offset)
 
 
 @dataclass
@@ -65,7 +79,8 @@ class GenerationResult:
         token — the probe's definition, so a simulation over this chain gives the same counts.
         Drafts past the end (verified, then cut by eos) cost time but are not counted."""
         last = len(self.output_ids) - 1
-        return [(min(p.drafted, last - p.pos), min(p.accepted, last - p.pos)) for p in self.passes]
+        return [(p.aimed_before(last - p.pos), min(p.accepted, last - p.pos))
+                for p in self.passes]
 
     def to_dict(self, model_name: str) -> dict:
         """The `kolibri generate --json` object."""
@@ -115,18 +130,20 @@ def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
                   on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
                   stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
     start_request(proposer, prompt_ids)
-    run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv)
+    trees = is_tree_proposer(proposer)
+    run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv, proposer.k if trees else 0)
     run.commit([run.prefill()], on_tokens)
     passes, proposer_s = [], 0.0
     t0 = time.perf_counter()
     while not run.done:
-        tp = time.perf_counter()
-        drafts = draft(proposer, run.context(), max_tokens - len(run.out) - 1)
+        tp, budget = time.perf_counter(), max_tokens - len(run.out) - 1
+        drafts = (draft_tree if trees else draft)(proposer, run.context(), budget)
         proposer_s += time.perf_counter() - tp
-        a, new = run.verify(drafts)
-        passes.append(VerifyPass(len(run.out), len(drafts), a))
+        a, new = run.verify_tree(drafts) if trees else run.verify(drafts)
+        passes.append(VerifyPass(len(run.out), len(drafts), a,
+                                 tuple(drafts.depths()) if trees else ()))
         produced = run.commit(new, on_tokens)
-        proposer_s += _observe(proposer, run.context(), len(drafts), a, run.done, produced)
+        proposer_s += _observe(proposer, run.context(), passes[-1], run.done, produced)
     result = run.result("spec", time.perf_counter() - t0, forward_passes=1 + len(passes))
     result.passes, result.proposer_s = passes, proposer_s
     return result
@@ -135,8 +152,10 @@ def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
 class _Run:
     """What both generators share: the cache, the ids so far, choosing and committing tokens."""
 
-    def __init__(self, model, prompt_ids, max_tokens: int, sampling: Sampling, stop, kv):
+    def __init__(self, model, prompt_ids, max_tokens: int, sampling: Sampling, stop, kv,
+                 tree_rows: int = 0):
         self.model, self.tf, self.kv = model, model.transformer, kv
+        self.tree_rows = tree_rows  # cache rows past the end a tree's nodes may need
         self.sampler = Sampler(sampling)
         self.stops = Stops(model.eos_ids, stop, model.tokenizer)
         self.n, self.max_tokens = len(prompt_ids), max_tokens
@@ -148,7 +167,8 @@ class _Run:
 
     def _cache(self, kv):
         if kv is None:
-            return self.tf.new_cache(self.n + self.max_tokens)
+            room = self.tf.config.max_position_embeddings - self.n - self.max_tokens
+            return self.tf.new_cache(self.n + self.max_tokens + max(min(self.tree_rows, room), 0))
         if self.n + self.max_tokens > kv.cache.max_len:
             raise KolibriError(f"{self.n} prompt + {self.max_tokens} new tokens exceed the "
                                f"context ({kv.cache.max_len})")
@@ -197,6 +217,28 @@ class _Run:
         self.cache.length = pos + a + 1  # roll back: rejected drafts' K/V are overwritten later
         return a, [*drafts[:a], token]
 
+    def verify_tree(self, tree: DraftTree) -> tuple[int, list[int]]:
+        """Run [last, nodes...] in one forward as a tree; walk from the root, choosing each
+        position's token from the row of the node reached so far, into the child carrying it;
+        move the accepted branch's K/V into place; return (accepted, the tokens produced)."""
+        pos, i = self.last_pos, len(self.out)
+        tree = tree.first(self.cache.max_len - pos - 1)  # near the context's end: what fits
+        if not len(tree):
+            return self.verify([])
+        rows = self.tf.forward([self.out[-1], *tree.tokens], pos, self.cache,
+                               parents=[-1, *(p + 1 for p in tree.parents)])  # [1 + nodes, V]
+        children: dict[int, dict[int, int]] = {}
+        for node, (token, parent) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+            children.setdefault(parent, {}).setdefault(token, node)
+        path, node, token = [], -1, self.pick(rows[0], i)
+        while (child := children.get(node, {}).get(token)) is not None:
+            path.append(child)
+            node = child
+            self.ids[pos + len(path)] = token  # the context the next position's choice sees
+            token = self.pick(rows[child + 1], i + len(path))
+        self.cache.keep_branch(pos, [n + 1 for n in path])
+        return len(path), [*(tree.tokens[n] for n in path), token]
+
     def commit(self, tokens: list[int], on_tokens: OnTokens | None) -> int:
         """Append tokens one at a time until a stop; emit them; return how many were kept."""
         kept = 0
@@ -226,13 +268,17 @@ def _common_prefix(a: Sequence[int], b: np.ndarray, cap: int) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _observe(proposer, context, drafted: int, accepted: int, final: bool, produced: int) -> float:
+def _observe(proposer, context, done: VerifyPass, final: bool, produced: int) -> float:
     """Tell a stateful proposer how the pass went — the same call the probe simulation makes —
     and return the seconds it took (proposer time). On the final pass, drafts aimed past the last
     token are not counted (GenerationResult.counted), exactly as in the simulation, which caps
     drafts at the chain's end and so never proposes them."""
     if not hasattr(proposer, "observe"):
         return 0.0
-    t0, last = time.perf_counter(), produced - 1 if final else drafted
-    proposer.observe(context, min(drafted, last), min(accepted, last))
+    t0 = time.perf_counter()
+    if final:
+        last = produced - 1
+        proposer.observe(context, done.aimed_before(last), min(done.accepted, last))
+    else:
+        proposer.observe(context, done.drafted, done.accepted)
     return time.perf_counter() - t0

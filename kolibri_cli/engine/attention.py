@@ -57,19 +57,21 @@ def _rope(x, cos, sin):
 
 
 @njit(cache=True)
-def qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q):
-    """Split qkv, rope q and k, write k/v at their positions.
-    qkv [L, (H+2KVH)*Dh], k_cache/v_cache [KVH, T, Dh], cos/sin [T, Dh] -> q [L, H, Dh]"""
+def qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q, depth):
+    """Split qkv, rope q and k, write k/v at cache rows start.. . A chain (depth empty) ropes row
+    j at position start+j; a tree's node j at start+depth[j] (its row stays start+j).
+    qkv [L, (H+2KVH)*Dh], k_cache/v_cache [KVH, T, Dh], cos/sin [T, Dh], depth [L] or [0]
+    -> q [L, H, Dh]"""
     n_kv, _, dh = k_cache.shape
     for j in range(qkv.shape[0]):
-        p = start + j
+        p, r = start + (depth[j] if depth.shape[0] else j), start + j
         for h in range(n_heads):
             q[j, h] = qkv[j, h * dh:(h + 1) * dh]
             _rope(q[j, h], cos[p], sin[p])
         for g in range(n_kv):
-            k_cache[g, p] = qkv[j, (n_heads + g) * dh:(n_heads + g + 1) * dh]
-            _rope(k_cache[g, p], cos[p], sin[p])
-            v_cache[g, p] = qkv[j, (n_heads + n_kv + g) * dh:(n_heads + n_kv + g + 1) * dh]
+            k_cache[g, r] = qkv[j, (n_heads + g) * dh:(n_heads + g + 1) * dh]
+            _rope(k_cache[g, r], cos[p], sin[p])
+            v_cache[g, r] = qkv[j, (n_heads + n_kv + g) * dh:(n_heads + n_kv + g + 1) * dh]
 
 
 @njit(fastmath=REDUCE, cache=True)
@@ -123,3 +125,38 @@ def attention(q, start, k_cache, v_cache, out, window=0):
         _attend_one(q[j, h], k_cache[g, lo:n], v_cache[g, lo:n], scale,
                     np.empty(n - lo, np.float32), out[j, h * dh:(h + 1) * dh])
 
+
+@njit(cache=True)
+def _attend_rows(q, k, v, rows, scale, scores, out):
+    """_attend_one over the cache rows `rows`, in that order: the same arithmetic in the same
+    order as over those rows laid out contiguously.
+    q [Dh], k/v [T, Dh], rows [n], scores [n] -> out [Dh]"""
+    for t in range(rows.shape[0]):
+        scores[t] = _dot(q, k[rows[t]]) * scale
+    _softmax_inplace(scores)
+    out[:] = ZERO
+    for t in range(rows.shape[0]):
+        for i in range(out.shape[0]):
+            out[i] += scores[t] * v[rows[t], i]
+
+
+@njit(parallel=True, cache=True)
+def tree_attention(q, start, k_cache, v_cache, out, window, depth, path):
+    """Attention for a draft tree: row l (a node at depth[l]) attends to positions 0..start and
+    then to the rows of its own branch, path[l, :depth[l]] (offsets from start, depth 1 first,
+    itself last) — exactly the keys, in the order, a chain along that branch would see, so its
+    output is bitwise the chain's. Row 0, the root, has depth 0.
+    q [L, H, Dh], k/v_cache [KVH, T, Dh], depth [L], path [L, max depth] -> out [L, H*Dh]"""
+    n_q, n_heads, dh = q.shape
+    group = n_heads // k_cache.shape[0]
+    scale = np.float32(1.0 / np.sqrt(dh))
+    for i in prange(n_q * n_heads):
+        j, h = i // n_heads, i % n_heads
+        n = start + 1 + depth[j]  # keys = positions 0..n-1
+        lo = max(0, n - window) if window > 0 else 0
+        rows = np.empty(n - lo, np.int64)
+        for t in range(lo, n):
+            rows[t - lo] = t if t <= start else start + path[j, t - start - 1]
+        g = h // group
+        _attend_rows(q[j, h], k_cache[g], v_cache[g], rows, scale, np.empty(n - lo, np.float32),
+                     out[j, h * dh:(h + 1) * dh])

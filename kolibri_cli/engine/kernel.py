@@ -40,7 +40,14 @@ import numpy as np
 from numba import njit
 from numba.typed import List
 
-from kolibri_cli.engine.attention import add_bias, attention, head_norms, qkv_to_cache, rmsnorm
+from kolibri_cli.engine.attention import (
+    add_bias,
+    attention,
+    head_norms,
+    qkv_to_cache,
+    rmsnorm,
+    tree_attention,
+)
 from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.engine.jit import start_threads
 from kolibri_cli.engine.matmul import embed_rows, gate_up_silu, matmul, matmul_add, n_rows
@@ -59,9 +66,10 @@ def is_compiled() -> bool:
 
 
 @njit(cache=True)
-def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window):
+def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window, tree):
     """One decoder layer, h [L, D] in place.
-    lw = LayerWeights.arrays(); k/v_cache [KVH, T, Dh]; window 0 = whole context"""
+    lw = LayerWeights.arrays(); k/v_cache [KVH, T, Dh]; window 0 = whole context;
+    tree = (depth [L], path [L, max depth]) of a draft tree (both empty: a chain)"""
     attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down, bqkv, q_norm, k_norm = lw
     n_tok = h.shape[0]
     dh = k_cache.shape[2]
@@ -74,9 +82,12 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window):
     if q_norm.shape[0]:
         head_norms(qkv, n_heads, k_cache.shape[0], q_norm, k_norm, eps)
     q = np.empty((n_tok, n_heads, dh), np.float32)  # [L, H, Dh]
-    qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q)
+    qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q, tree[0])
     att = np.empty((n_tok, n_heads * dh), np.float32)  # [L, H*Dh]
-    attention(q, start, k_cache, v_cache, att, window)
+    if tree[0].shape[0]:
+        tree_attention(q, start, k_cache, v_cache, att, window, tree[0], tree[1])
+    else:
+        attention(q, start, k_cache, v_cache, att, window)
     matmul_add(att, wo, x, h)
     rmsnorm(h, mlp_norm, eps, x)
     n_ff = n_rows(w_gate_up) // 2
@@ -87,13 +98,13 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window):
 
 @njit(cache=True)
 def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_heads, windows,
-             logits):
+             logits, tree):
     """tokens [L] -> logits [M, V] of the last M tokens (M <= L; 0 = none); k/v [n_layers, KVH,
-    T, Dh] written at start..start+L-1; windows [n_layers] int64"""
+    T, Dh] written at start..start+L-1; windows [n_layers] int64; tree: _layer's"""
     h = np.empty((tokens.shape[0], norm.shape[0]), np.float32)  # [L, D]
     embed_rows(embed, tokens, h)
     for i in range(len(layers)):
-        _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i])
+        _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i], tree)
     if logits.shape[0]:
         last = h[h.shape[0] - logits.shape[0]:]  # [M, D]
         x = np.empty_like(last)
@@ -139,6 +150,16 @@ class KVCache:
     def max_len(self) -> int:
         return self.k.shape[2]
 
+    def keep_branch(self, start: int, rows: list[int]) -> None:
+        """After a tree pass from `start`: the accepted branch's rows (offsets from start, depth
+        order) become positions start+1..; exact copies, then `length` ends after them. Each
+        row's key was already rotated for that position (its depth)."""
+        for i, row in enumerate(rows, start=1):
+            if row != i:  # row >= i: a node's row is never before its depth
+                self.k[:, :, start + i] = self.k[:, :, start + row]
+                self.v[:, :, start + i] = self.v[:, :, start + row]
+        self.length = start + len(rows) + 1
+
 
 class Transformer:
     """A Llama decoder over float32 weights; `forward` is the one entry point (`prefill` is
@@ -168,11 +189,17 @@ class Transformer:
                                "(the model's context length)")
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, n, c.head_dim)
 
-    def forward(self, tokens, start_pos: int, cache: KVCache) -> np.ndarray:
-        """tokens [L] at positions start_pos.. -> logits [L, V] float32, one row per token."""
+    def forward(self, tokens, start_pos: int, cache: KVCache, parents=None) -> np.ndarray:
+        """tokens [L] at positions start_pos.. -> logits [L, V] float32, one row per token.
+
+        With `parents` [L] the tokens are a draft tree: row 0 the last committed token
+        (parent -1), every other row a node whose parent row comes before it. Each row attends
+        to the context and its own branch only, at position start_pos + its depth, and its
+        logits are bitwise those of the chain along its branch; the rows go to the cache in
+        call order (KVCache.keep_branch moves the accepted ones into place)."""
         ids = self._check(tokens, start_pos, cache)
         logits = np.empty((len(ids), self.config.vocab_size), np.float32)  # [L, V]
-        self._run(ids, start_pos, cache, logits)
+        self._run(ids, start_pos, cache, logits, _tree_layout(parents, len(ids)))
         return logits
 
     def prefill(self, tokens, start_pos: int, cache: KVCache) -> np.ndarray:
@@ -183,20 +210,23 @@ class Transformer:
         self._run(ids, start_pos, cache, last)
         return last[0]
 
-    def _run(self, ids: np.ndarray, start_pos: int, cache: KVCache, logits: np.ndarray) -> None:
+    def _run(self, ids: np.ndarray, start_pos: int, cache: KVCache, logits: np.ndarray,
+             tree=None) -> None:
         """The kernel over chunks of at most CHUNK tokens; logits [M, V] receives the rows of the
         last M tokens. Batch invariance makes the chunking invisible in the bits; it bounds the
-        per-layer activations to O(CHUNK * (D + F)) whatever L is."""
+        per-layer activations to O(CHUNK * (D + F)) whatever L is. A draft tree (its rows point
+        at each other) runs in one call."""
         n, m = len(ids), logits.shape[0]
         self._grow_rope(start_pos + n)
         w = self.weights
-        for a in range(0, n, CHUNK):
-            b = min(a + CHUNK, n)
+        tree, chunk = (_CHAIN, CHUNK) if tree is None else (tree, n)
+        for a in range(0, n, chunk):
+            b = min(a + chunk, n)
             first = max(a, n - m)  # the chunk's first token with a logits row
             rows = logits[first - (n - m) : max(first, b) - (n - m)]  # [<= CHUNK, V]
             _forward(ids[a:b], start_pos + a, w.embed.arrays(), self._layers, w.norm,
                      w.head.arrays(), cache.k, cache.v, self._cos, self._sin, self._eps,
-                     self.config.num_attention_heads, self._windows, rows)
+                     self.config.num_attention_heads, self._windows, rows, tree)
         cache.length = start_pos + n
 
     def _grow_rope(self, n_pos: int) -> None:
@@ -231,3 +261,24 @@ class Transformer:
             raise KolibriError(f"a KV cache of shape {cache.k.shape} does not fit this model "
                                f"({shape[:2]} x up to {c.max_position_embeddings} x {shape[3]}); "
                                "make it with this model's new_cache")
+
+
+_CHAIN = (np.zeros(0, np.int64), np.zeros((0, 0), np.int64))  # _layer's tree for a chain
+
+
+def _tree_layout(parents, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(depths [L], branch rows [L, max depth]) of a tree given by `parents`; None: a chain."""
+    if parents is None:
+        return None
+    parents = [int(p) for p in parents]
+    if len(parents) != n or parents[0] != -1 or any(
+            not 0 <= p < j for j, p in enumerate(parents) if j):
+        raise KolibriError("a tree's parents: one per token, -1 for row 0, then an earlier row")
+    depth = [0] * n
+    for j in range(1, n):
+        depth[j] = depth[parents[j]] + 1
+    path = np.zeros((n, max(max(depth), 1)), np.int64)  # [L, max depth]
+    for j in range(1, n):
+        path[j, : depth[j] - 1] = path[parents[j], : depth[parents[j]]]
+        path[j, depth[j] - 1] = j
+    return np.asarray(depth, np.int64), path

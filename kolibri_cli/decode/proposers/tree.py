@@ -51,6 +51,10 @@ class DraftTree:
         return DraftTree(tuple(self.tokens[i] for i in keep),
                          tuple(index.get(self.parents[i], -1) for i in keep))
 
+    def first(self, n: int) -> "DraftTree":
+        """The first n nodes (a tree too: parents come first)."""
+        return self if n >= len(self) else DraftTree(self.tokens[:n], self.parents[:n])
+
     def first_branch(self) -> list[int]:
         """Node indices along every node's first child, from the root."""
         path, node = [], -1
