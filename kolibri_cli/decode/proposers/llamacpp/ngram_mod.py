@@ -12,6 +12,8 @@ the pool (that streak survives across requests, as upstream).
 import numpy as np
 from numba import njit
 
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
+
 POOL_SIZE = 4 * 1024 * 1024  # entries of the shared pool
 EMPTY = -1
 LCG = np.uint64(6364136223846793005)
