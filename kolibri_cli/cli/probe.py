@@ -350,9 +350,12 @@ def _in_process(cfg) -> bool:
 
 def _load_model(cfg, weights: bool = True):
     from kolibri_cli.cli.options import fit_context, load_model
+    from kolibri_cli.decode.proposers import default_settings
 
     model = load_model(cfg.model, cfg.threads if weights else None, weights=weights)
-    fit_context(max(cfg.k), max(w[1] for w in cfg.window), model)
+    defaults = [default_settings(name) for name in cfg.proposer]  # where k or window is not given
+    fit_context(max(cfg.k or [k for k, _ in defaults]),
+                max(w[1] for w in (cfg.window or [w for _, w in defaults])), model)
     return model
 
 
