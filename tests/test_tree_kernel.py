@@ -177,3 +177,26 @@ def test_off_the_first_branch_is_accepted_and_moved_into_place():
     assert spec.output_ids == plain.output_ids
     trees = [p for p in spec.passes if p.drafted]
     assert len(trees) >= 8 and all((p.drafted, p.accepted) == (3, 2) for p in trees)
+
+
+def test_probe_measures_a_tree_proposer_at_its_defaults(kolibri_home, monkeypatch,
+                                                         tiny_llama_folder, tmp_path):
+    """probe --measure with no --k/--window: each proposer at its own defaults, and a tree
+    proposer's real run gives the simulated counts over the model's own chain."""
+    import json
+
+    from crafted import write_goldens
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
+    goldens = write_goldens(tmp_path / "g.jsonl")
+    result = CliRunner().invoke(app, ["probe", "--goldens", str(goldens), "--measure", "--model",
+                                      str(tiny_llama_folder()), "--allow-model-mismatch",
+                                      "--proposer", "adaptive-tree,suffix", "--json"])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)["runs"]
+    assert [(r["proposer"], r["k"]) for r in runs] == [("adaptive-tree", 16), ("suffix", 5)]
+    for r in runs:
+        assert r["measured"]["spec_equals_plain"] and r["measured"]["counts_match_simulation"]
