@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import prompts, tiny_model
+from tiny_models import assert_counts_as_simulated, prompts, tiny_model
 
-from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import (
     LlamaCppCacheProposer,
     LlamaCppMapK4vProposer,
@@ -27,7 +26,6 @@ from kolibri_cli.decode.proposers.llamacpp import ngram_cache
 from kolibri_cli.decode.proposers.llamacpp.ngram_map import ngram_hash
 from kolibri_cli.decode.proposers.llamacpp.std_order import StdCounts
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.probe.simulate import simulate_chain
 
 NO_EOS = {seed: tiny_model(seed, eos=(), tied=True, scale=0.1) for seed in (0, 1)}
 
@@ -56,12 +54,7 @@ def test_state_across_requests_is_the_same_in_simulation_and_real_runs(seed, bat
     model = NO_EOS[seed]
     real, simulated = (make_proposer(name, k, (n, n), llamacpp=LlamaCppOptions(n_min=1))
                        for _ in range(2))
-    for prompt in batch:
-        plain = generate_plain(model, prompt, max_tokens)
-        stats = generate_spec(model, prompt, max_tokens, real).spec_stats()
-        sim = simulate_chain(prompt, plain.output_ids, simulated, k)
-        assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
-            sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
+    assert_counts_as_simulated(model, batch, max_tokens, real, simulated, k)
 
 
 # ---- defaults and llama-server flags ---------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import MODELS, prompts, tiny_model
+from tiny_models import MODELS, assert_counts_as_simulated, prompts, tiny_model
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
@@ -206,12 +206,7 @@ def test_stateful_proposers_count_the_same_in_simulation_and_real_runs(
     run's counts equal the simulation's over the plain chain, prompt after prompt."""
     model = MODELS[seed]
     real, simulated = build(name, k, (1, 4)), build(name, k, (1, 4))
-    for prompt in batch:
-        plain = generate_plain(model, prompt, max_tokens)
-        stats = generate_spec(model, prompt, max_tokens, real).spec_stats()
-        sim = simulate_chain(prompt, plain.output_ids, simulated, k)
-        assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
-            sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
+    assert_counts_as_simulated(model, batch, max_tokens, real, simulated, k)
 
 
 class Recorder:

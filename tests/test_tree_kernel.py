@@ -10,22 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import MODELS, prompts
+from test_kernel import ODD, TINY  # the kernel tests' shapes
+from tiny_models import MODELS, assert_counts_as_simulated, prompts
 
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer
-from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.engine.kernel import Transformer
 from kolibri_cli.engine.weights import random_weights
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.probe.simulate import simulate_chain
 
-TINY = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
-                   max_position_embeddings=128)
-ODD = ModelConfig(vocab_size=203, hidden_size=40, intermediate_size=52, num_hidden_layers=3,
-                  num_attention_heads=6, num_key_value_heads=1, head_dim=8, rope_theta=500.0,
-                  rms_norm_eps=1e-6, max_position_embeddings=96, tie_word_embeddings=True)
 WINDOWED = replace(TINY, sliding_window=6)
 
 
@@ -139,12 +132,7 @@ def test_spec_with_trees_equals_plain(seed, prompt, name, k, max_tokens):
 def test_tree_counts_in_real_runs_equal_the_simulation(seed, batch, name, k, max_tokens):
     model = MODELS[seed]
     real, simulated = make_proposer(name, k, (1, 4)), make_proposer(name, k, (1, 4))
-    for prompt in batch:
-        plain = generate_plain(model, prompt, max_tokens)
-        stats = generate_spec(model, prompt, max_tokens, real).spec_stats()
-        sim = simulate_chain(prompt, plain.output_ids, simulated, k)
-        assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
-            sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
+    assert_counts_as_simulated(model, batch, max_tokens, real, simulated, k)
 
 
 class SecondChild:

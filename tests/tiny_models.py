@@ -42,3 +42,18 @@ prompts = st.one_of(
         lambda t: t[0] * t[1]
     ),
 )
+
+
+def assert_counts_as_simulated(model, batch, max_tokens: int, real, simulated, k: int) -> None:
+    """Prompt after prompt, one instance each (as the probe replays goldens): the speculative
+    run's verify passes and draft counts with `real` equal the simulation's with `simulated`
+    over the plain chain."""
+    from kolibri_cli.decode.generate import generate_plain, generate_spec
+    from kolibri_cli.probe.simulate import simulate_chain
+
+    for prompt in batch:
+        plain = generate_plain(model, prompt, max_tokens)
+        stats = generate_spec(model, prompt, max_tokens, real).spec_stats()
+        sim = simulate_chain(prompt, plain.output_ids, simulated, k)
+        assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
+            sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
