@@ -18,7 +18,7 @@ from kolibri_cli.probe.simulate import ServerCounting, simulate_chain
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.model]
 
-N_PREDICT = 64  # new tokens per request: chains that stop on eos before it, and ones that reach it
+N_PREDICT = 128  # new tokens per request: upstream-default map-k first drafts past 64 here
 EOS = (2,)
 
 
