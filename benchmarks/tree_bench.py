@@ -22,7 +22,7 @@ from kolibri_cli.decode.costs import cost_model
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import default_settings, make_proposer, parse_window
 from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-from kolibri_cli.probe.simulate import simulate
+from kolibri_cli.probe.shard import simulate
 
 DEFAULT = ["suffix:8:1-4", "sglang:4:1-12", "adaptive-tree:16"]
 

@@ -313,3 +313,74 @@ def test_probe_rejects_bad_llamacpp_options(chain_goldens, tmp_path):
                     "--lookup-cache-static", tmp_path / "none.bin")
     assert (missing.exit_code, missing.stdout) == (1, "")
     assert "cannot read the n-gram cache" in missing.stderr
+
+
+@pytest.fixture
+def two_servers(tmp_path):
+    """The shipped chat goldens as two files (two servers' traffic), and llama.cpp cache files
+    built from their outputs."""
+    from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+
+    lines = [line for line in DEFAULT_CHAT.read_text().splitlines() if line.strip()]
+    folder = tmp_path / "traffic"
+    folder.mkdir()
+    for name, part in (("a.jsonl", lines[::2]), ("b.jsonl", lines[1::2])):
+        (folder / name).write_text("\n".join(part) + "\n")
+    outputs = [g.output_ids for g in load_goldens(DEFAULT_CHAT)]
+    static, dynamic = {}, {}
+    ngram_cache.update(static, [t for out in outputs[:9] for t in out], 2, 2)
+    ngram_cache.update(dynamic, [t for out in outputs[9:] for t in out])
+    for name, cache in (("static.bin", static), ("dynamic.bin", dynamic)):
+        (tmp_path / name).write_bytes(ngram_cache.to_bytes(cache))
+    return folder
+
+
+def _per_server(folder, name, k, window, options):
+    """Counts of one proposer instance per file, its goldens in order: what each server saw."""
+    from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.simulate import merge_counts, simulate_chain
+
+    counts = []
+    for path in sorted(folder.glob("*.jsonl")):
+        proposer = make_proposer(name, k, window, llamacpp=options)
+        counts += [simulate_chain(g.prompt_ids, g.output_ids, proposer, k)
+                   for g in load_goldens(path)]
+    total = merge_counts(counts, k)
+    return total.verify_passes, total.drafts_proposed, total.drafts_accepted
+
+
+@pytest.mark.parametrize(("name", "k", "window", "flags"), [
+    ("llamacpp-map-k4v", 5, "2", {"--min-hits": "2"}),
+    ("llamacpp-mod", 16, "4", {"--n-min": "2"}),
+    ("llamacpp-cache", 8, "1-4", {"--lookup-cache-static": "static.bin",
+                                  "--lookup-cache-dynamic": "dynamic.bin"}),
+])
+def test_options_reach_worker_processes(two_servers, name, k, window, flags):
+    """A run over worker processes counts what one process counts, with the type's options
+    (they travel with each configuration), each file one ordered stream from a fresh state; the
+    cache files are only read."""
+    import json
+
+    from kolibri_cli.decode.proposers import parse_window
+
+    folder = two_servers
+    flags = {f: str(folder.parent / v) if v.endswith(".bin") else v for f, v in flags.items()}
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.parent.glob("*.bin")}
+    args = ["--goldens", folder, "--proposer", name, "--k", k, "--window", window, "--json",
+            *[x for item in flags.items() for x in item]]
+    one, two = (probe(*args, "--workers", n) for n in ("1", "2"))
+    assert one.exit_code == 0 and two.exit_code == 0, one.stderr + two.stderr
+    (a,), (b,) = json.loads(one.stdout)["runs"], json.loads(two.stdout)["runs"]
+    assert json.loads(two.stdout)["throughput"]["executor"] == "processes"
+    assert a == b and a["ordered_streams"] == 2
+    options = LlamaCppOptions(
+        min_hits=int(flags.get("--min-hits", 0)) or None,
+        n_min=int(flags["--n-min"]) if "--n-min" in flags else None,
+        lookup_cache_static=flags.get("--lookup-cache-static"),
+        lookup_cache_dynamic=flags.get("--lookup-cache-dynamic"))
+    got = tuple(a["total"][key] for key in ("verify_passes", "drafts_proposed",
+                                            "drafts_accepted"))
+    expected = _per_server(folder, name, k, parse_window(window), options)
+    assert got == expected
+    assert expected != _per_server(folder, name, k, parse_window(window), LlamaCppOptions())
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == files

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from kolibri_cli.decode.proposers.llamacpp import _most_recent_start
+from kolibri_cli.decode.proposers.llamacpp.simple import _most_recent_start
 from kolibri_cli.decode.proposers.ngram import _first_match_start, longest_match
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from kolibri_cli.decode.proposers import (
     HfProposer,
+    LlamaCppOptions,
     LlamaCppSimpleProposer,
     NgramProposer,
     SuffixProposer,
@@ -38,11 +39,12 @@ class SimConfig:
     costs: tuple[tuple[int, float], ...] | None = None  # c(n) as (n, c) pairs (adaptive)
     cross_request: bool = False  # suffix: a global tree over the stream's earlier outputs
     index: int = 0  # its place in the probe's list of configurations (reports keep that order)
+    llamacpp: LlamaCppOptions | None = None  # llama.cpp's types: min-hits, n-min, cache files
 
     def make_proposer(self, eos_ids=()):
         costs = None if self.costs is None else dict(self.costs)
         return make_proposer(self.proposer, self.k, self.window, costs, self.cross_request,
-                             tuple(eos_ids))
+                             tuple(eos_ids), self.llamacpp)
 
     @property
     def ordered(self) -> bool:

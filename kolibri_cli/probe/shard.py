@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from kolibri_cli.decode.proposers import DEFAULT_PROPOSER
+from kolibri_cli.decode.proposers import DEFAULT_PROPOSER, LlamaCppOptions, default_settings
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.goldens.stream import (
@@ -126,10 +126,15 @@ OnRows = Callable[[bytes], None]
 
 def configs_of(cfg: ProbeConfig) -> list[SimConfig]:
     """Every configuration of the probe, proposer-major then k then window:
-    [(p1, k1, w1), (p1, k1, w2), ..., (p1, k2, w1), ..., (p2, k1, w1), ...]."""
+    [(p1, k1, w1), (p1, k1, w2), ..., (p1, k2, w1), ..., (p2, k1, w1), ...]; no k or no window
+    given means each proposer's own (default_settings)."""
     costs = None if cfg.costs is None else tuple(cfg.costs.items())
-    settings = [(p, k, w) for p in cfg.proposer for k in cfg.k for w in cfg.window]
-    return [SimConfig(p, k, w, costs, cfg.cross_request, i) for i, (p, k, w) in enumerate(settings)]
+    settings = [(p, k, w) for p in cfg.proposer
+                for k in (cfg.k or [default_settings(p)[0]])
+                for w in (cfg.window or [default_settings(p)[1]])]
+    llamacpp = cfg.llamacpp_options()
+    return [SimConfig(p, k, w, costs, cfg.cross_request, i, llamacpp)
+            for i, (p, k, w) in enumerate(settings)]
 
 
 def plan_tasks(cfg: ProbeConfig, extra: list[Golden] | None = None, rows_json: bool = False,
@@ -298,6 +303,7 @@ class RunBuilder:
         return SimRun(proposer=c.proposer, k=c.k, window=c.window, goldens=self.rows,
                       total=self.total, costs=None if c.costs is None else dict(c.costs),
                       cross_request=c.cross_request, eos_ids=tuple(sorted(self.eos_ids)),
+                      llamacpp=c.llamacpp,
                       categories=self.categories, chains=self.chains, ordered=ordered,
                       streams=self.streams if ordered else 0, by_seed=self._seeds())
 
@@ -357,24 +363,28 @@ def simulate_tasks(tasks: list[Task], run_all: Callable | None = None,
 def simulate(
     goldens: list[Golden], k: int, window: tuple[int, int], proposer: str = DEFAULT_PROPOSER,
     costs: dict[int, float] | None = None, cross_request: bool = False,
-    fast_path: bool | None = None,
+    fast_path: bool | None = None, llamacpp: LlamaCppOptions | None = None,
 ) -> SimRun:
     """Simulate one configuration over goldens in memory (one stream, in order), here."""
-    return sweep(goldens, [k], [window], proposer, costs, cross_request, fast_path)[0]
+    return sweep(goldens, [k], [window], proposer, costs, cross_request, fast_path, llamacpp)[0]
 
 
 def sweep(
     goldens: list[Golden], ks: list[int], windows: list[tuple[int, int]],
     proposers: str | list[str] = DEFAULT_PROPOSER, costs: dict[int, float] | None = None,
     cross_request: bool = False, fast_path: bool | None = None,
+    llamacpp: LlamaCppOptions | None = None,
 ) -> list[SimRun]:
     """Every (proposer, k, window) over goldens in memory, proposer-major then k-major (as
-    configs_of), per-chain rows kept."""
+    configs_of; empty `ks` or `windows`: each proposer's own), per-chain rows kept."""
     from kolibri_cli.decode.proposers import canonical_proposer
 
     names = [proposers] if isinstance(proposers, str) else proposers
+    options = llamacpp or LlamaCppOptions()
     cfg = ProbeConfig(k=ks, window=windows, proposer=[canonical_proposer(n) for n in names],
-                      costs=costs, cross_request=cross_request)
+                      costs=costs, cross_request=cross_request, min_hits=options.min_hits,
+                      n_min=options.n_min, lookup_cache_static=options.lookup_cache_static,
+                      lookup_cache_dynamic=options.lookup_cache_dynamic)
     task = Task(tuple(configs_of(cfg)), goldens=tuple(goldens), keep_rows=True,
                 fast_path=fast_path)
     return simulate_tasks([task], rows_limit=None)[0]

@@ -107,7 +107,7 @@ def _try_static(part) -> int:
 
 def load(path: str | Path) -> NgramCache:
     """`common_ngram_cache_load`: a cache file written by llama.cpp (llama-lookup-create,
-    llama-lookup-merge) or by `save`; the first entry of a repeated n-gram wins, as upstream."""
+    llama-lookup-merge) or `to_bytes`; the first entry of a repeated n-gram wins, as upstream."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
