@@ -335,3 +335,34 @@ def test_a_proposer_over_its_budget_fails_in_simulation_and_generation():
         simulate_chain(prompt, chain, OverDrafter(), 3)
     with pytest.raises(KolibriError, match="'over' drafted"):
         generate_spec(model, prompt, 8, OverDrafter())
+
+
+# ---- state across requests: what the sharded probe relies on ---------------------------------
+
+
+@pytest.mark.parametrize(("name", "cross_request", "shares"), [
+    ("vllm", False, False), ("hf", False, False), ("llamacpp-simple", False, False),
+    ("suffix", False, False), ("suffix", True, True), ("suffix-tree", False, False),
+    ("adaptive", False, True), ("adaptive-tree", False, True), ("sglang", False, True),
+    ("llamacpp-map-k", False, True), ("llamacpp-map-k4v", False, True),
+    ("llamacpp-mod", False, True), ("llamacpp-cache", False, True),
+])
+def test_shares_state_says_whether_earlier_requests_change_the_drafts(name, cross_request,
+                                                                       shares):
+    """The sharder spreads chains over workers only for proposers that declare no state across
+    requests: each declaration is checked by replaying the chat goldens through one instance and
+    through a fresh one per golden (the same counts exactly when nothing is shared)."""
+    from kolibri_cli.decode.proposers import default_settings, shares_state
+    from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+
+    goldens = load_goldens(DEFAULT_CHAT)
+    # ngram-mod at its defaults (n-gram 24) never drafts on these short chats
+    k, window = (8, (4, 4)) if name == "llamacpp-mod" else default_settings(name)
+    new = lambda: make_proposer(name, k, window, cross_request=cross_request)  # noqa: E731
+    one = new()
+    assert shares_state(one) is shares
+    counts = [(simulate_chain(g.prompt_ids, g.output_ids, one, k),
+               simulate_chain(g.prompt_ids, g.output_ids, new(), k)) for g in goldens]
+    same = all(a.draft_lengths == b.draft_lengths and a.accepted_lengths == b.accepted_lengths
+               for a, b in counts)
+    assert same is not shares

@@ -41,6 +41,11 @@ class AdaptiveTreeProposer(SuffixProposer):
         self._accepted = np.zeros(BINS)  # of those, accepted
         self._last: tuple[DraftTree, list[int], int] | None = None  # tree, bins, context length
 
+    @property
+    def shares_state(self) -> bool:
+        """The acceptance statistics carry over from request to request (whatever the trees)."""
+        return True
+
     def propose_tree(self, context, max_depth: int) -> DraftTree:
         self._sync(context)
         draft = self._best_draft(tree=True)

@@ -67,6 +67,7 @@ class SglangProposer:
     parent, until k nodes. Upstream defaults: window 1-12, breadth 1-10, branch length 18."""
 
     name: ClassVar[str] = "sglang"
+    shares_state: ClassVar[bool] = True  # one trie for all requests
 
     def __init__(self, k: int, window_min: int = 1, window_max: int = 12,
                  min_breadth: int = 1, max_breadth: int = 10, branch_length: int = 18,

@@ -25,6 +25,8 @@ class _ServerSlot:
     """The calling convention shared by the four types; subclasses build `_state`."""
 
     name: ClassVar[str]
+    # one server slot for the server's life: requests see what earlier ones left
+    shares_state: ClassVar[bool] = True
 
     def __init__(self, k: int, window_min: int, window_max: int,
                  options: LlamaCppOptions | None = None):
