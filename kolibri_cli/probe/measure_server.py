@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.decode.proposers import shares_state
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, first_divergence
@@ -58,14 +59,20 @@ def measure_on_server(plain: ServerApi, spec: ServerApi, goldens: list[Golden], 
         if step:
             step(r + 1, repeats)
     c = cost_model(costs()) if costs else None
-    per = [_golden(g, runs[g.id], run, c) for g in goldens]
+    # a proposer with state across requests is one server slot: one instance, goldens in the
+    # order the server saw them first (the counts compared are the first repeat's)
+    shared = run.new_proposer()
+    per = [_golden(g, runs[g.id], run, c, shared if shares_state(shared) else None)
+           for g in goldens]
     return _overall(per, goldens, runs, c, engine or spec.url, repeats)
 
 
-def _golden(golden: Golden, runs: _Runs, run: SimRun, c) -> tuple[MeasuredGolden, list[int]]:
+def _golden(golden: Golden, runs: _Runs, run: SimRun, c,
+            proposer=None) -> tuple[MeasuredGolden, list[int]]:
     chain = runs.plain[0].output_ids
     counting = ServerCounting(request_tokens(golden), tuple(golden.eos_ids))
-    sim = simulate_chain(golden.prompt_ids, chain, run.new_proposer(), run.k, counting)
+    sim = simulate_chain(golden.prompt_ids, chain, proposer or run.new_proposer(), run.k,
+                         counting)
     spec = runs.spec[0]
     plain_s = statistics.median(a.decode_s for a in runs.plain)
     spec_s = statistics.median(a.decode_s for a in runs.spec)
