@@ -7,7 +7,9 @@ Each round runs every golden plainly and with every proposer given (NAME[:K[:WIN
 settings where omitted), rotating the order from golden to golden so that machine noise hits all
 alike; a round's speedup of a proposer = the round's plain decode seconds / its spec decode
 seconds over all goldens. Reported: the median over rounds (and each round), the modelled
-speedup with c(n) timed in the same run, spec ids == plain ids, and the proposer's time per pass.
+speedup with c(n) timed in the same run, spec ids == plain ids, the proposer's time per pass, a
+verify pass's cost in plain decode steps (measured, and what c(1 + drafts) models), and c(n) of a
+chain and of a tree forward of n tokens timed side by side.
 One proposer instance per proposer and round serves the goldens in file order, as the probe does.
 """
 
@@ -15,7 +17,10 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from dataclasses import replace
+
+import numpy as np
 
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.decode.costs import cost_model
@@ -37,12 +42,34 @@ def parse(spec: str) -> tuple[str, int, tuple[int, int]]:
     return name, k, window
 
 
+def tree_costs(model, max_n: int, context_len: int = 150, repeats: int = 5) -> dict:
+    """c(n) of a chain and of a tree (a binary tree in breadth-first order: node j's parent is
+    (j - 1) // 2) of n tokens, time / time of a 1-token forward, timed interleaved in one run."""
+    cache = model.new_cache(context_len + max_n)
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, context_len + max_n)
+    model.prefill(ids[:context_len], 0, cache)
+    tokens = ids[context_len:]
+    shapes = {"chain": lambda n: None, "tree": lambda n: [-1, *((j - 1) // 2 for j in range(1, n))]}
+    times = {(kind, n): [] for kind in shapes for n in range(1, max_n + 1)}
+    for r in range(repeats + 1):  # the first round warms up
+        for kind, n in times:
+            cache.length = context_len
+            t0 = time.perf_counter()
+            model.forward(tokens[:n], context_len, cache, parents=shapes[kind](n))
+            if r:
+                times[(kind, n)].append(time.perf_counter() - t0)
+    one = float(np.median(times[("chain", 1)]))
+    return {kind: {n: float(np.median(times[(kind, n)])) / one for n in range(1, max_n + 1)}
+            for kind in shapes}
+
+
 def one_round(model, goldens, configs, costs, r: int) -> dict:
     """Decode seconds per mode over all goldens, the plain chains, spec ids == plain ids, and the
     proposers' seconds and passes."""
     secs = {"plain": 0.0} | dict.fromkeys(configs, 0.0)
     same, prop, passes = dict.fromkeys(configs, True), dict.fromkeys(configs, 0.0), dict.fromkeys(
         configs, 0)
+    forwards = {"plain": 0} | dict.fromkeys(configs, 0)  # decode forwards (prefill not counted)
     drafters = {c: make_proposer(*parse(c), costs=costs) for c in configs}
     order, chains = ["plain", *configs], []
     for i, g in enumerate(goldens):
@@ -55,11 +82,13 @@ def one_round(model, goldens, configs, costs, r: int) -> dict:
                 prop[mode] += run.proposer_s
                 passes[mode] += len(run.passes)
             secs[mode] += run.decode_s
+            forwards[mode] += run.forward_passes - 1
             outs[mode] = run.output_ids
         for c in configs:
             same[c] &= outs[c] == outs["plain"]
         chains.append(replace(g, output_ids=outs["plain"]))
-    return {"secs": secs, "same": same, "proposer_s": prop, "passes": passes, "chains": chains}
+    return {"secs": secs, "same": same, "proposer_s": prop, "passes": passes, "chains": chains,
+            "forwards": forwards}
 
 
 def main() -> None:
@@ -81,6 +110,7 @@ def main() -> None:
     configs = args.proposer or DEFAULT
     ks = [parse(c)[1] for c in configs]
     rel = verify_costs(model.transformer, max(ks) + 1, 150, 3)  # c(n) at a chat context
+    shapes = tree_costs(model.transformer, max(ks) + 1)
     rounds = []
     for r in range(args.rounds):
         rounds.append(one_round(model, goldens, configs, rel, r))
@@ -88,6 +118,8 @@ def main() -> None:
         print(f"round {r + 1}: " + ", ".join(f"{c} {v:.3f}x" for c, v in sp.items()),
               file=sys.stderr, flush=True)
     report = {"costs": {str(n): c for n, c in rel.items()}, "rounds": args.rounds,
+              "forward_costs": {kind: {str(n): c for n, c in cs.items()}
+                                for kind, cs in shapes.items()},
               "proposers": {}}
     c_of = cost_model(rel)
     for c in configs:
@@ -98,9 +130,17 @@ def main() -> None:
         modelled = total.plain_steps / sum(c_of(1 + d) for d in total.draft_lengths)
         prop = sum(rd["proposer_s"][c] for rd in rounds) / max(sum(rd["passes"][c]
                                                                     for rd in rounds), 1)
+        # what a verify pass cost, in plain decode steps: measured (spec decode seconds per
+        # forward over plain decode seconds per forward; proposer time included) and modelled
+        step_s = sum(rd["secs"]["plain"] for rd in rounds) / sum(rd["forwards"]["plain"]
+                                                               for rd in rounds)
+        pass_s = sum(rd["secs"][c] for rd in rounds) / sum(rd["forwards"][c] for rd in rounds)
         report["proposers"][c] = {
             "median_speedup": statistics.median(ratios), "speedups": ratios,
             "modelled_speedup": modelled, "ratio": total.ratio,
+            "pass_cost_measured": pass_s / step_s,
+            "pass_cost_modelled": sum(c_of(1 + d) for d in total.draft_lengths)
+            / total.verify_passes,
             "drafts_per_pass": total.drafts_proposed / total.verify_passes,
             "spec_equals_plain": all(rd["same"][c] for rd in rounds),
             "proposer_us_per_pass": 1e6 * prop,
@@ -109,12 +149,15 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     print(f"c(n) at context 150: {', '.join(f'{n}:{v:.3f}' for n, v in rel.items())}")
+    for kind, cs in shapes.items():
+        print(f"c(n) of a {kind:5s} forward: {', '.join(f'{n}:{v:.3f}' for n, v in cs.items())}")
     print(f"{'proposer':24s} {'median':>8s} {'rounds':>30s} {'modelled':>9s} {'ratio':>6s} "
-          f"{'drafts/pass':>11s} {'us/pass':>8s} ids")
+          f"{'drafts/pass':>11s} {'pass cost':>10s} {'modelled':>9s} {'us/pass':>8s} ids")
     for c, p in report["proposers"].items():
         rounds_txt = " ".join(f"{v:.2f}" for v in p["speedups"])
         print(f"{c:24s} {p['median_speedup']:7.3f}x {rounds_txt:>30s} "
               f"{p['modelled_speedup']:8.3f}x {p['ratio']:5.2f}x {p['drafts_per_pass']:11.2f} "
+              f"{p['pass_cost_measured']:10.3f} {p['pass_cost_modelled']:9.3f} "
               f"{p['proposer_us_per_pass']:8.0f} {'same' if p['spec_equals_plain'] else 'DIFF'}")
 
 
