@@ -384,3 +384,43 @@ def test_options_reach_worker_processes(two_servers, name, k, window, flags):
     assert got == expected
     assert expected != _per_server(folder, name, k, parse_window(window), LlamaCppOptions())
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == files
+
+
+class FakeServer:
+    """A llama-server stand-in: answers each golden with its own chain and counts drafts with
+    one proposer for its whole life (a slot keeps state across requests)."""
+
+    def __init__(self, proposer=None, k: int = 0):
+        from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+
+        self.chains = {tuple(g.prompt_ids): g.output_ids for g in load_goldens(DEFAULT_CHAT)}
+        self.proposer, self.k = proposer, k
+
+    def complete(self, prompt_ids, n, how=None):
+        from kolibri_cli.probe.simulate import ServerCounting, simulate_chain
+        from kolibri_cli.servers import Completion
+
+        chain = self.chains[tuple(prompt_ids)][:n]
+        if self.proposer is None:
+            return Completion(chain, 1.0)
+        sim = simulate_chain(prompt_ids, chain, self.proposer, self.k, ServerCounting(n, (2,)))
+        return Completion(chain, 0.5, sim.drafts_proposed, sim.drafts_accepted)
+
+
+def test_measured_server_counts_a_stateful_type_as_one_slot():
+    """probe --engine: the simulation of a type with state across requests is one instance fed
+    the goldens in the order the server saw them (a fresh one per golden misses what earlier
+    requests left in the slot)."""
+    from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+    from kolibri_cli.probe.measure_server import measure_on_server
+    from kolibri_cli.probe.shard import simulate
+
+    goldens = load_goldens(DEFAULT_CHAT)
+    run = simulate(goldens, 5, (2, 2), "llamacpp-map-k")
+    server = FakeServer(run.new_proposer(), 5)
+    measured = measure_on_server(FakeServer(), server, goldens, run, repeats=2, engine="fake")
+    assert all(g.counts_match_simulation for g in measured.goldens)
+    fresh = [FakeServer(run.new_proposer(), 5).complete(g.prompt_ids, len(g.output_ids))
+             for g in goldens]
+    assert [(f.drafted, f.accepted) for f in fresh] != [
+        (g.drafts_proposed, g.drafts_accepted) for g in measured.goldens]
