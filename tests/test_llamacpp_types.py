@@ -424,3 +424,20 @@ def test_measured_server_counts_a_stateful_type_as_one_slot():
              for g in goldens]
     assert [(f.drafted, f.accepted) for f in fresh] != [
         (g.drafts_proposed, g.drafts_accepted) for g in measured.goldens]
+
+
+def test_configurations_carry_defaults_options_and_absolute_cache_paths():
+    """What each worker is handed: the proposer's own k and window when none are given, the
+    llama.cpp options, and cache files it can open from any folder."""
+    from pathlib import Path
+
+    from kolibri_cli.probe.config import ProbeConfig
+    from kolibri_cli.probe.shard import configs_of
+
+    cfg = ProbeConfig(k=[], window=[], proposer=["vllm", "llamacpp-mod", "sglang"], n_min=3,
+                      lookup_cache_static=Path("static.bin"))
+    configs = configs_of(cfg)
+    assert [(c.proposer, c.k, c.window) for c in configs] == [
+        (name, *default_settings(name)) for name in cfg.proposer]
+    assert all(c.llamacpp.n_min == 3 for c in configs)
+    assert configs[0].llamacpp.lookup_cache_static == Path("static.bin").absolute()

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kolibri_cli.decode.proposers import DEFAULT_PROPOSER, LlamaCppOptions, default_settings
 from kolibri_cli.errors import KolibriError
@@ -132,9 +133,17 @@ def configs_of(cfg: ProbeConfig) -> list[SimConfig]:
     settings = [(p, k, w) for p in cfg.proposer
                 for k in (cfg.k or [default_settings(p)[0]])
                 for w in (cfg.window or [default_settings(p)[1]])]
-    llamacpp = cfg.llamacpp_options()
+    llamacpp = _absolute(cfg.llamacpp_options())
     return [SimConfig(p, k, w, costs, cfg.cross_request, i, llamacpp)
             for i, (p, k, w) in enumerate(settings)]
+
+
+def _absolute(options: LlamaCppOptions) -> LlamaCppOptions:
+    """The cache files as absolute paths: a worker (a Ray worker) may run in another folder."""
+    files = {name: Path(path).absolute() for name in ("lookup_cache_static",
+                                                      "lookup_cache_dynamic")
+             if (path := getattr(options, name)) is not None}
+    return dataclasses.replace(options, **files)
 
 
 def plan_tasks(cfg: ProbeConfig, extra: list[Golden] | None = None, rows_json: bool = False,
