@@ -127,7 +127,9 @@ def main() -> None:
         ratios = [rd["secs"]["plain"] / rd["secs"][c] for rd in rounds]
         sim = simulate(rounds[0]["chains"], k, window, name, rel)  # the model's own chains
         total = sim.total
-        modelled = total.plain_steps / sum(c_of(1 + d) for d in total.draft_lengths)
+        by_length = total.passes_by_draft_length()  # passes per draft length (summed counts)
+        pass_costs = sum(n * c_of(1 + d) for d, n in enumerate(by_length))
+        modelled = total.plain_steps / pass_costs
         prop = sum(rd["proposer_s"][c] for rd in rounds) / max(sum(rd["passes"][c]
                                                                     for rd in rounds), 1)
         # what a verify pass cost, in plain decode steps: measured (spec decode seconds per
@@ -139,8 +141,7 @@ def main() -> None:
             "median_speedup": statistics.median(ratios), "speedups": ratios,
             "modelled_speedup": modelled, "ratio": total.ratio,
             "pass_cost_measured": pass_s / step_s,
-            "pass_cost_modelled": sum(c_of(1 + d) for d in total.draft_lengths)
-            / total.verify_passes,
+            "pass_cost_modelled": pass_costs / total.verify_passes,
             "drafts_per_pass": total.drafts_proposed / total.verify_passes,
             "spec_equals_plain": all(rd["same"][c] for rd in rounds),
             "proposer_us_per_pass": 1e6 * prop,

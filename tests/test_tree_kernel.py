@@ -35,10 +35,10 @@ def branch(parents: list[int], j: int) -> list[int]:
     return rows[::-1]
 
 
-def tree_vs_chains(config, same, trials: int = 12):
+def tree_vs_chains(config, same, trials: int = 12, model=None):
     """Random trees after random prefixes: every row's logits and its branch's K/V against a
     chain along that branch; `same(a, b)` compares."""
-    model = Transformer(config, random_weights(config, seed=21, scale=0.2))
+    model = model or Transformer(config, random_weights(config, seed=21, scale=0.2))
     rng = np.random.default_rng(22)
     for trial in range(trials):
         start = int(rng.integers(0, 30))
@@ -67,6 +67,23 @@ def tree_vs_chains(config, same, trials: int = 12):
 @pytest.mark.parametrize("config", [TINY, ODD, WINDOWED], ids=["tiny", "odd", "window"])
 def test_tree_rows_are_bitwise_chain_rows(config):
     tree_vs_chains(config, np.array_equal)
+
+
+@pytest.mark.bitwise
+def test_tree_rows_are_bitwise_chain_rows_on_gguf_blocks(kolibri_home, tmp_path):
+    """The same law on the block kernel (the default model's Q4_1 blocks, decoded in
+    registers)."""
+    pytest.importorskip("gguf")
+    from test_block_models import tiny_gguf
+
+    from kolibri_cli.engine.model import load_model
+    from kolibri_cli.store import cache
+
+    tiny_gguf(tmp_path / "tiny.gguf", "Q4_1")
+    name, folder = cache.import_gguf(tmp_path / "tiny.gguf")
+    model = load_model(folder, name)
+    assert set(model.weights.storage()) == {"Q4_1"}
+    tree_vs_chains(model.config, np.array_equal, trials=6, model=model.transformer)
 
 
 @pytest.mark.parametrize("config", [ODD, WINDOWED], ids=["odd", "window"])
