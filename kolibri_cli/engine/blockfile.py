@@ -18,6 +18,7 @@ import numpy as np
 
 from kolibri_cli.engine import blocks
 from kolibri_cli.engine.config import ModelConfig
+from kolibri_cli.engine.loader import read_json_header
 from kolibri_cli.engine.weights import LayerWeights, Matrix, Rows, Weights
 from kolibri_cli.errors import KolibriError
 
@@ -68,25 +69,18 @@ def read_header(path: Path) -> tuple[dict, dict, int]:
     """(tensors: name -> header entry, metadata, data offset) of a block file, validated."""
     size = path.stat().st_size
     with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) < 8:
-            raise KolibriError(f"{path}: truncated weight file (no header)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > size - 8:
-            raise KolibriError(f"{path}: truncated weight file (header runs past the end)")
-        try:
-            header = json.loads(f.read(n))
-            meta = header.pop("__metadata__")
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError):
-            raise KolibriError(f"{path}: not a kolibri weight file (unreadable header)") from None
+        header, base = read_json_header(f, path, size, "weight file", "a kolibri weight file")
+    meta = header.pop("__metadata__", None)
+    if not isinstance(meta, dict):
+        raise KolibriError(f"{path}: not a kolibri weight file (unreadable header)")
     if meta.get("format") != FORMAT:
         raise KolibriError(f"{path}: weight format {meta.get('format')!r}, this kolibri reads "
                            f"{FORMAT}; re-import the model (kolibri model pull / import --force)")
     end = max((e["data_offsets"][1] for e in header.values()), default=0)
-    if 8 + n + end > size:
-        raise KolibriError(f"{path}: truncated weight file ({size} of {8 + n + end} bytes)")
+    if base + end > size:
+        raise KolibriError(f"{path}: truncated weight file ({size} of {base + end} bytes)")
     meta = {"types": json.loads(meta["types"]), "shapes": json.loads(meta["shapes"])}
-    return header, meta, 8 + n
+    return header, meta, base
 
 
 def storage(path: Path) -> tuple[dict[str, int], dict[str, int]]:

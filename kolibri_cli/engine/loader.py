@@ -72,26 +72,34 @@ def _index_shards(index: Path) -> list[str]:
 MAX_HEADER = 100_000_000  # bytes; the safetensors library's own limit
 
 
-def _header(f, path: Path, size: int) -> tuple[dict, int]:
-    """(name -> {dtype, shape, data_offsets}, offset of the data section), validated."""
+def read_json_header(f, path: Path, size: int, kind: str, a_kind: str) -> tuple[dict, int]:
+    """(the JSON object, offset after it) of a file that starts with an 8-byte little-endian
+    length and that many bytes of JSON (safetensors, and kolibri's block file after it);
+    `kind` / `a_kind` name the file in errors ("safetensors file" / "a safetensors file")."""
     raw = f.read(8)
     if len(raw) < 8:
-        raise KolibriError(f"{path}: truncated safetensors file (no header)")
+        raise KolibriError(f"{path}: truncated {kind} (no header)")
     (n,) = struct.unpack("<Q", raw)
     if n > size - 8:
-        raise KolibriError(f"{path}: truncated safetensors file (header runs past the end)")
+        raise KolibriError(f"{path}: truncated {kind} (header runs past the end)")
     if n > MAX_HEADER:
-        raise KolibriError(f"{path}: not a safetensors file (a {n}-byte header)")
+        raise KolibriError(f"{path}: not {a_kind} (a {n}-byte header)")
     try:
         header = json.loads(f.read(n))
     except (ValueError, RecursionError):  # bad JSON or UTF-8, an int of 4300+ digits, nesting
-        raise KolibriError(f"{path}: not a safetensors file (unreadable header)") from None
+        raise KolibriError(f"{path}: not {a_kind} (unreadable header)") from None
     if not isinstance(header, dict):
-        raise KolibriError(f"{path}: not a safetensors file (header is not a JSON object)")
+        raise KolibriError(f"{path}: not {a_kind} (header is not a JSON object)")
+    return header, 8 + n
+
+
+def _header(f, path: Path, size: int) -> tuple[dict, int]:
+    """(name -> {dtype, shape, data_offsets}, offset of the data section), validated."""
+    header, base = read_json_header(f, path, size, "safetensors file", "a safetensors file")
     header.pop("__metadata__", None)
     for name, info in header.items():
         _check_entry(path, name, info)
-    return header, 8 + n
+    return header, base
 
 
 def _is_count(x) -> bool:
