@@ -3,16 +3,20 @@
 Two methods:
 - synthetic acceptance (llama-servers kolibri starts): timed in the server's real decode loop,
   sampling, drafting and bookkeeping included. n = 1 is a plain server; for n > 1 llama-server
-  runs with servers.synth_args(n-1): ngram-simple with n-gram size 1 drafts the n-1 tokens that
-  followed the last token's previous occurrence and every draft is accepted, so on a prompt that
-  repeats a random sequence (period longer than any pass) nearly every pass carries n tokens. A
-  pass that found nothing to draft is a plain step: it is priced at the same round's plain step
-  and taken out.
+  runs with servers.synth_args(n-1): ngram-simple with n-gram size 1 drafts up to n-1 tokens that
+  followed the last token's previous occurrence and every draft is accepted. The model still
+  picks each pass's last token, so the history does not stay periodic everywhere and some passes
+  carry fewer tokens; ngram-simple is deterministic, so replaying it over the returned ids gives
+  every pass's length (checked against the server's counters), and the shorter passes are priced
+  at the same round's lower-n figures before the rest is divided over the n-token passes.
+  Requests ignore eos, so every server decodes the same number of tokens at the same positions
+  (a plain model stops on eos after 16 tokens of the periodic prompt).
 - prompt evaluation (a llama.cpp server at a URL, which kolibri cannot restart with other
   flags): n new tokens after a cached prefix are one n-token batch, timed by the server
   (`timings.prompt_ms`). An approximation: llama.cpp computes logits for the batch's last row
   only, where a verify pass needs all n (the output head is a small share of a large model).
-Rounds alternate over n (machine noise hits every n alike) and are repeated; medians reported.
+Rounds alternate over n, in alternating order (drift hits every n alike), and are repeated;
+medians reported, with the least-squares line c(n) = 1 + slope (n - 1) through them beside.
 Non-goals: vLLM/SGLang (they report no per-request timings; give their c(n) with --costs).
 """
 
@@ -24,19 +28,26 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kolibri_cli.callbacks import Ticks
+from kolibri_cli.decode.costs import line_slope
+from kolibri_cli.decode.proposers import draft, make_proposer
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.servers import LOCAL, Completion, ServerApi, serving, synth_args
 
-PERIOD = 64  # tokens in the repeating unit: longer than any pass, so drafts are never cut short
-PERIODS = 3  # the prompt holds the unit this many times (192 tokens, a chat prompt's length)
+# The contexts timed, 64..184 positions, are a chat request's: llama.cpp pads attention to
+# multiples of 256 positions, and a pass past 256 costs more (more so for n > 1): c(n) timed on
+# longer contexts overprices chat-length passes.
+PERIOD = 32  # tokens in the repeating unit: longer than any pass, so drafts are never cut short
+PERIODS = 2  # the prompt holds the unit this many times (64 tokens)
 NEW_TOKENS = 120  # decode steps per timed request (about the goldens' length)
 PROMPT_SEED = 5
 
 
-def periodic_prompt(model, seed: int = PROMPT_SEED) -> list[int]:
-    """PERIOD distinct random ordinary token ids, repeated PERIODS times."""
+def periodic_prompt(model, seed: int = PROMPT_SEED, longest: int = 0) -> list[int]:
+    """PERIOD distinct random ordinary token ids (more when a pass of `longest` tokens needs
+    them), repeated PERIODS times."""
     ordinary = np.asarray(model.tokenizer.ordinary_ids(model.config.vocab_size), dtype=np.int64)
-    unit = np.random.default_rng(seed).choice(ordinary, PERIOD, replace=False).tolist()
+    unit = np.random.default_rng(seed).choice(ordinary, max(PERIOD, longest + 1),
+                                              replace=False).tolist()
     return unit * PERIODS
 
 
@@ -76,38 +87,72 @@ class ServerCosts:
             raise KolibriError("no plain server among the engines: c(n) needs c(1)")
         return {n: t / ms[1] for n, t in ms.items()}
 
+    @property
+    def slope(self) -> float:
+        return line_slope(self.costs)
+
+    @property
+    def fitted(self) -> dict[int, float]:
+        """c(n) on the least-squares line: the raw medians smoothed, for comparison."""
+        return {n: 1.0 + self.slope * (n - 1) for n in self.costs}
+
     def to_dict(self) -> dict:
         return {"engine": self.engine, "method": self.method, "threads": self.threads,
                 "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
                 "repeats": self.repeats,
                 "forward_ms": {str(n): t for n, t in self.forward_ms.items()},
                 "costs": {str(n): c for n, c in self.costs.items()},
+                "fit": {"slope": self.slope,
+                        "costs": {str(n): c for n, c in self.fitted.items()}},
                 "passes": [{"n": p.n, "ms": p.ms, "full_share": p.full} for p in self.passes]}
 
 
-def pass_ms(c: Completion, n: int, step_ms: float | None) -> tuple[float, float]:
-    """(ms per n-token pass, share of full passes) of one synthetic-acceptance request; passes
-    without a draft are priced at `step_ms` (the plain step of the same round)."""
-    if c.decode_s is None:
-        raise KolibriError("the server reports no decode time (timings); c(n) needs llama-server")
-    passes = len(c.output_ids) - 1 - (c.accepted or 0)
+def pass_lengths(prompt: list[int], c: Completion, m: int, max_tokens: int) -> list[int]:
+    """Tokens carried by each pass of a synthetic-acceptance request: ngram-simple (n-gram 1,
+    m drafts, the server's budget n_predict - generated - 1) replayed over the returned ids,
+    every draft accepted. Must add up to the server's own draft counter."""
+    proposer = make_proposer("llamacpp-simple", m, (1, 1))
+    ids = np.asarray(list(prompt) + list(c.output_ids), dtype=np.int64)  # [len(prompt) + N]
+    lengths, pos, n = [], 1, len(c.output_ids)
+    while pos < n:
+        drafted = draft(proposer, ids[: len(prompt) + pos], min(m, max_tokens - pos - 1))
+        lengths.append(1 + len(drafted))
+        pos += 1 + len(drafted)
+    if (c.drafted, c.accepted) != (sum(lengths) - len(lengths),) * 2:
+        raise KolibriError(f"the server drafted/accepted {c.drafted}/{c.accepted} where "
+                           f"ngram-simple (n-gram 1, m {m}) with every draft accepted gives "
+                           f"{sum(lengths) - len(lengths)}: is it running with "
+                           f"--spec-synth-rates (synthetic acceptance)?")
+    return lengths
+
+
+def solve_pass_ms(total_ms: float, lengths: list[int], known: dict[int, float]) -> float:
+    """ms of one full pass (the longest in `lengths`) of a request that took `total_ms`: shorter
+    passes are priced at `known` ms (the same round's), or, for a length not measured, on the
+    line between a plain step and the full pass (so the result stays exact if c is linear)."""
+    n = max(lengths)
     if n == 1:
-        return 1e3 * c.decode_s / max(passes, 1), 1.0
-    full = (c.drafted or 0) / (n - 1)
-    if full < 1 or step_ms is None:
-        raise KolibriError(f"the {n}-token server drafted nothing on the periodic prompt: is it "
-                           f"running with --spec-synth-rates (synthetic acceptance)?")
-    plain = max(passes - full, 0.0)
-    return (1e3 * c.decode_s - plain * step_ms) / full, min(full / max(passes, 1), 1.0)
+        return total_ms / len(lengths)
+    rest, weight = total_ms, 0.0
+    for length in lengths:
+        if length == n:
+            weight += 1
+        elif length in known:
+            rest -= known[length]
+        else:  # known[1]*(1-f) + t(n)*f with f the length's place between 1 and n
+            f = (length - 1) / (n - 1)
+            rest -= known[1] * (1 - f)
+            weight += f
+    return rest / weight
 
 
 def measure_costs(servers: dict[int, ServerApi], prompt: list[int], repeats: int,
                   engine: str, threads: int | None = None, step: Ticks | None = None,
                   new_tokens: int = NEW_TOKENS) -> ServerCosts:
-    """Time every server's passes, round-robin, `repeats` rounds (plain server first)."""
+    """Time every server's passes, `repeats` rounds, each round in the other order."""
     times = {n: PassTimes(n) for n in sorted(servers)}
     for r in range(repeats):
-        cost_round(servers, prompt, times, new_tokens)
+        cost_round(servers, prompt, times, new_tokens, reverse=r % 2 == 1)
         if step:
             step(r + 1, repeats)
     return ServerCosts(engine, "synthetic acceptance", threads, len(prompt), new_tokens, repeats,
@@ -115,15 +160,27 @@ def measure_costs(servers: dict[int, ServerApi], prompt: list[int], repeats: int
 
 
 def cost_round(servers: dict[int, ServerApi], prompt: list[int], times: dict[int, PassTimes],
-               new_tokens: int = NEW_TOKENS) -> None:
-    """One request per server; `times` gains one value per n."""
-    step_ms = None
-    for n in sorted(servers):
+               new_tokens: int = NEW_TOKENS, reverse: bool = False) -> None:
+    """One request per server (in ascending n, or descending); `times` gains one value per n."""
+    if 1 not in servers:
+        raise KolibriError("no plain server among the engines: c(n) needs c(1)")
+    answers = {}
+    for n in sorted(servers, reverse=reverse):
         steps = new_tokens // n * n  # whole passes: the last one is not cut by the budget
-        ms, full = pass_ms(servers[n].complete(prompt, 1 + steps), n, step_ms)
-        step_ms = ms if n == 1 else step_ms
-        times[n].ms.append(ms)
-        times[n].full.append(full)
+        answers[n] = (servers[n].complete(prompt, 1 + steps, ignore_eos=True), 1 + steps)
+    known: dict[int, float] = {}
+    for n, (c, max_tokens) in sorted(answers.items()):
+        if c.decode_s is None:
+            raise KolibriError("the server reports no decode time (timings); c(n) needs "
+                               "llama-server")
+        lengths = [1] * (len(c.output_ids) - 1) if n == 1 else \
+            pass_lengths(prompt, c, n - 1, max_tokens)
+        if n not in lengths:
+            raise KolibriError(f"the {n}-token server made no {n}-token pass on the periodic "
+                               "prompt: is it running with --spec-synth-rates?")
+        known[n] = solve_pass_ms(1e3 * c.decode_s, lengths, known)
+        times[n].ms.append(known[n])
+        times[n].full.append(lengths.count(n) / len(lengths))
 
 
 @contextmanager

@@ -99,7 +99,7 @@ def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_js
         raise KolibriError(f"unknown --engine {engine!r}: kolibri, {LOCAL} or a llama.cpp "
                            "server's base URL")
     m = opt.load_model(model, weights=False)
-    prompt = sb.periodic_prompt(m)
+    prompt = sb.periodic_prompt(m, longest=k + 1)
     with render.progress_bar("timing passes ") as bar:
         ticks = lambda d, t: bar("", d, t)  # noqa: E731
         if engine == LOCAL:

@@ -196,6 +196,8 @@ def server_costs_table(r) -> Table:
         full = f", {min(p.full):.0%}-{max(p.full):.0%} of passes full" if p.n > 1 else ""
         rows.append((f"c({p.n})", f"{r.costs[p.n]:.3f}  ({ms[p.n]:.1f} ms per pass, "
                                   f"{min(p.ms):.1f}-{max(p.ms):.1f}{full})"))
+    rows.append(("least-squares line", f"c(n) = 1 + {r.slope:.3f} (n - 1): "
+                 + ", ".join(f"{c:.2f}" for c in r.fitted.values())))
     return kv_table("kolibri bench (server decode loop)", rows)
 
 

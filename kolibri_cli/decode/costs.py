@@ -26,3 +26,14 @@ def cost_model(costs: dict[int, float] | None) -> Callable[[int], float]:
 
     return c
 
+
+
+def line_slope(costs: dict[int, float]) -> float:
+    """The slope a of the least-squares line c(n) = 1 + a (n - 1) through measured `costs` (any
+    unit; divided by costs[1]): the line goes through c(1) = 1, which holds by definition."""
+    if 1 not in costs:
+        raise KolibriError("costs need c(1), the 1-token forward; measure c(n) from n = 1")
+    points = [(n - 1, c / costs[1] - 1) for n, c in costs.items() if n > 1]
+    if not points:
+        return 0.0
+    return sum(x * y for x, y in points) / sum(x * x for x, _ in points)

@@ -112,9 +112,14 @@ class LlamaCppApi(ServerApi):
             raise KolibriError(f"{self.http.where('/completion')}: no prompt timings")
         return int(timings["prompt_n"]), float(timings["prompt_ms"])
 
-    def complete(self, prompt_ids, max_tokens, sampling=GREEDY, margins=False) -> Completion:
+    def complete(self, prompt_ids, max_tokens, sampling=GREEDY, margins=False,
+                 ignore_eos: bool = False) -> Completion:
+        """`ignore_eos`: decode all `max_tokens` (timing requests; the ids are then not a chain
+        the model would stop)."""
         body = {"prompt": list(prompt_ids), "n_predict": max_tokens, "return_tokens": True,
                 "cache_prompt": False, **llamacpp_sampling(sampling)}
+        if ignore_eos:
+            body["ignore_eos"] = True
         if margins:
             body["n_probs"] = 2
         answer = self.http.post("/completion", body)

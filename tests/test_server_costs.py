@@ -1,0 +1,104 @@
+"""c(n) of a server from synthetic-acceptance requests: pass lengths replayed from the returned
+ids, the per-round solve, the least-squares line. Fake servers with known pass costs; no timing."""
+
+import numpy as np
+import pytest
+
+from kolibri_cli.bench.server import (
+    PassTimes, ServerCosts, cost_round, pass_lengths, solve_pass_ms)
+from kolibri_cli.decode.costs import line_slope
+from kolibri_cli.decode.proposers import make_proposer
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.servers import Completion
+
+PROMPT = list(range(100, 132)) * 2  # a periodic prompt: 32 distinct ids, twice
+
+
+def pass_ms(length: int) -> float:
+    """The fake server's cost of a pass: not on a line, so a solve that assumed one would miss."""
+    return {1: 20.0, 2: 31.0, 3: 45.0, 4: 52.0, 5: 70.0, 6: 74.0}[length]
+
+
+class FakeSynthServer:
+    """ngram-simple (n-gram 1, m drafts) with every draft accepted, as llama-server's synthetic
+    acceptance; the 'model' picks each pass's last token: the periodic continuation, except on
+    every `stray`-th pass a token from 3 back in the period (the next draft comes up short) or
+    one never seen (nothing to draft next)."""
+
+    def __init__(self, m: int, stray: int = 5):
+        self.m, self.stray, self.calls = m, stray, []
+
+    def complete(self, prompt, max_tokens, ignore_eos=False) -> Completion:
+        self.calls.append(ignore_eos)
+        out, lengths = [PROMPT[0]], []
+        proposer = make_proposer("llamacpp-simple", max(self.m, 1), (1, 1))
+        while len(out) < max_tokens:
+            budget = min(self.m, max_tokens - len(out) - 1)
+            context = np.asarray(prompt + out, dtype=np.int64)
+            drafted = list(proposer.propose(context, budget)) if self.m else []
+            nxt = prompt[(len(prompt) + len(out) + len(drafted)) % 32]
+            if self.stray and len(lengths) % self.stray == self.stray - 1:
+                nxt = prompt[(len(out) + len(drafted) + 29) % 32] if len(lengths) % 2 else 999
+            out += drafted + [nxt]
+            lengths.append(1 + len(drafted))
+        drafted = sum(lengths) - len(lengths)
+        return Completion(out, sum(map(pass_ms, lengths)) / 1e3, drafted, drafted)
+
+
+def test_line_slope_least_squares_through_c1():
+    assert line_slope({1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5}) == pytest.approx(0.5)
+    assert line_slope({1: 20.0, 2: 30.0, 3: 40.0}) == pytest.approx(0.5)  # any unit
+    # a middle point off the line by +-0.1 moves the slope by the least-squares weight only
+    assert line_slope({1: 1.0, 2: 1.6, 3: 1.9}) == pytest.approx((1 * 0.6 + 2 * 0.9) / 5)
+    assert line_slope({1: 1.0}) == 0.0
+    with pytest.raises(KolibriError, match="c\\(1\\)"):
+        line_slope({2: 1.5})
+
+
+def test_solve_prices_short_passes_at_the_rounds_known_costs():
+    lengths = [1] * 3 + [3] * 4 + [5] * 10
+    total = sum(map(pass_ms, lengths))
+    assert solve_pass_ms(total, lengths, {1: 20.0, 3: 45.0}) == pytest.approx(70.0)
+    # a length not measured this round is put on the line between 1 and n: exact when c is linear
+    linear = {1: 20.0, 3: 40.0, 5: 60.0}
+    total = 3 * 20 + 4 * 40 + 10 * 60
+    assert solve_pass_ms(total, lengths, {1: 20.0}) == pytest.approx(60.0)
+    assert solve_pass_ms(sum(linear[n] for n in lengths), lengths, {1: 20.0}) == pytest.approx(60)
+
+
+def test_pass_lengths_replay_the_servers_drafts():
+    server = FakeSynthServer(m=4)
+    c = server.complete(PROMPT, 121)
+    lengths = pass_lengths(PROMPT, c, 4, 121)
+    assert sum(lengths) == len(c.output_ids) - 1
+    assert {1, 5} <= set(lengths) and len(set(lengths)) > 2  # full, empty and short passes
+    assert sum(map(pass_ms, lengths)) == pytest.approx(1e3 * c.decode_s)
+
+
+def test_pass_lengths_refuse_counters_that_do_not_add_up():
+    c = FakeSynthServer(m=2).complete(PROMPT, 61)
+    c.drafted = c.accepted = c.drafted - 1
+    with pytest.raises(KolibriError, match="synthetic acceptance"):
+        pass_lengths(PROMPT, c, 2, 61)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cost_round_recovers_every_pass_cost_despite_short_passes(reverse):
+    servers = {n: FakeSynthServer(n - 1) for n in range(1, 7)}
+    times = {n: PassTimes(n) for n in servers}
+    cost_round(servers, PROMPT, times, new_tokens=120, reverse=reverse)
+    assert {n: t.ms[0] for n, t in times.items()} == pytest.approx(
+        {n: pass_ms(n) for n in servers})
+    assert all(s.calls == [True] for s in servers.values())  # every request ignores eos
+    assert times[1].full == [1.0] and all(0 < t.full[0] < 1 for n, t in times.items() if n > 1)
+
+
+def test_server_costs_report_raw_medians_and_the_line():
+    passes = [PassTimes(1, [20, 22, 21]), PassTimes(2, [31, 40, 30]), PassTimes(3, [45, 44, 50])]
+    costs = ServerCosts("llama-server", "synthetic acceptance", 1, 64, 120, 3, passes)
+    assert costs.costs == pytest.approx({1: 1.0, 2: 31 / 21, 3: 45 / 21})
+    slope = line_slope(costs.costs)
+    doc = costs.to_dict()
+    assert doc["costs"]["3"] == pytest.approx(45 / 21)  # raw, not smoothed
+    assert doc["fit"]["slope"] == pytest.approx(slope)
+    assert doc["fit"]["costs"]["3"] == pytest.approx(1 + 2 * slope)
