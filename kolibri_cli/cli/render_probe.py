@@ -252,7 +252,10 @@ def measured_table(m, label: str) -> FitTable:
     if server:
         low, high = m.speedup_range or (m.speedup, m.speedup)
         title = f"measured on {m.engine} ({label}; medians of {m.repeats})"
-        caption = (f"c(n) of the server's decode loop: {costs}; speedup per repeat "
+        line = "" if m.predicted_on_line is None else (
+            f"; on the least-squares line c(n) = 1 + {m.cost_slope:.3f} (n - 1) the prediction "
+            f"is {m.predicted_on_line:.2f}x")
+        caption = (f"c(n) of the server's decode loop: {costs}{line}; speedup per repeat "
                    f"{low:.2f}x-{high:.2f}x; srv = the server's draft counters")
     else:
         title = f"measured with the model ({label})"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kolibri_cli.callbacks import Ticks
-from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.decode.costs import cost_model, line_slope
 from kolibri_cli.decode.proposers import shares_state
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError
@@ -23,6 +23,8 @@ from kolibri_cli.goldens.chains import Golden, first_divergence
 from kolibri_cli.probe.report import Measured, MeasuredGolden
 from kolibri_cli.probe.simulate import ServerCounting, SimRun, div_or_none, simulate_chain
 from kolibri_cli.servers import Completion, ServerApi
+
+COST_ROUNDS = 3  # c(n) rounds per repeat: a round takes ~15 s, a repeat of 18 goldens minutes
 
 
 @dataclass
@@ -58,13 +60,15 @@ def measure_on_server(plain: ServerApi, spec: ServerApi, goldens: list[Golden], 
             cost_round()
         if step:
             step(r + 1, repeats)
-    c = cost_model(costs()) if costs else None
+    given = costs() if costs else None
+    c = cost_model(given) if given else None
     # a proposer with state across requests is one server slot: one instance, goldens in the
     # order the server saw them first (the counts compared are the first repeat's)
     shared = run.new_proposer()
     per = [_golden(g, runs[g.id], run, c, shared if shares_state(shared) else None)
            for g in goldens]
-    return _overall(per, goldens, runs, c, engine or spec.url, repeats)
+    slope = line_slope(given) if given else None
+    return _overall(per, goldens, runs, c, engine or spec.url, repeats, slope)
 
 
 def _golden(golden: Golden, runs: _Runs, run: SimRun, c,
@@ -98,13 +102,15 @@ def _golden(golden: Golden, runs: _Runs, run: SimRun, c,
     ), sim.draft_lengths
 
 
-def _overall(per, goldens, runs: dict, c, engine: str, repeats: int) -> Measured:
+def _overall(per, goldens, runs: dict, c, engine: str, repeats: int,
+             slope: float | None = None) -> Measured:
     measured = [m for m, _ in per]
     steps = sum(len(runs[g.id].plain[0].output_ids) - 1 for g in goldens)
     plain_s = sum(statistics.median(a.decode_s for a in runs[g.id].plain) for g in goldens)
     spec_s = sum(statistics.median(a.decode_s for a in runs[g.id].spec) for g in goldens)
     lengths = [d for _, lengths in per for d in lengths]
     predicted = None if c is None else div_or_none(steps, sum(c(1 + d) for d in lengths))
+    on_line = None if slope is None else div_or_none(steps, sum(1 + slope * d for d in lengths))
     by_repeat = [sum(runs[g.id].plain[r].decode_s for g in goldens)
                  / sum(runs[g.id].spec[r].decode_s for g in goldens) for r in range(repeats)]
     return Measured(
@@ -112,6 +118,7 @@ def _overall(per, goldens, runs: dict, c, engine: str, repeats: int) -> Measured
         spec_tokens_per_s=steps / spec_s if spec_s else 0.0,
         speedup=plain_s / spec_s if spec_s else 0.0,
         predicted_speedup=predicted,
+        predicted_on_line=on_line, cost_slope=slope,
         costs={} if c is None else {n: c(n) for n in range(1, max(lengths, default=0) + 2)},
         proposer_s_per_pass=0.0,  # inside the server's pass time
         spec_equals_plain=all(m.spec_equals_plain for m in measured),
@@ -126,7 +133,7 @@ def measure_local(model, goldens: list[Golden], run: SimRun, repeats: int, threa
                   sampling: Sampling | None = None) -> Measured:
     """Start llama-servers on the model's GGUF — plain, speculative with the run's llamacpp-simple
     settings, and synthetic-acceptance ones for c(2..k+1) — and measure the run on them; c(n) is
-    timed once per repeat, between the goldens."""
+    timed COST_ROUNDS times per repeat (alternating the order of n), between the goldens."""
     from contextlib import ExitStack
 
     from kolibri_cli.bench.server import PassTimes, cost_round, periodic_prompt
@@ -144,12 +151,16 @@ def measure_local(model, goldens: list[Golden], run: SimRun, repeats: int, threa
         spec = start(spec_args("ngram-simple", run.window[1], run.k))
         servers = {1: plain} | {n: start(synth_args(n - 1)) for n in range(2, run.k + 2)}
         times = {n: PassTimes(n) for n in servers}
-        prompt = periodic_prompt(model)
+        prompt = periodic_prompt(model, longest=run.k + 1)
+
+        def cost_rounds():
+            for _ in range(COST_ROUNDS):
+                cost_round(servers, prompt, times, reverse=len(times[1].ms) % 2 == 1)
+
         return measure_on_server(
             plain, spec, goldens, run, repeats,
             costs=lambda: {n: t.median_ms for n, t in times.items()},
-            cost_round=lambda: cost_round(servers, prompt, times), engine=LOCAL, step=step,
-            sampling=sampling)
+            cost_round=cost_rounds, engine=LOCAL, step=step, sampling=sampling)
 
 
 def measure_urls(model, goldens: list[Golden], run: SimRun, spec_url: str, plain_url: str,

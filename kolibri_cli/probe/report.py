@@ -58,6 +58,10 @@ class Measured:
     engine: str = "kolibri"  # or the server measured: "llama-server", a URL
     repeats: int = 1  # plain/spec runs per golden (alternating; medians)
     speedup_range: tuple[float, float] | None = None  # min, max of the per-repeat speedups
+    # the prediction again with c(n) on the least-squares line 1 + cost_slope (n - 1) through
+    # the measured c(n): shows how much of the prediction rests on one noisy c(n)
+    predicted_on_line: float | None = None
+    cost_slope: float | None = None
 
     @property
     def prediction_error(self) -> float | None:
@@ -403,6 +407,9 @@ def _md_measured(m: Measured, name: str = "") -> str:
         ["simulated counts == real counts", "yes" if m.counts_match_simulation else "NO"],
         ["c(n)", ", ".join(f"c({n})={c:.2f}" for n, c in sorted(m.costs.items()))],
     ]
+    if server and m.predicted_on_line is not None:
+        rows.append([f"predicted, c(n) on the line 1 + {m.cost_slope:.3f} (n - 1)",
+                     fmt_ratio(m.predicted_on_line)])
     if server and m.speedup_range:
         rows.append(["speedup per repeat", " - ".join(map(fmt_ratio, m.speedup_range))])
     else:
