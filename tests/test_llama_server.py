@@ -77,20 +77,24 @@ def test_simulated_counts_equal_the_servers_counters(llama_server, goldens, n, m
 
 
 def test_synthetic_acceptance_passes_carry_the_intended_tokens(llama_server, pulled_default):
-    """Every draft accepted, and drafts of n-1 tokens on most passes of the periodic prompt."""
-    from kolibri_cli.bench.server import measure_costs, periodic_prompt
+    """Every draft accepted; the replay of ngram-simple over the returned ids gives the server's
+    own draft counts, and most passes carry n tokens on the periodic prompt."""
+    from kolibri_cli.bench.server import measure_costs, pass_lengths, periodic_prompt
     from kolibri_cli.store.models import open_model
 
     prompt = periodic_prompt(open_model(str(pulled_default.path), weights=False))
     servers = {1: llama_server(), 3: llama_server(synth_args(2)), 5: llama_server(synth_args(4))}
     for n, api in servers.items():
-        c = api.complete(prompt, 1 + 120 // n * n)
+        c = api.complete(prompt, 1 + 120 // n * n, ignore_eos=True)
+        assert len(c.output_ids) == 1 + 120 // n * n  # ignore_eos: no early stop
         assert c.accepted == c.drafted and (c.drafted > 0) == (n > 1)
-        passes = len(c.output_ids) - 1 - c.accepted
-        assert c.drafted >= (n - 1) * passes // 2  # at least half the passes full
-    costs = measure_costs(servers, prompt, repeats=1, engine="llama-server")
+        if n > 1:
+            lengths = pass_lengths(prompt, c, n - 1, 1 + 120 // n * n)  # raises unless equal
+            assert lengths.count(n) >= len(lengths) // 2  # at least half the passes full
+    costs = measure_costs(servers, prompt, repeats=2, engine="llama-server")
     assert costs.costs[1] == 1.0 and set(costs.costs) == {1, 3, 5}
     assert all(0.5 <= share <= 1 for p in costs.passes for share in p.full)
+    assert all(len(p.ms) == 2 for p in costs.passes)
 
 
 def test_bench_on_a_llama_server_url_times_prompt_evaluation(cli, llama_server):

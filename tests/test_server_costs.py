@@ -4,8 +4,7 @@ ids, the per-round solve, the least-squares line. Fake servers with known pass c
 import numpy as np
 import pytest
 
-from kolibri_cli.bench.server import (
-    PassTimes, ServerCosts, cost_round, pass_lengths, solve_pass_ms)
+from kolibri_cli.bench.server import PassTimes, ServerCosts, cost_round, pass_lengths, solve_pass_ms
 from kolibri_cli.decode.costs import line_slope
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.errors import KolibriError
@@ -102,3 +101,38 @@ def test_server_costs_report_raw_medians_and_the_line():
     assert doc["costs"]["3"] == pytest.approx(45 / 21)  # raw, not smoothed
     assert doc["fit"]["slope"] == pytest.approx(slope)
     assert doc["fit"]["costs"]["3"] == pytest.approx(1 + 2 * slope)
+
+
+class ChainServer:
+    """Answers each golden with its own chain; with a proposer, counts drafts as llama-server."""
+
+    def __init__(self, goldens, proposer=None, k: int = 0):
+        self.chains = {tuple(g.prompt_ids): g.output_ids for g in goldens}
+        self.proposer, self.k = proposer, k
+
+    def complete(self, prompt_ids, n, how=None):
+        from kolibri_cli.probe.simulate import ServerCounting, simulate_chain
+
+        chain = self.chains[tuple(prompt_ids)][:n]
+        if self.proposer is None:
+            return Completion(chain, 1.0)
+        sim = simulate_chain(prompt_ids, chain, self.proposer, self.k, ServerCounting(n, (2,)))
+        return Completion(chain, 0.8, sim.drafts_proposed, sim.drafts_accepted)
+
+
+@pytest.mark.parametrize("ms, on_line", [({1: 10, 2: 15, 3: 20, 4: 25}, True),
+                                         ({1: 10, 2: 15, 3: 30, 4: 25}, False)])
+def test_measured_probe_predicts_with_raw_costs_and_on_their_line(ms, on_line):
+    from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+    from kolibri_cli.probe.measure_server import measure_on_server
+    from kolibri_cli.probe.shard import simulate
+
+    goldens = load_goldens(DEFAULT_CHAT)[:4]
+    run = simulate(goldens, 3, (2, 2), "llamacpp-simple")
+    spec = ChainServer(goldens, run.new_proposer(), 3)
+    m = measure_on_server(ChainServer(goldens), spec, goldens, run, repeats=1,
+                          costs=lambda: ms, engine="fake")
+    assert m.speedup == pytest.approx(1.25) and m.costs[3] == ms[3] / 10  # raw c(n)
+    assert m.cost_slope == pytest.approx(line_slope(ms))
+    assert (m.predicted_on_line == pytest.approx(m.predicted_speedup)) is on_line
+    assert m.to_json()["predicted_on_line"] == m.predicted_on_line

@@ -157,10 +157,12 @@ def measure_local(model, goldens: list[Golden], run: SimRun, repeats: int, threa
             for _ in range(COST_ROUNDS):
                 cost_round(servers, prompt, times, reverse=len(times[1].ms) % 2 == 1)
 
-        return measure_on_server(
+        measured = measure_on_server(
             plain, spec, goldens, run, repeats,
             costs=lambda: {n: t.median_ms for n, t in times.items()},
             cost_round=cost_rounds, engine=LOCAL, step=step, sampling=sampling)
+        measured.cost_ms_rounds = {n: t.ms for n, t in times.items()}
+        return measured
 
 
 def measure_urls(model, goldens: list[Golden], run: SimRun, spec_url: str, plain_url: str,

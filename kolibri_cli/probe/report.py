@@ -62,6 +62,8 @@ class Measured:
     # the measured c(n): shows how much of the prediction rests on one noisy c(n)
     predicted_on_line: float | None = None
     cost_slope: float | None = None
+    # ms per n-token pass in each c(n) round (a server kolibri timed): the spread behind c(n)
+    cost_ms_rounds: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def prediction_error(self) -> float | None:
@@ -73,6 +75,7 @@ class Measured:
     def to_json(self) -> dict:
         doc = {name: getattr(self, name) for name in self.__dataclass_fields__}
         doc["costs"] = {str(n): c for n, c in sorted(self.costs.items())}
+        doc["cost_ms_rounds"] = {str(n): ms for n, ms in sorted(self.cost_ms_rounds.items())}
         doc["prediction_error"] = self.prediction_error
         doc["goldens"] = [vars(g).copy() for g in self.goldens]
         return doc
@@ -407,6 +410,9 @@ def _md_measured(m: Measured, name: str = "") -> str:
         ["simulated counts == real counts", "yes" if m.counts_match_simulation else "NO"],
         ["c(n)", ", ".join(f"c({n})={c:.2f}" for n, c in sorted(m.costs.items()))],
     ]
+    if m.cost_ms_rounds:
+        rows.append(["ms per n-token pass (range over c(n) rounds)", ", ".join(
+            f"{n}: {min(ms):.1f}-{max(ms):.1f}" for n, ms in sorted(m.cost_ms_rounds.items()))])
     if server and m.predicted_on_line is not None:
         rows.append([f"predicted, c(n) on the line 1 + {m.cost_slope:.3f} (n - 1)",
                      fmt_ratio(m.predicted_on_line)])
