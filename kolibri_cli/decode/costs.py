@@ -1,10 +1,18 @@
-"""c(n): the cost of an n-token forward pass relative to a 1-token pass."""
+"""Forward costs: c(n), the cost of an n-token forward relative to a 1-token forward, either
+given (a fixed model) or measured while generating (`CostTable`, by rows and context length)."""
 
+import statistics
+from collections import deque
 from collections.abc import Callable
+
+import numpy as np
 
 from kolibri_cli.errors import KolibriError
 
 DEFAULT_COST_SLOPE = 0.06  # c(n) = 1 + slope (n - 1) when nothing was measured: c(6) = 1.30
+KEEP = 15  # slope samples kept per context octave: the median of the latest 15
+TRUSTED = 3  # an octave's slope is used before a nearer octave's once it holds this many
+REFERENCE = 3  # 1-token timings a multi-token pass is compared with: the median of the latest 3
 
 
 def cost_model(costs: dict[int, float] | None) -> Callable[[int], float]:
@@ -27,7 +35,6 @@ def cost_model(costs: dict[int, float] | None) -> Callable[[int], float]:
     return c
 
 
-
 def line_slope(costs: dict[int, float]) -> float:
     """The slope a of the least-squares line c(n) = 1 + a (n - 1) through measured `costs` (any
     unit; divided by costs[1]): the line goes through c(1) = 1, which holds by definition."""
@@ -37,3 +44,124 @@ def line_slope(costs: dict[int, float]) -> float:
     if not points:
         return 0.0
     return sum(x * y for x, y in points) / sum(x * x for x, _ in points)
+
+
+def octave(context: int) -> int:
+    """The context-length class a timing belongs to: 0 for 1 token, 1 for 2-3, 2 for 4-7, ..."""
+    return max(int(context), 1).bit_length() - 1
+
+
+class CostTable:
+    """c(n) at a context length, either given (`from_costs`: the same numbers everywhere) or
+    measured from the passes a generator already runs (`add`).
+
+    Measured: each multi-token pass is compared with the latest 1-token passes (the median of the
+    last REFERENCE), which ran moments before at nearly the same context length, so a machine
+    whose load drifts cancels out of the ratio; the ratio gives one sample of the slope s in
+    c(n) = 1 + s (n - 1). Per octave of the context length the table keeps the latest KEEP
+    samples and answers with their median, from the octave nearest the asked context that holds
+    TRUSTED samples (else the nearest with any; else DEFAULT_COST_SLOPE). One slope per octave,
+    not one cost per n: a few dozen passes per request cannot pin down 16 noisy numbers, and a
+    single lucky timing must not make a long draft look free. A frozen table ignores `add`: the
+    policy that reads it is then a fixed function of the context, which the probe reproduces.
+    """
+
+    def __init__(self, frozen: bool = False, log: bool = False):
+        self.frozen = frozen
+        self.log: list[np.ndarray] | None = [] if log else None  # every answer of `relative`
+        self._given: Callable[[int], float] | None = None  # from_costs: c(n), any context
+        self._slopes: dict[int, deque] = {}  # octave -> the latest slope samples
+        self._ones: deque = deque(maxlen=REFERENCE)  # the latest 1-token timings (seconds)
+        self._cache: dict[tuple[int, int], np.ndarray] = {}  # (octave, top) -> c[0..top]
+
+    def add(self, rows: int, context: int, seconds: float) -> None:
+        """Record one forward of `rows` tokens after `context` cached ones (no-op when frozen)."""
+        if self.frozen or not seconds > 0:
+            return
+        if rows == 1:
+            self._ones.append(float(seconds))
+            return
+        if not self._ones:
+            return
+        ratio = seconds / statistics.median(self._ones)
+        samples = self._slopes.setdefault(octave(context), deque(maxlen=KEEP))
+        samples.append(max(ratio - 1.0, 0.0) / (rows - 1))
+        self._cache.clear()
+
+    def slope(self, context: int) -> float:
+        """The slope s of c(n) = 1 + s (n - 1) at this context length (measured or default)."""
+        held = [o for o, samples in self._slopes.items() if samples]
+        if not held:
+            return DEFAULT_COST_SLOPE
+        target = octave(context)
+        trusted = [o for o in held if len(self._slopes[o]) >= TRUSTED]
+        o = min(trusted or held, key=lambda o: (abs(o - target), o))
+        return statistics.median(self._slopes[o])
+
+    def relative(self, context: int, top: int) -> np.ndarray:  # -> float64[top + 1]
+        """c[n] for n = 1..top at this context length (c[0] unused, = 0; c[1] = 1)."""
+        key = (octave(context), int(top))
+        if key not in self._cache:
+            self._cache[key] = self._relative(*key)
+        if self.log is not None:
+            self.log.append(self._cache[key])
+        return self._cache[key]
+
+    def _relative(self, oct_: int, top: int) -> np.ndarray:
+        n = np.arange(top + 1, dtype=np.float64)  # [top + 1]
+        if self._given is not None:
+            c = np.array([0.0, *(self._given(int(m)) for m in n[1:])])
+        else:
+            c = 1.0 + self.slope(1 << oct_) * (n - 1)
+        c[0] = 0.0
+        return c
+
+    def to_dict(self) -> dict:
+        """{"frozen", "slopes": [[octave, [s...]], ...], "ones": [seconds...]} — JSON-ready."""
+        return {"frozen": self.frozen, "ones": list(self._ones),
+                "slopes": [[o, list(s)] for o, s in sorted(self._slopes.items())]}
+
+    @classmethod
+    def from_dict(cls, obj: dict, frozen: bool | None = None) -> "CostTable":
+        table = cls(frozen=bool(obj.get("frozen", False)) if frozen is None else frozen)
+        table._ones.extend(obj.get("ones", []))
+        for o, samples in obj.get("slopes", []):
+            table._slopes[int(o)] = deque(samples, maxlen=KEEP)
+        return table
+
+    @classmethod
+    def from_costs(cls, costs: dict[int, float]) -> "CostTable":
+        """A frozen table giving these c(n) at every context length (e.g. `--costs`)."""
+        table = cls(frozen=True)
+        table._given = cost_model(costs)
+        return table
+
+    def freeze(self) -> "CostTable":
+        """A frozen copy: the same costs from now on, whatever is added."""
+        if self._given is not None:
+            return self
+        return CostTable.from_dict(self.to_dict(), frozen=True)
+
+
+class ReplayedCosts:
+    """The answers a logging CostTable gave a live run, given again in the same order: a
+    simulation of that run then decides exactly as the run did, whatever the timings were."""
+
+    frozen = True
+
+    def __init__(self):
+        self._answers: list[np.ndarray] = []
+        self._next = 0
+
+    def extend(self, answers: list[np.ndarray]) -> None:
+        self._answers.extend(answers)
+
+    def add(self, rows: int, context: int, seconds: float) -> None:
+        pass
+
+    def relative(self, context: int, top: int) -> np.ndarray:
+        if self._next >= len(self._answers) or len(self._answers[self._next]) != top + 1:
+            raise KolibriError("the simulation asked for costs the live run did not (the "
+                               "policy is not a function of the context and the costs)")
+        self._next += 1
+        return self._answers[self._next - 1]

@@ -139,7 +139,9 @@ def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
         tp, budget = time.perf_counter(), max_tokens - len(run.out) - 1
         drafts = (draft_tree if trees else draft)(proposer, run.context(), budget)
         proposer_s += time.perf_counter() - tp
+        context = len(run.context())
         a, new = run.verify_tree(drafts) if trees else run.verify(drafts)
+        _time(proposer, 1 + len(drafts), context, run.forward_s)
         passes.append(VerifyPass(len(run.out), len(drafts), a,
                                  tuple(drafts.depths()) if trees else ()))
         produced = run.commit(new, on_tokens)
@@ -163,6 +165,7 @@ class _Run:
         self.ids[: self.n] = prompt_ids
         self.out: list[int] = []
         self.reason: str | None = None
+        self.forward_s = 0.0  # seconds of the last verify pass's forward
         self.cache = self._cache(kv)
 
     def _cache(self, kv):
@@ -209,7 +212,9 @@ class _Run:
         drafts (later rows draw no noise); return (accepted, the tokens this pass produces)."""
         pos, i = self.last_pos, len(self.out)
         self.ids[pos + 1 : pos + 1 + len(drafts)] = drafts  # the context rows 1.. see
+        t0 = time.perf_counter()
         logits = self.tf.forward([self.out[-1], *drafts], pos, self.cache)  # [j + 1, V]
+        self.forward_s = time.perf_counter() - t0
         a, token = 0, self.pick(logits[0], i)
         while a < len(drafts) and token == drafts[a]:
             a += 1
@@ -282,3 +287,11 @@ def _observe(proposer, context, done: VerifyPass, final: bool, produced: int) ->
     else:
         proposer.observe(context, done.drafted, done.accepted)
     return time.perf_counter() - t0
+
+
+def _time(proposer, rows: int, context: int, seconds: float) -> None:
+    """Give a cost-aware proposer the time of the forward it chose: `rows` tokens after
+    `context` (the length of the context it drafted from)."""
+    costs = getattr(proposer, "costs", None)
+    if hasattr(costs, "add"):
+        costs.add(rows, context, seconds)
