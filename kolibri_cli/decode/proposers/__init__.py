@@ -13,8 +13,10 @@ Non-goals: verification, acceptance, the KV cache (the speculative generator own
 
 from typing import Protocol, runtime_checkable
 
+from kolibri_cli.decode.costs import CostTable, ReplayedCosts
 from kolibri_cli.decode.proposers.adaptive import AdaptiveProposer
 from kolibri_cli.decode.proposers.adaptive_tree import AdaptiveTreeProposer
+from kolibri_cli.decode.proposers.guard import GuardProposer
 from kolibri_cli.decode.proposers.llamacpp import (
     LLAMACPP_DEFAULTS,
     LlamaCppCacheProposer,
@@ -27,8 +29,11 @@ from kolibri_cli.decode.proposers.ngram import HfProposer, NgramProposer
 from kolibri_cli.decode.proposers.settings import (
     DEFAULT_K,
     DEFAULT_PROPOSER,
+    DEFAULT_SPEC_PROPOSER,
     DEFAULT_WINDOW,
+    GUARD_K,
     LlamaCppOptions,
+    default_k,
     format_window,
     parse_k,
     parse_k_list,
@@ -43,14 +48,15 @@ from kolibri_cli.decode.proposers.tree import DraftTree
 from kolibri_cli.errors import KolibriError
 
 __all__ = [
-    "DEFAULT_K", "DEFAULT_PROPOSER", "DEFAULT_WINDOW", "LLAMACPP_DEFAULTS", "PROPOSERS",
-    "AdaptiveProposer", "AdaptiveTreeProposer",
+    "DEFAULT_K", "DEFAULT_PROPOSER", "DEFAULT_SPEC_PROPOSER", "DEFAULT_WINDOW", "GUARD_K",
+    "LLAMACPP_DEFAULTS", "PROPOSERS", "AdaptiveProposer", "AdaptiveTreeProposer", "GuardProposer",
     "HfProposer", "LlamaCppCacheProposer", "LlamaCppMapK4vProposer", "LlamaCppMapKProposer",
     "LlamaCppModProposer", "LlamaCppOptions", "LlamaCppSimpleProposer", "NgramProposer",
     "Proposer", "SglangProposer", "SuffixProposer", "SuffixTreeProposer", "DraftTree",
-    "canonical_proposer", "default_settings", "draft", "draft_tree", "is_tree_proposer",
-    "format_window", "make_proposer", "parse_k", "parse_k_list", "parse_window",
-    "parse_window_list", "shares_state", "start_request", "validate_k", "validate_window",
+    "canonical_proposer", "default_k", "default_settings", "draft", "draft_tree",
+    "is_tree_proposer", "format_window", "make_proposer", "parse_k", "parse_k_list",
+    "parse_window", "parse_window_list", "shares_state", "start_request", "validate_k",
+    "validate_window",
 ]
 
 
@@ -86,6 +92,7 @@ PROPOSERS = {
     "suffix-tree": SuffixTreeProposer,
     "adaptive-tree": AdaptiveTreeProposer,
     "sglang": SglangProposer,
+    "guard": GuardProposer,
 }
 ALIASES = {"ngram": "vllm"}
 # (k, window) where a proposer's own defaults differ from kolibri's shared ones; for tree
@@ -144,21 +151,39 @@ def canonical_proposer(name: str) -> str:
 
 
 def make_proposer(name: str, k: int, window: tuple[int, int],
-                  costs: dict[int, float] | None = None, cross_request: bool = False,
-                  eos_ids: tuple[int, ...] = (),
+                  costs: dict[int, float] | CostTable | ReplayedCosts | None = None,
+                  cross_request: bool = False, eos_ids: tuple[int, ...] = (),
                   llamacpp: LlamaCppOptions | None = None) -> Proposer:
     """A fresh proposer called `name` with draft cap k and n-gram window (min, max); `costs` feeds
-    `adaptive`, `cross_request` feeds `suffix`, `eos_ids` feeds `hf`, `llamacpp` feeds llama.cpp's
-    stateful types (others ignore them)."""
+    `adaptive`, `adaptive-tree` and `guard`, `cross_request` feeds `suffix`, `eos_ids` feeds `hf`,
+    `llamacpp` feeds llama.cpp's stateful types (others ignore them). `guard` without costs
+    measures its own (a live table the generator fills); given c(n), it drafts with them, frozen."""
     name = canonical_proposer(name)
+    if name == "guard":
+        return GuardProposer(k, *window, costs=_cost_table(costs))
     if name in LLAMACPP_DEFAULTS and name != "llamacpp-simple":
         return PROPOSERS[name](k, *window, options=llamacpp)
     if name in ("suffix", "suffix-tree"):
         return PROPOSERS[name](k, *window, cross_request=cross_request)
     if name == "adaptive":
-        return AdaptiveProposer(k, *window, costs=costs)
+        return AdaptiveProposer(k, *window, costs=_cost_dict(costs))
     if name == "adaptive-tree":
-        return AdaptiveTreeProposer(k, *window, costs=costs, cross_request=cross_request)
+        return AdaptiveTreeProposer(k, *window, costs=_cost_dict(costs),
+                                    cross_request=cross_request)
     if name == "hf":
         return HfProposer(k, *window, eos_ids=tuple(eos_ids))
     return PROPOSERS[name](k, window[0], window[1])
+
+
+def _cost_table(costs):
+    """A table as given (measured, frozen or replayed); numbers make a frozen one; none, a live
+    one to fill."""
+    if isinstance(costs, dict):
+        return CostTable.from_costs(costs)
+    return CostTable() if costs is None else costs
+
+
+def _cost_dict(costs) -> dict[int, float] | None:
+    if not isinstance(costs, dict | None):
+        raise KolibriError("adaptive takes c(n) as numbers (--costs), not a measured table")
+    return costs

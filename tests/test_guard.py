@@ -1,0 +1,206 @@
+"""The guard: costs measured by rows and context length, the draft length worth its cost,
+acceptance learned from every candidate, and the probe's simulation deciding exactly as a live
+run given the same costs."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_models import MODELS, prompts
+
+from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE, KEEP, CostTable, ReplayedCosts, octave
+from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.proposers import GuardProposer, make_proposer
+from kolibri_cli.decode.proposers.guard import AcceptancePrior
+from kolibri_cli.decode.sampling import Sampling
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.simulate import simulate_chain
+
+# ---- the cost table ----------------------------------------------------------------------------
+
+
+def test_octaves_group_context_lengths_by_powers_of_two():
+    assert [octave(t) for t in (0, 1, 2, 3, 4, 7, 8, 100, 128)] == [0, 0, 1, 1, 2, 2, 3, 6, 7]
+
+
+def test_each_multi_token_pass_is_compared_with_the_latest_one_token_passes():
+    table = CostTable()
+    table.add(3, 100, 0.013)  # nothing to compare with yet: ignored
+    assert table.slope(100) == DEFAULT_COST_SLOPE
+    for t1 in (0.010, 0.011, 0.009):  # reference: median 10 ms
+        table.add(1, 100, t1)
+    table.add(3, 100, 0.013)  # c(3) = 1.3: slope 0.15
+    assert table.slope(100) == pytest.approx(0.15)
+    c = table.relative(100, 5)
+    assert c[0] == 0 and c[1:].tolist() == pytest.approx([1.0, 1.15, 1.3, 1.45, 1.6])
+
+
+def test_a_load_that_drifts_cancels_out_and_outliers_do_not_count():
+    """The machine slows down 3x between the first passes and the last: each multi-token pass
+    is judged against the 1-token passes next to it, so the slope stays put; one preempted
+    pass (10x) or one lucky one (faster than a 1-token pass) moves the median little."""
+    table = CostTable()
+    for load in (1.0, 1.0, 3.0, 3.0, 3.0):
+        for _ in range(3):
+            table.add(1, 300, 0.010 * load)
+        table.add(5, 300, 0.010 * load * 1.4)  # slope 0.1
+    table.add(5, 300, 0.4)
+    table.add(5, 300, 0.005)
+    assert table.slope(300) == pytest.approx(0.1)
+    assert all(np.diff(table.relative(300, 9)[1:]) > 0)  # more rows never cost less
+
+
+def test_slopes_come_from_the_nearest_octave_holding_enough_samples():
+    table = CostTable()
+    for _ in range(3):
+        table.add(1, 100, 0.010)
+        table.add(2, 100, 0.012)  # octave 6: slope 0.2
+    table.add(1, 1000, 0.010)
+    table.add(2, 1000, 0.015)  # octave 9: one sample, slope 0.5 (the reference holds 10-12 ms)
+    assert octave(100) == 6 and octave(1000) == 9
+    assert table.slope(1000) == pytest.approx(0.2)  # the trusted octave wins
+    for _ in range(2):
+        table.add(2, 1000, 0.015)
+    assert table.slope(1000) == pytest.approx(0.5)
+    assert table.slope(120) == pytest.approx(0.2)
+
+
+def test_untimed_costs_follow_the_default_model():
+    c = CostTable().relative(50, 4)
+    assert c[1:].tolist() == pytest.approx([1 + DEFAULT_COST_SLOPE * n for n in range(4)])
+
+
+def test_a_frozen_table_ignores_timings_and_round_trips():
+    table = CostTable.from_costs({1: 2.0, 2: 3.0, 3: 4.8})  # any unit: divided by c(1)
+    table.add(1, 100, 1.0)
+    table.add(2, 100, 99.0)
+    assert table.relative(100, 4)[1:].tolist() == pytest.approx([1.0, 1.5, 2.4, 3.3])
+    assert table.relative(7000, 3)[1:].tolist() == pytest.approx([1.0, 1.5, 2.4])
+    live = CostTable()
+    for _ in range(3):
+        live.add(1, 10, 0.01)
+        live.add(4, 10, 0.013)
+    frozen = live.freeze()
+    frozen.add(4, 10, 5.0)
+    again = CostTable.from_dict(frozen.to_dict())
+    assert again.frozen and not live.frozen
+    assert frozen.slope(10) == again.slope(10) == live.slope(10) == pytest.approx(0.1)
+
+
+def test_replayed_costs_refuse_a_question_the_live_run_did_not_ask():
+    replay = ReplayedCosts()
+    replay.extend([np.array([0.0, 1.0, 1.1])])
+    assert replay.relative(10, 2).tolist() == [0.0, 1.0, 1.1]
+    with pytest.raises(KolibriError, match="not a function of the context"):
+        replay.relative(10, 2)
+
+
+# ---- the choice --------------------------------------------------------------------------------
+
+
+def guard(k=4, costs=None, rate=0.5, weight=1e6):
+    """A guard whose acceptance is pinned at `rate` per position (a heavy prior)."""
+    table = CostTable.from_costs(costs or {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3, 5: 1.4})
+    prior = AcceptancePrior(rates=((rate,),), weight=weight)
+    return GuardProposer(k, 1, 4, costs=table, prior=prior)
+
+
+def test_drafts_the_length_with_the_most_tokens_per_unit_of_cost():
+    assert guard(rate=0.9).best_length(1, 4, 100) == 4  # likely and cheap: all of it
+    assert guard(rate=0.05).best_length(1, 4, 100) == 0  # unlikely: a plain step
+    steep = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.8, 5: 3.4}
+    assert guard(rate=0.5, costs=steep).best_length(1, 4, 100) == 0  # 1.5 tokens for 1.6
+    assert guard(rate=0.7, costs={1: 1, 2: 1.05, 3: 1.6, 4: 2.2, 5: 2.8}).best_length(
+        1, 4, 100) == 1  # the third row is where the cost jumps
+    assert guard(rate=0.9).best_length(1, 0, 100) == 0
+
+
+def test_no_match_no_draft_and_the_budget_cuts():
+    g = guard(rate=0.9)
+    assert g.propose([1, 2, 3], 5) == []
+    assert g.propose([1, 2, 3, 1, 2], 5) == [3, 1, 2]
+    assert g.propose([1, 2, 3, 1, 2, 3, 1, 2], 2) == [3, 1]
+
+
+def test_acceptance_is_learned_from_candidates_never_drafted():
+    """Costs so steep that nothing is drafted; the produced tokens still show that every
+    candidate would have been accepted, so the estimate climbs and drafting starts."""
+    steep = {1: 1.0, 2: 1.45, 3: 1.9, 4: 2.35, 5: 2.8}
+    g = GuardProposer(4, 1, 1, costs=CostTable.from_costs(steep),
+                      prior=AcceptancePrior(rates=((0.1,),), weight=2.0))
+    cycle = [5, 6, 7] * 30
+    drafts = [len(g.propose(cycle[:n], 4)) for n in range(4, 40)]  # one token per step
+    assert drafts[0] == 0 and drafts[-1] > 0
+    assert g._acceptance.rates(0)[0] > 0.9
+
+
+def test_a_new_request_restarts_acceptance():
+    g = GuardProposer(4, 1, 2, costs=CostTable.from_costs({1: 1.0, 2: 1.1}))
+    cycle = [5, 6, 7] * 10
+    for n in range(4, 30):
+        g.propose(cycle[:n], 4)
+    learned = g._acceptance.tried.sum()
+    g.propose([9, 8, 9], 4)
+    assert learned > 0 and g._acceptance.tried.sum() == 0
+
+
+def test_guard_is_made_by_name_with_given_or_measured_costs():
+    assert make_proposer("guard", 5, (1, 4)).costs.frozen is False  # measures its own
+    given = make_proposer("guard", 5, (1, 4), {1: 1.0, 2: 1.2})
+    assert given.costs.frozen and given.costs.relative(10, 2)[2] == pytest.approx(1.2)
+    with pytest.raises(KolibriError, match="adaptive takes c"):
+        make_proposer("adaptive", 5, (1, 4), CostTable())
+
+
+# ---- the law, and simulation == live -----------------------------------------------------------
+
+FROZEN = {1: 1.0, 2: 1.08, 3: 1.15, 4: 1.3, 5: 1.32, 6: 1.5, 7: 1.6, 8: 1.7, 9: 1.8}
+SAMPLED = Sampling(temperature=0.8, seed=7)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 3), prompt=prompts, k=st.integers(1, 8),
+       max_tokens=st.integers(1, 40), sampled=st.booleans())
+def test_guard_spec_equals_plain_measuring_its_own_costs(seed, prompt, k, max_tokens, sampled):
+    model, how = MODELS[seed], SAMPLED if sampled else Sampling()
+    plain = generate_plain(model, prompt, max_tokens, sampling=how)
+    proposer = make_proposer("guard", k, (1, 4))
+    spec = generate_spec(model, prompt, max_tokens, proposer, sampling=how)
+    assert spec.output_ids == plain.output_ids
+    drafted = [p.drafted for p in spec.passes]
+    sampled = sum(len(s) for _, s in proposer.costs.to_dict()["slopes"])
+    if len(drafted) <= KEEP:  # every multi-token pass after a 1-token one is a slope sample
+        assert sampled == sum(d > 0 and 0 in drafted[:i] for i, d in enumerate(drafted))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 3), batch=st.lists(prompts, min_size=1, max_size=3),
+       k=st.integers(1, 8), max_tokens=st.integers(2, 40), sampled=st.booleans())
+def test_simulated_counts_equal_live_counts_given_the_same_cost_table(
+    seed, batch, k, max_tokens, sampled
+):
+    model, how = MODELS[seed], SAMPLED if sampled else Sampling()
+    live = make_proposer("guard", k, (1, 4), CostTable.from_costs(FROZEN))
+    simulated = make_proposer("guard", k, (1, 4), CostTable.from_costs(FROZEN))
+    for prompt in batch:
+        plain = generate_plain(model, prompt, max_tokens, sampling=how)
+        stats = generate_spec(model, prompt, max_tokens, live, sampling=how).spec_stats()
+        sim = simulate_chain(prompt, plain.output_ids, simulated, k)
+        assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
+            sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
+
+
+def test_a_simulation_replaying_the_costs_a_live_run_read_decides_as_it_did():
+    model, prompt = MODELS[0], [5, 6, 7, 8] * 5
+    table = CostTable()
+    table.log = []
+    live = make_proposer("guard", 6, (1, 4), table)
+    replay = ReplayedCosts()
+    simulated = make_proposer("guard", 6, (1, 4), replay)
+    plain = generate_plain(model, prompt, 60)
+    stats = generate_spec(model, prompt, 60, live).spec_stats()
+    replay.extend(table.log)
+    sim = simulate_chain(prompt, plain.output_ids, simulated, 6)
+    assert stats["drafts_accepted"] > 0
+    assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
+        sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
