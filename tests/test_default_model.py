@@ -83,6 +83,7 @@ def test_generate_spec_json_on_the_default_model(pulled_default, monkeypatch):
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["mode"] == "spec" and doc["k"] == 3 and doc["window"] == [2, 2]
+    assert doc["proposer"] == "guard"  # the default of --spec
     stats = doc["stats"]
     assert stats["drafts_accepted"] > 0
     assert sum(stats["accepted_per_position"]) == stats["drafts_accepted"]

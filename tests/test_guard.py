@@ -152,6 +152,22 @@ def test_guard_is_made_by_name_with_given_or_measured_costs():
         make_proposer("adaptive", 5, (1, 4), CostTable())
 
 
+def test_spec_drafts_with_the_guard_unless_a_fixed_rule_is_named():
+    import inspect
+
+    from kolibri_cli.cli import options
+    from kolibri_cli.cli.chat import chat
+    from kolibri_cli.cli.generate import generate
+
+    for command in (generate, chat):
+        assert inspect.signature(command).parameters["proposer_name"].default == "guard"
+    assert options.proposer(None, "1-4", "guard").k == 16  # a wide cap: it chooses the length
+    assert options.proposer(None, "1-4", "ngram").k == 5  # a fixed rule keeps its default
+    assert options.proposer(3, "2", "guard").k == 3
+    with pytest.raises(KolibriError, match="--k must be at least 1"):
+        options.proposer(0, "1-4", "guard")
+
+
 # ---- the law, and simulation == live -----------------------------------------------------------
 
 FROZEN = {1: 1.0, 2: 1.08, 3: 1.15, 4: 1.3, 5: 1.32, 6: 1.5, 7: 1.6, 8: 1.7, 9: 1.8}

@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from kolibri_cli.cli import options as opt
-from kolibri_cli.decode.proposers import DEFAULT_PROPOSER
+from kolibri_cli.decode.proposers import DEFAULT_SPEC_PROPOSER
 
 HELP = ("/reset forgets the conversation, /spec on|off switches n-gram speculation, /exit (or "
         "Ctrl-D) leaves; Ctrl-C stops an answer.")
@@ -19,7 +19,7 @@ def chat(
     spec: Annotated[bool, typer.Option("--spec", help="Start with n-gram speculation on.")] = False,
     k: opt.KOpt = None,
     window: opt.WindowOpt = None,
-    proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
+    proposer_name: opt.ProposerOpt = DEFAULT_SPEC_PROPOSER,
     temperature: opt.TemperatureOpt = None,
     top_k: opt.TopKOpt = None,
     top_p: opt.TopPOpt = None,

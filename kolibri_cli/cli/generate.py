@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from kolibri_cli.cli import options as opt
-from kolibri_cli.decode.proposers import DEFAULT_PROPOSER
+from kolibri_cli.decode.proposers import DEFAULT_SPEC_PROPOSER
 from kolibri_cli.errors import KolibriError
 
 
@@ -21,7 +21,7 @@ def generate(
     window: opt.WindowOpt = None,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Run plain then spec, check identical ids, print both speeds.")] = False,
-    proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
+    proposer_name: opt.ProposerOpt = DEFAULT_SPEC_PROPOSER,
     min_hits: opt.MinHitsOpt = None,
     n_min: opt.NMinOpt = None,
     lookup_cache_static: opt.StaticCacheOpt = None,

@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from kolibri_cli.decode.proposers import (
+    DEFAULT_K,
     DEFAULT_PROPOSER,
+    GUARD_K,
     PROPOSERS,
     LlamaCppOptions,
 )
@@ -21,8 +23,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on 
 ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", "-t", min=1, help="Kernel threads (default: all cores).")]
 KOpt = Annotated[int | None, typer.Option(
-    "--k", help="Most draft tokens per verify pass (tree proposers: tree nodes). [default: 5; "
-    "llama.cpp's types and the tree proposers: their own, see docs/probe.md]")]
+    "--k", help="Most draft tokens per verify pass (tree proposers: tree nodes). [default: "
+    f"{DEFAULT_K}; guard: {GUARD_K}; llama.cpp's types and the tree proposers: their own, see "
+    "docs/probe.md]")]
 WindowOpt = Annotated[str | None, typer.Option(
     "--window", help="n-gram sizes tried, 'MIN-MAX' or 'N' (longest first; llama.cpp's types: "
     "n = MAX). [default: 1-4, or the proposer's own]")]

@@ -33,7 +33,6 @@ from kolibri_cli.decode.proposers.settings import (
     DEFAULT_WINDOW,
     GUARD_K,
     LlamaCppOptions,
-    default_k,
     format_window,
     parse_k,
     parse_k_list,
@@ -53,10 +52,9 @@ __all__ = [
     "HfProposer", "LlamaCppCacheProposer", "LlamaCppMapK4vProposer", "LlamaCppMapKProposer",
     "LlamaCppModProposer", "LlamaCppOptions", "LlamaCppSimpleProposer", "NgramProposer",
     "Proposer", "SglangProposer", "SuffixProposer", "SuffixTreeProposer", "DraftTree",
-    "canonical_proposer", "default_k", "default_settings", "draft", "draft_tree",
-    "is_tree_proposer", "format_window", "make_proposer", "parse_k", "parse_k_list",
-    "parse_window", "parse_window_list", "shares_state", "start_request", "validate_k",
-    "validate_window",
+    "canonical_proposer", "default_settings", "draft", "draft_tree", "is_tree_proposer",
+    "format_window", "make_proposer", "parse_k", "parse_k_list", "parse_window",
+    "parse_window_list", "shares_state", "start_request", "validate_k", "validate_window",
 ]
 
 
@@ -96,9 +94,9 @@ PROPOSERS = {
 }
 ALIASES = {"ngram": "vllm"}
 # (k, window) where a proposer's own defaults differ from kolibri's shared ones; for tree
-# proposers k counts tree nodes
+# proposers k counts tree nodes; the guard's k is a wide cap (it chooses each draft's length)
 DEFAULTS = LLAMACPP_DEFAULTS | {"sglang": (12, (1, 12)), "suffix-tree": (12, (1, 4)),
-                                "adaptive-tree": (16, (1, 4))}
+                                "adaptive-tree": (16, (1, 4)), "guard": (GUARD_K, DEFAULT_WINDOW)}
 
 
 def draft(proposer: Proposer, context, budget: int) -> list[int]:

@@ -7,8 +7,10 @@ from pathlib import Path
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.text import shown
 
-DEFAULT_PROPOSER = "vllm"
+DEFAULT_PROPOSER = "vllm"  # the probe's and bench's default: a fixed rule, as engines run it
+DEFAULT_SPEC_PROPOSER = "guard"  # what `kolibri generate --spec` and chat draft with
 DEFAULT_K = 5  # draft tokens per verify pass
+GUARD_K = 16  # the guard's cap: it drafts less wherever longer drafts would not pay
 DEFAULT_WINDOW = (1, 4)  # n-gram lengths tried, (min, max)
 # Sane maxima, far above any useful setting (upstream defaults: k 5-48, n 2-12): proposers
 # allocate per n and per draft position, so an unbounded value is a hang or a MemoryError.
