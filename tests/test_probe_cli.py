@@ -37,7 +37,8 @@ def test_json_schema_and_values(goldens):
     result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"schema_version", "throughput", "config", "best", "comparison", "runs"}
+    assert set(doc) == {"schema_version", "throughput", "config", "best", "comparison", "runs", "guard"}
+    assert doc["guard"] is None  # nothing measured
     assert doc["config"]["k"] == [3] and doc["config"]["window"] == ["1-2"]
     assert (doc["throughput"]["chains"], doc["throughput"]["steps"]) == (2, 9)
     assert doc["best"] == {"proposer": "vllm", "k": 3, "window": [1, 2], "ratio": 1.8}
@@ -241,6 +242,57 @@ def test_measured_totals_with_one_token_goldens_predict_nothing():
     golden = Golden("g", "c", "p", False, prompt, one, "m", "0" * 64)
     m = measure_run(model, [golden], simulate([golden], 3, (1, 2)))
     assert m.predicted_speedup is None and m.spec_equals_plain and m.counts_match_simulation
+
+
+def test_guard_and_fixed_measured_in_one_run_agree_with_their_simulations():
+    """The guard measures its own costs while it runs; its simulation replays the costs it read,
+    so counts == simulation holds for it as for a fixed rule, round after round."""
+    from tiny_models import MODELS
+
+    from kolibri_cli.decode.generate import generate_plain
+    from kolibri_cli.goldens.chains import Golden
+    from kolibri_cli.probe.measure import measure_runs
+    from kolibri_cli.probe.simulate import simulate
+
+    model = MODELS[0]
+    prompts = [[5, 6, 7] * 4, [9, 3, 9, 3, 4]]
+    goldens = [Golden(f"g{i}", "c", "p", False, p, generate_plain(model, p, 30).output_ids, "m",
+                      "0" * 64) for i, p in enumerate(prompts)]
+    runs = [simulate(goldens, 8, (1, 4), "guard"), simulate(goldens, 3, (1, 4), "vllm")]
+    measured = measure_runs(model, goldens, runs, repeats=2)
+    assert list(measured) == [("guard", 8, (1, 4)), ("vllm", 3, (1, 4))]
+    for m in measured.values():
+        assert m.spec_equals_plain and m.counts_match_simulation
+        assert [g.id for g in m.goldens] == ["g0", "g1"]
+        assert m.worst.speedup == min(g.speedup for g in m.goldens)
+
+
+def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
+    from kolibri_cli.cli.render_probe import guard_table
+    from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.config import ProbeConfig
+    from kolibri_cli.probe.report import Measured, MeasuredGolden, guard_json, render_markdown
+    from kolibri_cli.probe.simulate import simulate
+
+    def golden(gid, x):
+        return MeasuredGolden(gid, 20.0, 20.0 * x, x, None, True, None, True, 3, 4, 2)
+
+    measured = {
+        ("guard", 16, (1, 4)): Measured(20.0, 24.0, 1.2, None, {1: 1.0}, 0.0, True, True,
+                                        [golden("a", 1.5), golden("b", 0.98)]),
+        ("vllm", 5, (1, 4)): Measured(20.0, 22.0, 1.1, None, {1: 1.0}, 0.0, True, True,
+                                      [golden("a", 1.7), golden("b", 0.9)]),
+    }
+    doc = guard_json(measured)
+    assert doc == {"configurations": ["guard k=16 window=1-4", "vllm k=5 window=1-4"],
+                   "goldens": {"a": [1.5, 1.7], "b": [0.98, 0.9]}, "overall": [1.2, 1.1],
+                   "worst": [{"id": "b", "speedup": 0.98}, {"id": "b", "speedup": 0.9}]}
+    assert measured[("vllm", 5, (1, 4))].to_json()["worst"] == {"id": "b", "speedup": 0.9}
+    run_ = simulate(load_goldens(goldens), 5, (1, 4))
+    text = render_markdown(ProbeConfig(goldens=[goldens]), [run_], "kolibri probe", measured)
+    assert "## Guard: measured spec / plain per golden" in text
+    assert "| worst | 0.98x | 0.90x |" in text
+    assert guard_table(measured).cols[2].header == "vllm k=5 window=1-4"
 
 
 def test_regenerate_command_reproduces_the_report(goldens, tmp_path):

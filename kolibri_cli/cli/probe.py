@@ -138,7 +138,8 @@ def probe(
         None,
         "--measure/--no-measure",
         help="Also run the model, plain and spec, on every golden (for the best configuration "
-        "of a sweep): tok/s, measured vs predicted speedup, spec == plain.",
+        "of a sweep, of each proposer when comparing): tok/s, measured vs predicted speedup, "
+        "spec == plain, and the guard report (spec / plain per golden, the worst).",
     ),
     bench: bool | None = typer.Option(
         None,
@@ -164,8 +165,9 @@ def probe(
         "model's own]"
     ),
     repeats: int | None = typer.Option(
-        None, "--repeats", metavar="N", help="Server runs per golden, plain and spec "
-        "alternating; medians. [default: 3]"
+        None, "--repeats", metavar="N", help="--measure: runs per golden, plain and spec taking "
+        "turns (in kolibri, every measured configuration in each round, the order rotating); "
+        "medians. [default: 1 in kolibri, 3 on a server]"
     ),
     timeout: float | None = typer.Option(
         None, "--timeout", metavar="S", help="Seconds to wait for one server answer. "
@@ -374,12 +376,12 @@ def _bench_golden(model):
 
 def _measure(cfg, model, goldens, runs) -> dict:
     """Run the model on every golden for the best simulated configuration (or the only one) —
-    of each proposer when comparing: measuring a whole sweep would take minutes per
-    configuration."""
+    of each proposer when comparing, all in one interleaved run so machine noise hits them alike:
+    measuring a whole sweep would take minutes per configuration."""
     from kolibri_cli.cli import render
     from kolibri_cli.cli.options import resolve_sampling, sampling_options
     from kolibri_cli.goldens import record as recorder
-    from kolibri_cli.probe.measure import measure_run
+    from kolibri_cli.probe.measure import measure_runs
     from kolibri_cli.probe.report import run_key
     from kolibri_cli.probe.simulate import best_per_proposer, best_run
 
@@ -387,15 +389,18 @@ def _measure(cfg, model, goldens, runs) -> dict:
     given = cfg.sampling_overrides()
     override = resolve_sampling(model, sampling_options(**given)) if given else None
     chosen = best_per_proposer(runs) if len(cfg.proposer) > 1 else [best_run(runs)]
+    if _in_process(cfg):
+        names = ", ".join(run.name for run in chosen)
+        with render.progress_bar(f"measuring {names} ") as bar:
+            measured = measure_runs(model, goldens, chosen, cfg.measure_repeats(),
+                                    lambda d, t: bar("", d, t), override)
+        _note_divergence(model, measured)
+        return measured
     measured = {}
     for run in chosen:
-        with render.progress_bar(f"measuring {run.name} on {cfg.engine or 'kolibri'} ") as bar:
+        with render.progress_bar(f"measuring {run.name} on {cfg.engine} ") as bar:
             ticks = lambda d, t: bar("", d, t)  # noqa: E731
-            measured[run_key(run)] = (
-                measure_run(model, goldens, run, ticks, override) if _in_process(cfg)
-                else _measure_server(cfg, model, goldens, run, ticks, override))
-    if _in_process(cfg):
-        _note_divergence(model, measured)
+            measured[run_key(run)] = _measure_server(cfg, model, goldens, run, ticks, override)
     return measured
 
 
@@ -404,10 +409,10 @@ def _measure_server(cfg, model, goldens, run, ticks, sampling):
     from kolibri_cli.servers import LOCAL
 
     if cfg.engine == LOCAL:
-        return measure_local(model, goldens, run, cfg.repeats, cfg.threads, cfg.gguf,
+        return measure_local(model, goldens, run, cfg.measure_repeats(), cfg.threads, cfg.gguf,
                              cfg.timeout, ticks, sampling)
-    return measure_urls(model, goldens, run, cfg.engine, cfg.baseline, cfg.repeats, cfg.costs,
-                        cfg.engine_api, cfg.timeout, ticks, sampling)
+    return measure_urls(model, goldens, run, cfg.engine, cfg.baseline, cfg.measure_repeats(),
+                        cfg.costs, cfg.engine_api, cfg.timeout, ticks, sampling)
 
 
 def _note_divergence(model, measured: dict) -> None:
@@ -466,8 +471,7 @@ def _command(cfg) -> str:
                 and _rel(cfg.lookup_cache_dynamic),
                 "--max-tokens": cfg.max_tokens, "--engine": cfg.engine,
                 "--baseline": cfg.baseline, "--engine-api": cfg.engine_api,
-                "--gguf": cfg.gguf and _rel(cfg.gguf),
-                "--repeats": cfg.repeats if cfg.engine not in (None, "kolibri") else None,
+                "--gguf": cfg.gguf and _rel(cfg.gguf), "--repeats": cfg.repeats,
                 "--model": cfg.model, "--threads": cfg.threads,
                 "--min-ratio": cfg.min_ratio, "--min-acceptance": cfg.min_acceptance,
                 "--min-speedup": cfg.min_speedup}

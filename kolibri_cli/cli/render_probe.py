@@ -26,6 +26,7 @@ from kolibri_cli.probe.report import (
     count_cells,
     fmt_pct,
     fmt_ratio,
+    guard_rows,
     run_key,
     seed_cells,
     sweep_grid,
@@ -66,6 +67,22 @@ def render_probe(runs: list[SimRun], by_category: bool, measured: dict | None = 
         console.print(comparison_category_table(compared))
     for (proposer, k, window), m in (measured or {}).items():
         console.print(measured_table(m, f"{proposer} k={k} window={format_window(window)}"))
+    if measured:
+        console.print(guard_table(measured))
+
+
+def guard_table(measured: dict) -> FitTable:
+    """Measured spec / plain per golden, each configuration side by side; overall and worst."""
+    names, rows = guard_rows(measured)
+    cols = [Col("golden", numeric=False), *[Col(n) for n in names]]
+    cells = [[cell(r[0]), *[cell(x) if isinstance(x, str) else _guard_cell(x) for x in r[1:]]]
+             for r in rows]
+    return FitTable("guard: measured spec / plain per golden", cols, cells, title_justify="left",
+                    caption="below 1.00x: speculation made that golden slower than plain")
+
+
+def _guard_cell(x: float | None) -> str:
+    return fmt_ratio(x) if x is None or x >= 1.0 else f"[red]{fmt_ratio(x)}[/]"
 
 
 def seeds_table(spread: dict, label: str) -> FitTable:

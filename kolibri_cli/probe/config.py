@@ -51,7 +51,8 @@ class ProbeConfig:
     baseline: str | None = None  # URL of the plain twin of a speculative server at --engine
     engine_api: str | None = None  # llama.cpp, vllm or openai (default: detected)
     gguf: Path | None = None  # GGUF for --engine llama-server (default: the model's own)
-    repeats: int = 3  # server runs per golden, plain and spec alternating (medians)
+    repeats: int | None = None  # runs per golden, plain and spec taking turns (medians); 1 in
+    # kolibri (every measured configuration in each round), 3 on a server (see measure_repeats)
     timeout: float = 600.0  # seconds to wait for one server answer
     allow_model_mismatch: bool = False  # measure goldens recorded for another model
     # --measure samples as each golden was recorded, unless these override it for every golden
@@ -92,7 +93,7 @@ class ProbeConfig:
             "measure": self.measure,
             "engine": self.engine,
             "baseline": self.baseline,
-            "repeats": self.repeats,
+            "repeats": self.measure_repeats(),
             "model": self.model,
             "min_ratio": self.min_ratio,
             "min_acceptance": self.min_acceptance,
@@ -100,6 +101,12 @@ class ProbeConfig:
             "sampling": self.sampling_overrides(),
             "rows": _str_or_none(self.rows),
         }
+
+    def measure_repeats(self) -> int:
+        """Runs per golden for --measure: as given, else 1 in kolibri and 3 on a server."""
+        if self.repeats is not None:
+            return self.repeats
+        return 1 if self.engine in (None, "kolibri") else 3
 
     def sampling_overrides(self) -> dict:
         """The sampling settings given for --measure (empty: each golden's own)."""

@@ -6,17 +6,27 @@ with the golden (first divergent index); the real spec run's counts must equal t
 over that chain; c(n) is measured at the golden's context length and turned into a predicted
 speedup from the simulated draft lengths. Like the simulation, one proposer instance serves
 every golden in order (two: one for the real spec runs, one for the simulation over the model's
-own plain chains), so stateful proposers see the same history in both.
+own plain chains), so stateful proposers see the same history in both. The guard measures its
+own costs while it runs; its simulation is given the costs the live run read, in order, so it
+must decide exactly as the run did.
+
+Several configurations are measured in one sweep over the goldens: per golden, `repeats` rounds
+of one plain run and one spec run per configuration, the order rotating every round so machine
+noise hits all alike; a golden's times are the medians over rounds.
 Non-goals: rendering (report.py, render_probe.py).
 """
 
+import statistics
+from dataclasses import dataclass, field
 
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.callbacks import Ticks
+from kolibri_cli.decode.costs import CostTable, ReplayedCosts
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
+from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.goldens.chains import Golden, first_divergence
-from kolibri_cli.probe.report import Measured, MeasuredGolden
+from kolibri_cli.probe.report import Measured, MeasuredGolden, RunKey, run_key
 from kolibri_cli.probe.simulate import (
     SimRun,
     div_or_none,
@@ -28,77 +38,140 @@ from kolibri_cli.probe.simulate import (
 COST_REPEATS = 3
 
 
-def _step_s(plain: GenerationResult) -> float:
-    """Seconds per plain decode step, measured in the plain run."""
-    return plain.decode_s / max(plain.new_tokens - 1, 1)
+@dataclass
+class _Arm:
+    """One configuration under measurement: a (live, simulated) proposer pair per round, kept
+    across goldens, and what each golden gave."""
+
+    run: SimRun
+    pairs: list[tuple]
+    goldens: list[MeasuredGolden] = field(default_factory=list)
+    totals: list[dict] = field(default_factory=list)
 
 
-def measure_golden(model, golden: Golden, sim_counts, run: SimRun, proposers: tuple | None = None,
-                   sampling: Sampling | None = None) -> tuple[MeasuredGolden, dict]:
-    """`proposers` = (for the spec run, for the simulation over the plain chain); fresh ones by
-    default. `sampling`: how to choose tokens (default: as the golden was recorded)."""
+def proposer_pair(run: SimRun) -> tuple:
+    """(for the live spec runs, for the simulation over their chains): fresh proposers. A guard
+    without given costs measures its own (logged); its simulation replays what it read."""
+    if run.proposer != "guard":
+        return run.new_proposer(), run.new_proposer()
+    table = CostTable.from_costs(run.costs) if run.costs else CostTable()
+    table.log = []
+    live = make_proposer("guard", run.k, run.window, table)
+    return live, make_proposer("guard", run.k, run.window, ReplayedCosts())
+
+
+def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int = 1,
+                 step: Ticks | None = None, sampling: Sampling | None = None
+                 ) -> dict[RunKey, Measured]:
+    """Measure every configuration over every golden, interleaved; overall figures are sums of
+    the goldens' median times."""
+    arms = [_Arm(run, [proposer_pair(run) for _ in range(repeats)]) for run in runs]
+    for i, golden in enumerate(goldens):
+        _measure_golden(model, golden, i, arms, repeats, sampling)
+        if step:
+            step(i + 1, len(goldens))
+    return {run_key(arm.run): _summary(arm) for arm in arms}
+
+
+def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = None,
+                sampling: Sampling | None = None, repeats: int = 1) -> Measured:
+    """One configuration over every golden."""
+    return measure_runs(model, goldens, [run], repeats, step, sampling)[run_key(run)]
+
+
+def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats: int,
+                    sampling: Sampling | None) -> None:
     n = len(golden.output_ids)
-    spec_proposer, sim_proposer = proposers or (run.new_proposer(), run.new_proposer())
     how = golden.sampler if sampling is None else sampling
-    plain = generate_plain(model, golden.prompt_ids, n, sampling=how)
-    spec = generate_spec(model, golden.prompt_ids, n, spec_proposer, sampling=how)
-    stats = spec.spec_stats()
-    own = simulate_chain(golden.prompt_ids, plain.output_ids, sim_proposer, run.k)
-    context = len(golden.prompt_ids) + n // 2  # c(n) at the golden's (mid-chain) context length
-    rel = verify_costs(model.transformer, run.k + 1, context, COST_REPEATS)
-    costs = {m: c * _step_s(plain) for m, c in rel.items()}  # seconds per m-token forward
-    per_pass = spec.proposer_s / max(len(spec.passes), 1)
+    plains: list[GenerationResult] = []
+    specs: list[list[tuple]] = [[] for _ in arms]  # (result, costs read) per round
+    for r in range(repeats):
+        order = [-1, *range(len(arms))]
+        for a in order[r % len(order):] + order[: r % len(order)]:  # rotate: noise hits all
+            if a < 0:
+                plains.append(generate_plain(model, golden.prompt_ids, n, sampling=how))
+            else:
+                specs[a].append(_spec_run(model, golden, n, arms[a].pairs[r][0], how))
+    top = max(arm.run.k for arm in arms) + 1
+    rel = verify_costs(model.transformer, top, len(golden.prompt_ids) + n // 2, COST_REPEATS)
+    for arm, runs in zip(arms, specs, strict=True):
+        m, t = _golden_figures(golden, index, arm, plains, runs, rel)
+        arm.goldens.append(m)
+        arm.totals.append(t)
+
+
+def _spec_run(model, golden: Golden, n: int, proposer, how: Sampling) -> tuple:
+    """The spec run and the costs the proposer read during it (a logging table's answers)."""
+    log = getattr(getattr(proposer, "costs", None), "log", None)
+    start = len(log) if log is not None else 0
+    result = generate_spec(model, golden.prompt_ids, n, proposer, sampling=how)
+    return result, ([] if log is None else log[start:])
+
+
+def _golden_figures(golden: Golden, index: int, arm: _Arm, plains: list[GenerationResult],
+                    rounds: list[tuple], rel: dict[int, float]) -> tuple:
+    run, sim_counts = arm.run, arm.run.goldens[index].counts
+    specs = [result for result, _ in rounds]
+    plain_s = statistics.median(p.decode_s for p in plains)
+    spec_s = statistics.median(s.decode_s for s in specs)
+    steps = max(plains[0].new_tokens - 1, 1)
+    costs = {m: c * plain_s / steps for m, c in rel.items()}  # seconds per m-token forward
+    matches = [_counts_match(golden, p, s, read, sim, run.k)
+               for p, (s, read), (_, sim) in zip(plains, rounds, arm.pairs, strict=True)]
+    stats = specs[0].spec_stats()
+    per_pass = sum(s.proposer_s for s in specs) / max(sum(len(s.passes) for s in specs), 1)
+    lengths = sim_counts.draft_lengths
     measured = MeasuredGolden(
         id=golden.id,
-        plain_tokens_per_s=plain.decode_tokens_per_s,
-        spec_tokens_per_s=spec.decode_tokens_per_s,
-        speedup=plain.decode_s / spec.decode_s if spec.decode_s else 0.0,
-        predicted_speedup=predicted_speedup(sim_counts.plain_steps, sim_counts.draft_lengths,
-                                            costs, per_pass),
-        spec_equals_plain=spec.output_ids == plain.output_ids,
-        first_divergence=first_divergence(plain.output_ids, golden.output_ids),
-        counts_match_simulation=(stats["verify_passes"], stats["drafts_proposed"],
-                                 stats["drafts_accepted"])
-        == (own.verify_passes, own.drafts_proposed, own.drafts_accepted),
+        plain_tokens_per_s=steps / plain_s if plain_s else 0.0,
+        spec_tokens_per_s=steps / spec_s if spec_s else 0.0,
+        speedup=plain_s / spec_s if spec_s else 0.0,
+        predicted_speedup=predicted_speedup(sim_counts.plain_steps, lengths, costs, per_pass),
+        spec_equals_plain=all(s.output_ids == p.output_ids
+                              for p, s in zip(plains, specs, strict=True)),
+        first_divergence=first_divergence(plains[0].output_ids, golden.output_ids),
+        counts_match_simulation=all(matches),
         verify_passes=stats["verify_passes"],
         drafts_proposed=stats["drafts_proposed"],
         drafts_accepted=stats["drafts_accepted"],
     )
-    totals = {"plain_s": plain.decode_s, "spec_s": spec.decode_s,
-              "plain_tokens": plain.new_tokens - 1, "spec_tokens": spec.new_tokens - 1,
+    totals = {"plain_s": plain_s, "spec_s": spec_s, "tokens": steps,
               "predicted_plain_s": sim_counts.plain_steps * costs[1],
-              "predicted_spec_s": spec_time(sim_counts.draft_lengths, costs, per_pass),
-              "rel_costs": rel, "proposer_s": spec.proposer_s, "passes": len(spec.passes)}
+              "predicted_spec_s": spec_time(lengths, costs, per_pass),
+              "rel_costs": rel, "proposer_s": per_pass * len(specs[0].passes),
+              "passes": len(specs[0].passes)}
     return measured, totals
 
 
-def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = None,
-                sampling: Sampling | None = None) -> Measured:
-    """Measure one configuration over every golden; overall figures are sums."""
-    per, totals = [], []
-    proposers = (run.new_proposer(), run.new_proposer())
-    for i, (golden, sim) in enumerate(zip(goldens, run.goldens, strict=True)):
-        m, t = measure_golden(model, golden, sim.counts, run, proposers, sampling)
-        per.append(m)
-        totals.append(t)
-        if step:
-            step(i + 1, len(goldens))
-    total = lambda key: sum(t[key] for t in totals)  # noqa: E731
+def _counts_match(golden: Golden, plain: GenerationResult, spec: GenerationResult,
+                  read: list, sim, k: int) -> bool:
+    """The live run's counts == the simulation's over the model's own chain (a replayed guard is
+    first given the costs its live twin read during this run)."""
+    if isinstance(getattr(sim, "costs", None), ReplayedCosts):
+        sim.costs.extend(read)
+    stats = spec.spec_stats()
+    own = simulate_chain(golden.prompt_ids, plain.output_ids, sim, k)
+    return (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
+        own.verify_passes, own.drafts_proposed, own.drafts_accepted)
+
+
+def _summary(arm: _Arm) -> Measured:
+    total = lambda key: sum(t[key] for t in arm.totals)  # noqa: E731
     plain_s, spec_s = total("plain_s"), total("spec_s")
     return Measured(
-        plain_tokens_per_s=total("plain_tokens") / plain_s if plain_s else 0.0,
-        spec_tokens_per_s=total("spec_tokens") / spec_s if spec_s else 0.0,
+        plain_tokens_per_s=total("tokens") / plain_s if plain_s else 0.0,
+        spec_tokens_per_s=total("tokens") / spec_s if spec_s else 0.0,
         speedup=plain_s / spec_s if spec_s else 0.0,
         predicted_speedup=div_or_none(total("predicted_plain_s"), total("predicted_spec_s")),
-        costs=_median_costs([t["rel_costs"] for t in totals]),
+        costs=_median_costs([t["rel_costs"] for t in arm.totals], arm.run.k + 1),
         proposer_s_per_pass=total("proposer_s") / max(total("passes"), 1),
-        spec_equals_plain=all(m.spec_equals_plain for m in per),
-        counts_match_simulation=all(m.counts_match_simulation for m in per),
-        goldens=per,
+        spec_equals_plain=all(m.spec_equals_plain for m in arm.goldens),
+        counts_match_simulation=all(m.counts_match_simulation for m in arm.goldens),
+        goldens=arm.goldens,
     )
 
 
-def _median_costs(costs: list[dict[int, float]]) -> dict[int, float]:
-    import statistics
-
-    return {n: statistics.median(c[n] for c in costs) for n in costs[0]} if costs else {}
+def _median_costs(costs: list[dict[int, float]], top: int) -> dict[int, float]:
+    if not costs:
+        return {}
+    return {n: statistics.median(c[n] for c in costs) for n in costs[0] if n <= top}

@@ -66,6 +66,11 @@ class Measured:
     cost_ms_rounds: dict[int, list[float]] = field(default_factory=dict)
 
     @property
+    def worst(self) -> MeasuredGolden | None:
+        """The golden where speculation fared worst against plain (the guard's figure)."""
+        return min(self.goldens, key=lambda g: g.speedup, default=None)
+
+    @property
     def prediction_error(self) -> float | None:
         """predicted / measured - 1 (0.1 = the cost model promised 10% too much)."""
         if self.predicted_speedup is None or not self.speedup:
@@ -78,7 +83,33 @@ class Measured:
         doc["cost_ms_rounds"] = {str(n): ms for n, ms in sorted(self.cost_ms_rounds.items())}
         doc["prediction_error"] = self.prediction_error
         doc["goldens"] = [vars(g).copy() for g in self.goldens]
+        worst = self.worst
+        doc["worst"] = None if worst is None else {"id": worst.id, "speedup": worst.speedup}
         return doc
+
+
+def guard_rows(measured: dict[RunKey, Measured]) -> tuple[list[str], list[list]]:
+    """The guard report: measured spec/plain per golden for every measured configuration side by
+    side, then overall and the worst golden: ([configuration names], rows [label, x, ...])."""
+    names = [f"{p} k={k} window={format_window(w)}" for p, k, w in measured]
+    ms = list(measured.values())
+    ids = [g.id for g in ms[0].goldens] if ms else []
+    rows = [[str(i), *[m.goldens[j].speedup for m in ms]] for j, i in enumerate(ids)]
+    rows.append(["overall", *[m.speedup for m in ms]])
+    rows.append(["worst", *[m.worst.speedup if m.worst else None for m in ms]])
+    rows.append(["worst golden", *[str(m.worst.id) if m.worst else "" for m in ms]])
+    return names, rows
+
+
+def guard_json(measured: dict[RunKey, Measured]) -> dict | None:
+    """{"configurations": [...], "goldens": {id: [x, ...]}, "overall": [...], "worst": [...]}."""
+    if not measured:
+        return None
+    names, rows = guard_rows(measured)
+    per, (overall, worst, worst_id) = rows[:-3], rows[-3:]
+    pairs = zip(worst_id[1:], worst[1:], strict=True)
+    return {"configurations": names, "goldens": {r[0]: r[1:] for r in per},
+            "overall": overall[1:], "worst": [{"id": i, "speedup": x} for i, x in pairs]}
 
 
 # ---- JSON ---------------------------------------------------------------------------------
@@ -151,6 +182,7 @@ def build_report(
         "comparison": [comparison_json(r, measured.get(run_key(r)))
                        for r in best_per_proposer(runs)],
         "runs": [run_json(r, r is best, measured.get(run_key(r))) for r in runs],
+        "guard": guard_json(measured),
     }
 
 
@@ -276,6 +308,8 @@ def render_markdown(
         m = (measured or {}).get(run_key(run))
         if m is not None:
             parts.append(_md_measured(m, run.name))
+    if measured:
+        parts.append(_md_guard(measured))
     if plot is not None:
         parts.append(f"![sweep and per-position acceptance]({plot})\n")
     return "\n".join(parts)
@@ -395,6 +429,13 @@ def md_comparison(compared: list[SimRun], measured: dict[RunKey, Measured] | Non
             + _md_table(header, rows) + "\n"
             + "Per category: ratio · acceptance · mean acceptance length.\n\n"
             + _md_table(["category", *(r.proposer for r in compared)], cat_rows))
+
+
+def _md_guard(measured: dict[RunKey, Measured]) -> str:
+    names, rows = guard_rows(measured)
+    cells = [[r[0], *[x if isinstance(x, str) else fmt_ratio(x) for x in r[1:]]] for r in rows]
+    return ("## Guard: measured spec / plain per golden\n\n"
+            + _md_table(["golden", *names], cells))
 
 
 def _md_measured(m: Measured, name: str = "") -> str:
