@@ -11,8 +11,8 @@ own costs while it runs; its simulation is given the costs the live run read, in
 must decide exactly as the run did.
 
 Several configurations are measured in one sweep over the goldens: per golden, `repeats` rounds
-of one plain run and one spec run per configuration, the order rotating every round so machine
-noise hits all alike; a golden's times are the medians over rounds.
+of one plain run and one spec run per configuration, the order rotating from round to round and
+golden to golden so machine noise hits all alike; a golden's times are the medians over rounds.
 Non-goals: rendering (report.py, render_probe.py).
 """
 
@@ -86,8 +86,8 @@ def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats
     plains: list[GenerationResult] = []
     specs: list[list[tuple]] = [[] for _ in arms]  # (result, costs read) per round
     for r in range(repeats):
-        order = [-1, *range(len(arms))]
-        for a in order[r % len(order):] + order[: r % len(order)]:  # rotate: noise hits all
+        order, shift = [-1, *range(len(arms))], (index + r) % (len(arms) + 1)
+        for a in order[shift:] + order[:shift]:  # rotate by golden and round: noise hits all
             if a < 0:
                 plains.append(generate_plain(model, golden.prompt_ids, n, sampling=how))
             else:
