@@ -168,6 +168,7 @@ def _summary(arm: _Arm) -> Measured:
         spec_equals_plain=all(m.spec_equals_plain for m in arm.goldens),
         counts_match_simulation=all(m.counts_match_simulation for m in arm.goldens),
         goldens=arm.goldens,
+        repeats=len(arm.pairs),
     )
 
 
