@@ -37,7 +37,8 @@ def test_json_schema_and_values(goldens):
     result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"schema_version", "throughput", "config", "best", "comparison", "runs", "guard"}
+    assert set(doc) == {"schema_version", "throughput", "config", "best", "comparison", "runs",
+                        "guard"}
     assert doc["guard"] is None  # nothing measured
     assert doc["config"]["k"] == [3] and doc["config"]["window"] == ["1-2"]
     assert (doc["throughput"]["chains"], doc["throughput"]["steps"]) == (2, 9)
