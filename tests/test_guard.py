@@ -220,3 +220,34 @@ def test_a_simulation_replaying_the_costs_a_live_run_read_decides_as_it_did():
     assert stats["drafts_accepted"] > 0
     assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
         sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted)
+
+
+def test_goldens_replay_anywhere_with_the_same_guard_counts(tmp_path, monkeypatch):
+    """Acceptance and measured costs are each request's own, so the probe may spread goldens
+    over processes: one process, two workers and one guard fed every golden in order agree."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+    from kolibri_cli.decode.proposers import shares_state
+    from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+    from kolibri_cli.probe import shard
+    from kolibri_cli.probe.simulate import merge_counts
+
+    assert not shares_state(make_proposer("guard", 16, (1, 4)))
+    monkeypatch.setattr(shard, "PIECE_BYTES", 4 << 10)  # several pieces of the 18 goldens
+    costs = ",".join(str(FROZEN[n]) for n in sorted(FROZEN))
+    args = ["probe", "--goldens", str(DEFAULT_CHAT), "--proposer", "guard", "--k", "8",
+            "--costs", costs, "--json"]
+    one, two = (CliRunner().invoke(app, [*args, "--workers", w]) for w in ("1", "2"))
+    assert one.exit_code == 0 and two.exit_code == 0, one.stderr + two.stderr
+    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    assert a["runs"] == b["runs"] and b["throughput"]["workers"] == 2
+    assert a["runs"][0]["ordered_streams"] is None  # spread, not one ordered stream
+    assert len(shard.plan_pieces([DEFAULT_CHAT], 4 << 10)) > 2
+    in_order = make_proposer("guard", 8, (1, 4), FROZEN)
+    total = merge_counts([simulate_chain(g.prompt_ids, g.output_ids, in_order, 8)
+                          for g in load_goldens(DEFAULT_CHAT)], 8)
+    assert a["runs"][0]["total"]["verify_passes"] == total.verify_passes
+    assert a["runs"][0]["total"]["drafts_accepted"] == total.drafts_accepted > 0

@@ -253,7 +253,7 @@ def test_guard_and_fixed_measured_in_one_run_agree_with_their_simulations():
     from kolibri_cli.decode.generate import generate_plain
     from kolibri_cli.goldens.chains import Golden
     from kolibri_cli.probe.measure import measure_runs
-    from kolibri_cli.probe.simulate import simulate
+    from kolibri_cli.probe.shard import simulate
 
     model = MODELS[0]
     prompts = [[5, 6, 7] * 4, [9, 3, 9, 3, 4]]
@@ -273,7 +273,7 @@ def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
     from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.config import ProbeConfig
     from kolibri_cli.probe.report import Measured, MeasuredGolden, guard_json, render_markdown
-    from kolibri_cli.probe.simulate import simulate
+    from kolibri_cli.probe.shard import simulate
 
     def golden(gid, x):
         return MeasuredGolden(gid, 20.0, 20.0 * x, x, None, True, None, True, 3, 4, 2)

@@ -4,11 +4,12 @@ measurement beside the simulation and the cost model's prediction.
 Per golden: spec ids must equal plain ids (the lossless law); the model's plain chain is compared
 with the golden (first divergent index); the real spec run's counts must equal the simulation's
 over that chain; c(n) is measured at the golden's context length and turned into a predicted
-speedup from the simulated draft lengths. Like the simulation, one proposer instance serves
-every golden in order (two: one for the real spec runs, one for the simulation over the model's
-own plain chains), so stateful proposers see the same history in both. The guard measures its
-own costs while it runs; its simulation is given the costs the live run read, in order, so it
-must decide exactly as the run did.
+speedup from the simulated draft lengths. Like the simulation, a proposer that shares state
+across requests is one instance serving every golden in order (two: one for the real spec runs,
+one for the simulation over the model's own plain chains), so it sees the same history in both;
+any other is fresh for each golden. The guard measures its own costs while it runs, from each
+golden's start as `kolibri generate` does per request; its simulation is given the costs the
+live run read, in order, so it must decide exactly as the run did.
 
 Several configurations are measured in one sweep over the goldens: per golden, `repeats` rounds
 of one plain run and one spec run per configuration, the order rotating from round to round and
@@ -23,7 +24,7 @@ from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.decode.costs import CostTable, ReplayedCosts
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
-from kolibri_cli.decode.proposers import make_proposer
+from kolibri_cli.decode.proposers import make_proposer, shares_state
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.goldens.chains import Golden, first_divergence
 from kolibri_cli.probe.report import Measured, MeasuredGolden, RunKey, run_key
@@ -40,8 +41,8 @@ COST_REPEATS = 3
 
 @dataclass
 class _Arm:
-    """One configuration under measurement: a (live, simulated) proposer pair per round, kept
-    across goldens, and what each golden gave."""
+    """One configuration under measurement: a (live, simulated) proposer pair per round (kept
+    across goldens if the proposer shares state across requests), and what each golden gave."""
 
     run: SimRun
     pairs: list[tuple]
@@ -83,6 +84,9 @@ def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats
                     sampling: Sampling | None) -> None:
     n = len(golden.output_ids)
     how = golden.sampler if sampling is None else sampling
+    for arm in arms:
+        if not shares_state(arm.pairs[0][0]):
+            arm.pairs = [proposer_pair(arm.run) for _ in range(repeats)]
     plains: list[GenerationResult] = []
     specs: list[list[tuple]] = [[] for _ in arms]  # (result, costs read) per round
     for r in range(repeats):

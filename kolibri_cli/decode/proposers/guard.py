@@ -97,6 +97,9 @@ class GuardProposer:
     costs: CostTable = field(default_factory=CostTable)
     prior: AcceptancePrior | None = None
     name: ClassVar[str] = "guard"
+    # acceptance and measured costs are this request's own (the probe gives each golden a
+    # fresh guard; a given table is frozen), so goldens may be replayed anywhere
+    shares_state: ClassVar[bool] = False
 
     def __post_init__(self):
         validate_k(self.k)
