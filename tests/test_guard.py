@@ -134,6 +134,19 @@ def test_acceptance_is_learned_from_candidates_never_drafted():
     assert g._acceptance.rates(0)[0] > 0.9
 
 
+def test_in_a_run_deep_positions_start_from_the_runs_pooled_rate():
+    """A run is the text repeating: evidence at the first positions lifts the deep ones at
+    once (the bench chain's ramp); after a fresh match each position waits for its own."""
+    from kolibri_cli.decode.proposers.guard import RUN, Acceptance
+
+    acc = Acceptance(AcceptancePrior(rates=((0.5,), (0.5,)), weight=4.0), states=2, k=8)
+    for state in (RUN, 1):
+        acc.tried[state, :3] = acc.accepted[state, :3] = 10  # 30 of 30 at positions 0-2
+    run, fresh = acc.rates(RUN), acc.rates(1)
+    assert run[7] == pytest.approx((30 + 2) / (30 + 4)) and fresh[7] == pytest.approx(0.5)
+    assert run[0] == pytest.approx((10 + 4 * run[7]) / 14) and fresh[0] == pytest.approx(12 / 14)
+
+
 def test_a_new_request_restarts_acceptance():
     g = GuardProposer(4, 1, 2, costs=CostTable.from_costs({1: 1.0, 2: 1.1}))
     cycle = [5, 6, 7] * 10

@@ -57,7 +57,15 @@ class Acceptance:
         self.accepted = np.zeros((self.states, self.k))
 
     def rates(self, state: int) -> np.ndarray:  # -> float64[k]
-        return (self.accepted[state] + self._prior[state]) / (self.tried[state] + self.prior.weight)
+        """Per position: the prior plus this request's evidence. In a run, a position starts
+        from the run's pooled rate instead: a run is the text repeating, which every position
+        shares, so deep positions need not wait for evidence of their own."""
+        prior = self._prior[state]  # [k] prior rate * weight
+        if state == RUN:
+            pooled = (self.accepted[RUN].sum() + prior[0]) / (self.tried[RUN].sum()
+                                                              + self.prior.weight)
+            prior = np.full(self.k, pooled * self.prior.weight)
+        return (self.accepted[state] + prior) / (self.tried[state] + self.prior.weight)
 
     def add(self, candidate: _Candidate) -> None:
         self.pending.append(candidate)
