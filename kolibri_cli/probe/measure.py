@@ -62,13 +62,14 @@ def proposer_pair(run: SimRun) -> tuple:
 
 
 def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int = 1,
-                 step: Ticks | None = None, sampling: Sampling | None = None
-                 ) -> dict[RunKey, Measured]:
+                 step: Ticks | None = None, sampling: Sampling | None = None,
+                 cost_repeats: int = COST_REPEATS) -> dict[RunKey, Measured]:
     """Measure every configuration over every golden, interleaved; overall figures are sums of
-    the goldens' median times."""
+    the goldens' median times. c(n) for the predictions is timed `cost_repeats` times per
+    golden."""
     arms = [_Arm(run, [proposer_pair(run) for _ in range(repeats)]) for run in runs]
     for i, golden in enumerate(goldens):
-        _measure_golden(model, golden, i, arms, repeats, sampling)
+        _measure_golden(model, golden, i, arms, repeats, sampling, cost_repeats)
         if step:
             step(i + 1, len(goldens))
     return {run_key(arm.run): _summary(arm) for arm in arms}
@@ -81,7 +82,7 @@ def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = 
 
 
 def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats: int,
-                    sampling: Sampling | None) -> None:
+                    sampling: Sampling | None, cost_repeats: int) -> None:
     n = len(golden.output_ids)
     how = golden.sampler if sampling is None else sampling
     for arm in arms:
@@ -97,7 +98,7 @@ def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats
             else:
                 specs[a].append(_spec_run(model, golden, n, arms[a].pairs[r][0], how))
     top = max(arm.run.k for arm in arms) + 1
-    rel = verify_costs(model.transformer, top, len(golden.prompt_ids) + n // 2, COST_REPEATS)
+    rel = verify_costs(model.transformer, top, len(golden.prompt_ids) + n // 2, cost_repeats)
     for arm, runs in zip(arms, specs, strict=True):
         m, t = _golden_figures(golden, index, arm, plains, runs, rel)
         arm.goldens.append(m)

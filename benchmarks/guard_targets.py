@@ -1,0 +1,202 @@
+"""The guard's targets, measured: the guard against the best fixed settings, in one interleaved
+run per goldens file (docs/guard.md).
+
+    python benchmarks/guard_targets.py prompts QUESTION.jsonl OUTDIR
+    python benchmarks/guard_targets.py run --tune TUNE.jsonl --goldens A.jsonl [--goldens B.jsonl]
+        [--bench] [--threads N] [--repeats 3] [--fixed 2] [--max-tokens N] [--json OUT]
+
+`prompts` writes the Spec-Bench tune and report splits (first turns, 5 prompts per category,
+disjoint) as prompt files for `kolibri goldens record`.
+
+`run`:
+1. times c(n), n = 1..17, at the tune split's median context length;
+2. ranks every fixed setting (vllm, hf, llamacpp-simple; k 1-8, 10, 12, 16; windows 1-4, 2-4,
+   1-2, 1, 2, 3-4) on the tune split by exact simulation and the modelled speedup under that
+   c(n), and keeps the best `--fixed` (none of this looks at the reported goldens);
+3. per goldens file: the guard (cap 16, measuring its own costs) and those fixed settings,
+   measured with the model in one interleaved run (`--repeats` rounds per golden, plain and
+   each configuration taking turns, medians), spec == plain and counts == simulation checked;
+4. `--bench`: the bench chain (a 2-cycle) likewise, against the fixed settings that simulate
+   best on it.
+
+Each block prints the load average before and after. The targets: worst golden >= 0.97x plain,
+the guard overall >= the best fixed setting measured, on the bench chain >= 90% of the best
+fixed setting.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
+from kolibri_cli.bench.timing import verify_costs
+from kolibri_cli.decode.generate import generate_plain
+from kolibri_cli.goldens.chains import Golden, load_goldens, read_prompts
+from kolibri_cli.probe.measure import measure_runs
+from kolibri_cli.probe.shard import simulate, sweep
+from kolibri_cli.store.models import open_model
+
+GUARD_K = 16
+FIXED = ["vllm", "hf", "llamacpp-simple"]
+KS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16]
+WINDOWS = [(1, 4), (2, 4), (1, 2), (1, 1), (2, 2), (3, 4)]
+# Spec-Bench question ids (first turns), 5 per category; mt_bench takes one of each of its
+# first five subcategories.
+REPORT_IDS = [81, 91, 101, 111, 121, *range(161, 166), *range(241, 246), *range(321, 326),
+              *range(401, 406), *range(481, 486)]
+TUNE_IDS = [131, 141, 151, 82, 92, *range(166, 171), *range(246, 251), *range(326, 331),
+            *range(406, 411), *range(486, 491)]
+MT_BENCH_LAST = 160  # ids 81-160 are MT-Bench's (its eight subcategories: one category here)
+WORST = 0.97
+BENCH_SHARE = 0.90
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+def say(*parts) -> None:
+    print(*parts, flush=True)
+
+
+def write_prompts(question: str, outdir: str) -> None:
+    prompts = {p.id: p for p in read_prompts(question)}
+    os.makedirs(outdir, exist_ok=True)
+    for name, ids in (("tune", TUNE_IDS), ("report", REPORT_IDS)):
+        path = os.path.join(outdir, f"specbench_{name}.jsonl")
+        with open(path, "w") as f:
+            for i in ids:
+                p, category = prompts[i], "mt_bench" if i <= MT_BENCH_LAST else prompts[i].category
+                f.write(json.dumps({"id": p.id, "category": category, "prompt": p.prompt}) + "\n")
+        say(f"wrote {len(ids)} prompts to {path}")
+
+
+def cut(goldens: list[Golden], max_tokens: int | None) -> list[Golden]:
+    if not max_tokens:
+        return goldens
+    import dataclasses
+
+    return [dataclasses.replace(g, output_ids=g.output_ids[:max_tokens]) for g in goldens]
+
+
+def rank_fixed(goldens: list[Golden], costs: dict[int, float], keep: int) -> list:
+    """The fixed settings with the best modelled speedup over `goldens` (exact simulation)."""
+    runs = sweep(goldens, KS, WINDOWS, FIXED, costs)
+    return sorted(runs, key=lambda r: -(r.modelled_speedup() or 0.0))[:keep]
+
+
+def measure_block(model, name: str, goldens: list[Golden], fixed: list, costs: dict,
+                  repeats: int) -> dict:
+    runs = [simulate(goldens, GUARD_K, (1, 4), "guard")]  # live: it measures its own costs
+    runs += [simulate(goldens, r.k, r.window, r.proposer, costs) for r in fixed]
+    modelled = [simulate(goldens, GUARD_K, (1, 4), "guard", costs), *runs[1:]]
+    say(f"\n== {name}: {len(goldens)} goldens, {sum(len(g.output_ids) for g in goldens)} "
+        f"tokens; {', '.join(r.name for r in runs)}; repeats {repeats}")
+    before, t0 = load(), time.time()
+    say(f"   before: {before}")
+    measured = measure_runs(model, goldens, runs, repeats, cost_repeats=1)
+    after = load()
+    say(f"   after:  {after} ({time.time() - t0:.0f} s)")
+    out = {"goldens": len(goldens), "before": before, "after": after,
+           "seconds": round(time.time() - t0, 1), "runs": {}}
+    for run, model_run, m in zip(runs, modelled, measured.values(), strict=True):
+        worst = m.worst
+        out["runs"][run.name] = {
+            "speedup": m.speedup, "worst": worst.speedup, "worst_id": worst.id,
+            "plain_tok_s": m.plain_tokens_per_s, "spec_equals_plain": m.spec_equals_plain,
+            "counts_match_simulation": m.counts_match_simulation,
+            "modelled": model_run.modelled_speedup(),
+            "verify_passes": model_run.total.verify_passes,
+            "drafted": model_run.total.drafts_proposed,
+            "accepted": model_run.total.drafts_accepted,
+            "per_golden": {g.id: g.speedup for g in m.goldens}}
+        say(f"   {run.name:34s} overall {m.speedup:5.3f}x  worst {worst.speedup:5.3f}x "
+            f"({worst.id})  plain {m.plain_tokens_per_s:5.1f} tok/s  modelled "
+            f"{model_run.modelled_speedup():5.3f}x  passes {model_run.total.verify_passes}  "
+            f"accepted {model_run.total.drafts_accepted}/{model_run.total.drafts_proposed}  "
+            f"spec==plain "
+            f"{m.spec_equals_plain}  counts==sim {m.counts_match_simulation}")
+    guard, *rest = out["runs"].values()
+    best = max(rest, key=lambda r: r["speedup"]) if rest else None
+    out["targets"] = {
+        "worst": guard["worst"], "worst_met": guard["worst"] >= WORST,
+        "vs_best_fixed": guard["speedup"] / best["speedup"] if best else None,
+    }
+    return out
+
+
+def bench_golden(model) -> Golden:
+    prompt = bench_prompt(model)
+    chain = generate_plain(model, prompt, BENCH_NEW_TOKENS).output_ids
+    return Golden(f"bench-seed{BENCH_SEED}", "bench", "", False, prompt, chain, model.name,
+                  model.sha256, {"engine": "kolibri"}, list(model.eos_ids))
+
+
+def run(args) -> None:
+    from kolibri_cli.engine.jit import get_threads, set_threads
+
+    if args.threads:
+        set_threads(args.threads)
+    model = open_model(None)
+    tune = cut(load_goldens(args.tune), args.max_tokens)
+    context = int(statistics.median(len(g.prompt_ids) + len(g.output_ids) // 2 for g in tune))
+    say(f"threads {get_threads()}; {load()}")
+    costs = verify_costs(model.transformer, GUARD_K + 1, context, 5)
+    say(f"c(n) at {context} cached positions, n = 1..{GUARD_K + 1}: "
+        + ", ".join(f"{c:.2f}" for c in costs.values()))
+    fixed = rank_fixed(tune, costs, args.fixed)
+    say("best fixed on the tune split (modelled): "
+        + "; ".join(f"{r.name} {r.modelled_speedup():.3f}x" for r in fixed))
+    report = {"threads": get_threads(), "repeats": args.repeats, "max_tokens": args.max_tokens,
+              "costs": costs, "context": context,
+              "fixed": [[r.proposer, r.k, list(r.window), r.modelled_speedup()] for r in fixed],
+              "blocks": {}}
+    for path in args.goldens:
+        goldens = cut(load_goldens(path), args.max_tokens)
+        report["blocks"][path] = measure_block(model, path, goldens, fixed, costs, args.repeats)
+    if args.bench:
+        golden = bench_golden(model)
+        on_bench = rank_fixed([golden], costs, args.fixed)
+        block = measure_block(model, "bench chain", [golden], on_bench, costs, args.repeats)
+        block["targets"]["met"] = (block["targets"]["vs_best_fixed"] or 0) >= BENCH_SHARE
+        report["blocks"]["bench"] = block
+    say("\ntargets:")
+    for name, block in report["blocks"].items():
+        t = block["targets"]
+        say(f"   {name}: guard worst {t['worst']:.3f}x (>= {WORST}: {t['worst_met']}), "
+            f"guard / best fixed {t['vs_best_fixed']:.3f}")
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(tmp, args.json)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prompts", help="write the Spec-Bench tune and report prompt files")
+    p.add_argument("question")
+    p.add_argument("outdir")
+    r = sub.add_parser("run", help="measure the targets")
+    r.add_argument("--tune", required=True, help="goldens the fixed settings are chosen on")
+    r.add_argument("--goldens", action="append", default=[], help="goldens reported on")
+    r.add_argument("--bench", action="store_true", help="also the bench chain")
+    r.add_argument("--threads", type=int, default=0, help="kernel threads (0: all cores)")
+    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--fixed", type=int, default=2, help="fixed settings measured")
+    r.add_argument("--max-tokens", type=int, default=None, help="first N output ids of each")
+    r.add_argument("--json", help="write the figures here")
+    args = parser.parse_args(argv)
+    if args.command == "prompts":
+        write_prompts(args.question, args.outdir)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
