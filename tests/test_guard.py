@@ -65,9 +65,25 @@ def test_slopes_come_from_the_nearest_octave_holding_enough_samples():
     assert table.slope(120) == pytest.approx(0.2)
 
 
-def test_untimed_costs_follow_the_default_model():
-    c = CostTable().relative(50, 4)
-    assert c[1:].tolist() == pytest.approx([1 + DEFAULT_COST_SLOPE * n for n in range(4)])
+def test_a_measuring_table_calibrates_before_long_drafts():
+    """Unmeasured costs are unknown: first a plain step (its 1-token time is the reference),
+    then at most a 1-token draft (timed against it), then the measured line; a frozen empty
+    table (the probe's guard without costs) answers the default line."""
+    frozen = CostTable(frozen=True).relative(50, 4)
+    assert frozen[1:].tolist() == pytest.approx([1 + DEFAULT_COST_SLOPE * n for n in range(4)])
+    table = CostTable()
+    assert table.relative(50, 4)[1:].tolist() == [1.0, np.inf, np.inf, np.inf]
+    table.add(1, 50, 0.010)
+    assert table.relative(50, 4)[1:].tolist() == [1.0, 1 + DEFAULT_COST_SLOPE, np.inf, np.inf]
+    table.add(2, 50, 0.012)
+    assert table.relative(50, 4)[1:].tolist() == pytest.approx([1.0, 1.2, 1.4, 1.6])
+    g = GuardProposer(4, 1, 4, costs=CostTable(), prior=AcceptancePrior(((0.99,),), 1e6))
+    cycle = [5, 6, 7] * 10
+    assert g.propose(cycle[:8], 4) == []
+    g.costs.add(1, 8, 0.010)
+    assert g.propose(cycle[:9], 4) == [5]
+    g.costs.add(2, 9, 0.011)
+    assert g.propose(cycle[:11], 4) == [7, 5, 6, 7]
 
 
 def test_a_frozen_table_ignores_timings_and_round_trips():
@@ -158,7 +174,10 @@ def test_a_new_request_restarts_acceptance():
 
 
 def test_guard_is_made_by_name_with_given_or_measured_costs():
-    assert make_proposer("guard", 5, (1, 4)).costs.frozen is False  # measures its own
+    assert make_proposer("guard", 5, (1, 4)).costs.frozen  # the default c(n), as the probe
+    from kolibri_cli.cli import options
+
+    assert options.proposer(None, "1-4", "guard").costs.frozen is False  # generate measures
     given = make_proposer("guard", 5, (1, 4), {1: 1.0, 2: 1.2})
     assert given.costs.frozen and given.costs.relative(10, 2)[2] == pytest.approx(1.2)
     with pytest.raises(KolibriError, match="adaptive takes c"):
@@ -193,10 +212,11 @@ SAMPLED = Sampling(temperature=0.8, seed=7)
 def test_guard_spec_equals_plain_measuring_its_own_costs(seed, prompt, k, max_tokens, sampled):
     model, how = MODELS[seed], SAMPLED if sampled else Sampling()
     plain = generate_plain(model, prompt, max_tokens, sampling=how)
-    proposer = make_proposer("guard", k, (1, 4))
+    proposer = make_proposer("guard", k, (1, 4), CostTable())
     spec = generate_spec(model, prompt, max_tokens, proposer, sampling=how)
     assert spec.output_ids == plain.output_ids
     drafted = [p.drafted for p in spec.passes]
+    assert drafted[:1] in ([], [0]) and next((d for d in drafted if d), 0) <= 1  # calibrating
     sampled = sum(len(s) for _, s in proposer.costs.to_dict()["slopes"])
     if len(drafted) <= KEEP:  # every multi-token pass after a 1-token one is a slope sample
         assert sampled == sum(d > 0 and 0 in drafted[:i] for i, d in enumerate(drafted))

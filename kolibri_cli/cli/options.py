@@ -129,13 +129,21 @@ def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
              llamacpp: LlamaCppOptions | None = None):
     """A fresh proposer from command-line settings (bad settings fail before a model loads);
     k or window None = the proposer's default."""
-    from kolibri_cli.decode.proposers import default_settings, make_proposer, parse_window
+    from kolibri_cli.decode.costs import CostTable
+    from kolibri_cli.decode.proposers import (
+        canonical_proposer,
+        default_settings,
+        make_proposer,
+        parse_window,
+    )
 
     if k is not None and k < 1:  # name the option; make_proposer's own check speaks of "k"
         raise KolibriError(f"--k must be at least 1 (got {k})")
+    name = canonical_proposer(name)
     default_k, default_window = default_settings(name)
+    costs = CostTable() if name == "guard" else None  # the guard measures its costs as it runs
     return make_proposer(name, default_k if k is None else k,
-                         default_window if window is None else parse_window(window),
+                         default_window if window is None else parse_window(window), costs,
                          llamacpp=llamacpp)
 
 

@@ -60,10 +60,16 @@ class CostTable:
     whose load drifts cancels out of the ratio; the ratio gives one sample of the slope s in
     c(n) = 1 + s (n - 1). Per octave of the context length the table keeps the latest KEEP
     samples and answers with their median, from the octave nearest the asked context that holds
-    TRUSTED samples (else the nearest with any; else DEFAULT_COST_SLOPE). One slope per octave,
+    TRUSTED samples (else the nearest with any). One slope per octave,
     not one cost per n: a few dozen passes per request cannot pin down 16 noisy numbers, and a
-    single lucky timing must not make a long draft look free. A frozen table ignores `add`: the
-    policy that reads it is then a fixed function of the context, which the probe reproduces.
+    single lucky timing must not make a long draft look free.
+
+    Until its first sample a measuring table calls every multi-token cost unknown (infinite)
+    while it holds no 1-token timing, then every cost beyond c(2) (from DEFAULT_COST_SLOPE): a
+    request starts with a plain step and at most one 1-token draft, the passes that give the
+    first sample, instead of drafting long on another kernel's costs. A frozen table ignores
+    `add` and answers DEFAULT_COST_SLOPE's line when empty: the policy that reads it is then a
+    fixed function of the context, which the probe reproduces.
     """
 
     def __init__(self, frozen: bool = False, log: bool = False):
@@ -79,6 +85,8 @@ class CostTable:
         if self.frozen or not seconds > 0:
             return
         if rows == 1:
+            if not self._ones:
+                self._cache.clear()  # the first reference: a 1-token draft may now be timed
             self._ones.append(float(seconds))
             return
         if not self._ones:
@@ -113,6 +121,8 @@ class CostTable:
             c = np.array([0.0, *(self._given(int(m)) for m in n[1:])])
         else:
             c = 1.0 + self.slope(1 << oct_) * (n - 1)
+            if not self.frozen and not any(self._slopes.values()):
+                c[2 if not self._ones else 3 :] = np.inf  # unknown until measured (calibrating)
         c[0] = 0.0
         return c
 

@@ -154,8 +154,9 @@ def make_proposer(name: str, k: int, window: tuple[int, int],
                   llamacpp: LlamaCppOptions | None = None) -> Proposer:
     """A fresh proposer called `name` with draft cap k and n-gram window (min, max); `costs` feeds
     `adaptive`, `adaptive-tree` and `guard`, `cross_request` feeds `suffix`, `eos_ids` feeds `hf`,
-    `llamacpp` feeds llama.cpp's stateful types (others ignore them). `guard` without costs
-    measures its own (a live table the generator fills); given c(n), it drafts with them, frozen."""
+    `llamacpp` feeds llama.cpp's stateful types (others ignore them). `guard` given c(n) drafts
+    with them, frozen; without, with the default c(n), frozen; given an empty `CostTable()`, with
+    the costs the generator measures into it."""
     name = canonical_proposer(name)
     if name == "guard":
         return GuardProposer(k, *window, costs=_cost_table(costs))
@@ -174,11 +175,11 @@ def make_proposer(name: str, k: int, window: tuple[int, int],
 
 
 def _cost_table(costs):
-    """A table as given (measured, frozen or replayed); numbers make a frozen one; none, a live
-    one to fill."""
+    """A table as given (measuring, frozen or replayed); numbers make a frozen one; none, a
+    frozen empty one (the default c(n))."""
     if isinstance(costs, dict):
         return CostTable.from_costs(costs)
-    return CostTable() if costs is None else costs
+    return CostTable(frozen=True) if costs is None else costs
 
 
 def _cost_dict(costs) -> dict[int, float] | None:
