@@ -26,49 +26,64 @@ def test_octaves_group_context_lengths_by_powers_of_two():
 def test_each_multi_token_pass_is_compared_with_the_latest_one_token_passes():
     table = CostTable()
     table.add(3, 100, 0.013)  # nothing to compare with yet: ignored
-    assert table.slope(100) == DEFAULT_COST_SLOPE
+    assert table.measured(100) == {}
     for t1 in (0.010, 0.011, 0.009):  # reference: median 10 ms
         table.add(1, 100, t1)
-    table.add(3, 100, 0.013)  # c(3) = 1.3: slope 0.15
-    assert table.slope(100) == pytest.approx(0.15)
-    c = table.relative(100, 5)
-    assert c[0] == 0 and c[1:].tolist() == pytest.approx([1.0, 1.15, 1.3, 1.45, 1.6])
+    table.add(3, 100, 0.013)  # c(3) = 1.3
+    assert table.measured(100) == pytest.approx({3: 1.3})
+    c = table.relative(100, 7)
+    reach = [1.3 * (1 + DEFAULT_COST_SLOPE * m) for m in (1, 2, 3)]  # up to 2 x 3 rows
+    assert c[0] == 0 and c[1:].tolist() == pytest.approx([1.0, 1.15, 1.3, *reach, np.inf])
+
+
+def test_costs_are_priced_per_row_count_not_as_a_line():
+    """A kernel whose 2- to 5-row forwards cost alike (a register tile) and a 6th row that
+    starts the next one: each timed row count keeps its own cost, so a 1-token draft is not
+    priced from the cheap-per-row long ones (nor the long ones from the dear short one)."""
+    table = CostTable()
+    for _ in range(3):
+        table.add(1, 100, 0.010)
+        table.add(2, 100, 0.020)  # c(2) = 2.0
+        table.add(5, 100, 0.021)  # c(5) = 2.1
+        table.add(6, 100, 0.030)  # c(6) = 3.0
+    c = table.relative(100, 6)[1:]
+    assert c.tolist() == pytest.approx([1.0, 2.0, 2.0 + 0.1 / 3, 2.0 + 0.2 / 3, 2.1, 3.0])
 
 
 def test_a_load_that_drifts_cancels_out_and_outliers_do_not_count():
     """The machine slows down 3x between the first passes and the last: each multi-token pass
-    is judged against the 1-token passes next to it, so the slope stays put; one preempted
-    pass (10x) or one lucky one (faster than a 1-token pass) moves the median little."""
+    is judged against the 1-token passes next to it, so c(5) stays put; one preempted pass (10x)
+    or one lucky one (faster than a 1-token pass) moves the median little."""
     table = CostTable()
     for load in (1.0, 1.0, 3.0, 3.0, 3.0):
         for _ in range(3):
             table.add(1, 300, 0.010 * load)
-        table.add(5, 300, 0.010 * load * 1.4)  # slope 0.1
+        table.add(5, 300, 0.010 * load * 1.4)  # c(5) = 1.4
     table.add(5, 300, 0.4)
     table.add(5, 300, 0.005)
-    assert table.slope(300) == pytest.approx(0.1)
-    assert all(np.diff(table.relative(300, 9)[1:]) > 0)  # more rows never cost less
+    assert table.measured(300) == pytest.approx({5: 1.4})
+    assert all(np.diff(table.relative(300, 9)[1:]) > 0)  # more rows never cost less here
 
 
-def test_slopes_come_from_the_nearest_octave_holding_enough_samples():
+def test_costs_come_from_the_nearest_octave_holding_enough_samples():
     table = CostTable()
     for _ in range(3):
         table.add(1, 100, 0.010)
-        table.add(2, 100, 0.012)  # octave 6: slope 0.2
+        table.add(2, 100, 0.012)  # octave 6: c(2) = 1.2
     table.add(1, 1000, 0.010)
-    table.add(2, 1000, 0.015)  # octave 9: one sample, slope 0.5 (the reference holds 10-12 ms)
+    table.add(2, 1000, 0.015)  # octave 9: one sample, c(2) = 1.5 (the reference holds 10 ms)
     assert octave(100) == 6 and octave(1000) == 9
-    assert table.slope(1000) == pytest.approx(0.2)  # the trusted octave wins
+    assert table.measured(1000) == pytest.approx({2: 1.2})  # the trusted octave wins
     for _ in range(2):
         table.add(2, 1000, 0.015)
-    assert table.slope(1000) == pytest.approx(0.5)
-    assert table.slope(120) == pytest.approx(0.2)
+    assert table.measured(1000) == pytest.approx({2: 1.5})
+    assert table.measured(120) == pytest.approx({2: 1.2})
 
 
 def test_a_measuring_table_calibrates_before_long_drafts():
     """Unmeasured costs are unknown: first a plain step (its 1-token time is the reference),
-    then at most a 1-token draft (timed against it), then the measured line; a frozen empty
-    table (the probe's guard without costs) answers the default line."""
+    then at most a 1-token draft (timed against it), then drafts up to twice the rows timed; a
+    frozen empty table (the probe's guard without costs) answers the default line."""
     frozen = CostTable(frozen=True).relative(50, 4)
     assert frozen[1:].tolist() == pytest.approx([1 + DEFAULT_COST_SLOPE * n for n in range(4)])
     table = CostTable()
@@ -76,14 +91,17 @@ def test_a_measuring_table_calibrates_before_long_drafts():
     table.add(1, 50, 0.010)
     assert table.relative(50, 4)[1:].tolist() == [1.0, 1 + DEFAULT_COST_SLOPE, np.inf, np.inf]
     table.add(2, 50, 0.012)
-    assert table.relative(50, 4)[1:].tolist() == pytest.approx([1.0, 1.2, 1.4, 1.6])
-    g = GuardProposer(4, 1, 4, costs=CostTable(), prior=AcceptancePrior(((0.99,),), 1e6))
+    assert table.relative(50, 5)[1:].tolist() == pytest.approx(
+        [1.0, 1.2, 1.2 * (1 + DEFAULT_COST_SLOPE), 1.2 * (1 + 2 * DEFAULT_COST_SLOPE), np.inf])
+    g = GuardProposer(8, 1, 4, costs=CostTable(), prior=AcceptancePrior(((0.99,),), 1e6))
     cycle = [5, 6, 7] * 10
-    assert g.propose(cycle[:8], 4) == []
+    assert g.propose(cycle[:8], 8) == []
     g.costs.add(1, 8, 0.010)
-    assert g.propose(cycle[:9], 4) == [5]
+    assert g.propose(cycle[:9], 8) == [5]
     g.costs.add(2, 9, 0.011)
-    assert g.propose(cycle[:11], 4) == [7, 5, 6, 7]
+    assert g.propose(cycle[:11], 8) == [7, 5, 6]  # 4 rows: twice the most timed
+    g.costs.add(4, 11, 0.012)
+    assert g.propose(cycle[:15], 8) == [5, 6, 7, 5, 6, 7, 5]
 
 
 def test_a_frozen_table_ignores_timings_and_round_trips():
@@ -100,7 +118,8 @@ def test_a_frozen_table_ignores_timings_and_round_trips():
     frozen.add(4, 10, 5.0)
     again = CostTable.from_dict(frozen.to_dict())
     assert again.frozen and not live.frozen
-    assert frozen.slope(10) == again.slope(10) == live.slope(10) == pytest.approx(0.1)
+    assert frozen.measured(10) == again.measured(10) == live.measured(10) == pytest.approx({4: 1.3})
+    assert again.relative(10, 8).tolist() == live.relative(10, 8).tolist()
 
 
 def test_replayed_costs_refuse_a_question_the_live_run_did_not_ask():
@@ -217,8 +236,8 @@ def test_guard_spec_equals_plain_measuring_its_own_costs(seed, prompt, k, max_to
     assert spec.output_ids == plain.output_ids
     drafted = [p.drafted for p in spec.passes]
     assert drafted[:1] in ([], [0]) and next((d for d in drafted if d), 0) <= 1  # calibrating
-    sampled = sum(len(s) for _, s in proposer.costs.to_dict()["slopes"])
-    if len(drafted) <= KEEP:  # every multi-token pass after a 1-token one is a slope sample
+    sampled = sum(len(s) for *_, s in proposer.costs.to_dict()["cells"])
+    if len(drafted) <= KEEP:  # every multi-token pass after a 1-token one is a cost sample
         assert sampled == sum(d > 0 and 0 in drafted[:i] for i, d in enumerate(drafted))
 
 

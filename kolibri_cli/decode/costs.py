@@ -10,9 +10,10 @@ import numpy as np
 from kolibri_cli.errors import KolibriError
 
 DEFAULT_COST_SLOPE = 0.06  # c(n) = 1 + slope (n - 1) when nothing was measured: c(6) = 1.30
-KEEP = 15  # slope samples kept per context octave: the median of the latest 15
-TRUSTED = 3  # an octave's slope is used before a nearer octave's once it holds this many
+KEEP = 15  # samples kept per (context octave, rows) cell: the median of the latest 15
+TRUSTED = 3  # a cell is used before a nearer octave's once it holds this many
 REFERENCE = 3  # 1-token timings a multi-token pass is compared with: the median of the latest 3
+REACH = 2  # a measuring table prices rows up to REACH x the most it has timed; beyond: unknown
 
 
 def cost_model(costs: dict[int, float] | None) -> Callable[[int], float]:
@@ -57,17 +58,18 @@ class CostTable:
 
     Measured: each multi-token pass is compared with the latest 1-token passes (the median of the
     last REFERENCE), which ran moments before at nearly the same context length, so a machine
-    whose load drifts cancels out of the ratio; the ratio gives one sample of the slope s in
-    c(n) = 1 + s (n - 1). Per octave of the context length the table keeps the latest KEEP
-    samples and answers with their median, from the octave nearest the asked context that holds
-    TRUSTED samples (else the nearest with any). One slope per octave,
-    not one cost per n: a few dozen passes per request cannot pin down 16 noisy numbers, and a
-    single lucky timing must not make a long draft look free.
+    whose load drifts cancels out of the ratio; the ratio is one sample of c(rows). Per octave
+    of the context length and per row count the table keeps the latest KEEP samples; c(n) for a
+    timed n is their median (from the octave nearest the asked context that holds TRUSTED
+    samples of n, else the nearest with any), between timed row counts it is interpolated, so a
+    kernel whose cost jumps at some row count (register tiles, a small-L path) is priced as it
+    runs rather than as a line through long and short passes alike.
 
-    Until its first sample a measuring table calls every multi-token cost unknown (infinite)
-    while it holds no 1-token timing, then every cost beyond c(2) (from DEFAULT_COST_SLOPE): a
-    request starts with a plain step and at most one 1-token draft, the passes that give the
-    first sample, instead of drafting long on another kernel's costs. A frozen table ignores
+    Above the most rows it has timed (m), a measuring table prices up to REACH x m rows at
+    c(m) (1 + DEFAULT_COST_SLOPE (n - m)) and calls more unknown (infinite): a request starts
+    with a plain step (its 1-token time is the reference), then drafts at most one token, then at
+    most 3, 7, 15: each longer draft is tried only once the expected gain at the shorter timed
+    cost says so, instead of drafting long on another kernel's costs. A frozen table ignores
     `add` and answers DEFAULT_COST_SLOPE's line when empty: the policy that reads it is then a
     fixed function of the context, which the probe reproduces.
     """
@@ -76,7 +78,7 @@ class CostTable:
         self.frozen = frozen
         self.log: list[np.ndarray] | None = [] if log else None  # every answer of `relative`
         self._given: Callable[[int], float] | None = None  # from_costs: c(n), any context
-        self._slopes: dict[int, deque] = {}  # octave -> the latest slope samples
+        self._cells: dict[tuple[int, int], deque] = {}  # (octave, rows) -> latest c(rows)
         self._ones: deque = deque(maxlen=REFERENCE)  # the latest 1-token timings (seconds)
         self._cache: dict[tuple[int, int], np.ndarray] = {}  # (octave, top) -> c[0..top]
 
@@ -92,19 +94,18 @@ class CostTable:
         if not self._ones:
             return
         ratio = seconds / statistics.median(self._ones)
-        samples = self._slopes.setdefault(octave(context), deque(maxlen=KEEP))
-        samples.append(max(ratio - 1.0, 0.0) / (rows - 1))
+        self._cells.setdefault((octave(context), int(rows)), deque(maxlen=KEEP)).append(ratio)
         self._cache.clear()
 
-    def slope(self, context: int) -> float:
-        """The slope s of c(n) = 1 + s (n - 1) at this context length (measured or default)."""
-        held = [o for o, samples in self._slopes.items() if samples]
-        if not held:
-            return DEFAULT_COST_SLOPE
-        target = octave(context)
-        trusted = [o for o in held if len(self._slopes[o]) >= TRUSTED]
-        o = min(trusted or held, key=lambda o: (abs(o - target), o))
-        return statistics.median(self._slopes[o])
+    def measured(self, context: int) -> dict[int, float]:
+        """c(n) for every row count n timed so far, as read at this context length."""
+        target, out = octave(context), {}
+        for rows in sorted({r for _, r in self._cells}):
+            held = {o: s for (o, r), s in self._cells.items() if r == rows}
+            trusted = [o for o, s in held.items() if len(s) >= TRUSTED]
+            o = min(trusted or held, key=lambda o: (abs(o - target), o))
+            out[rows] = statistics.median(held[o])
+        return out
 
     def relative(self, context: int, top: int) -> np.ndarray:  # -> float64[top + 1]
         """c[n] for n = 1..top at this context length (c[0] unused, = 0; c[1] = 1)."""
@@ -119,24 +120,36 @@ class CostTable:
         n = np.arange(top + 1, dtype=np.float64)  # [top + 1]
         if self._given is not None:
             c = np.array([0.0, *(self._given(int(m)) for m in n[1:])])
+        elif self.frozen and not self._cells:
+            c = 1.0 + DEFAULT_COST_SLOPE * (n - 1)
         else:
-            c = 1.0 + self.slope(1 << oct_) * (n - 1)
-            if not self.frozen and not any(self._slopes.values()):
-                c[2 if not self._ones else 3 :] = np.inf  # unknown until measured (calibrating)
+            c = self._interpolated(self.measured(1 << oct_), n)
         c[0] = 0.0
         return c
 
+    def _interpolated(self, measured: dict[int, float], n: np.ndarray) -> np.ndarray:
+        """Timed row counts as timed, linear between them, a short reach above (see the class)."""
+        if not measured and not self._ones:
+            return np.where(n <= 1, 1.0, np.inf)  # no reference yet: a plain step first
+        rows, costs = [1, *measured], [1.0, *measured.values()]
+        top, c_top = rows[-1], costs[-1]
+        c = np.interp(np.minimum(n, top), rows, costs)
+        above = n > top
+        c[above] = c_top * (1.0 + DEFAULT_COST_SLOPE * (n[above] - top))
+        c[n > REACH * top] = np.inf
+        return c
+
     def to_dict(self) -> dict:
-        """{"frozen", "slopes": [[octave, [s...]], ...], "ones": [seconds...]} — JSON-ready."""
+        """{"frozen", "ones": [seconds...], "cells": [[octave, rows, [c...]], ...]} — JSON-ready."""
         return {"frozen": self.frozen, "ones": list(self._ones),
-                "slopes": [[o, list(s)] for o, s in sorted(self._slopes.items())]}
+                "cells": [[o, r, list(s)] for (o, r), s in sorted(self._cells.items())]}
 
     @classmethod
     def from_dict(cls, obj: dict, frozen: bool | None = None) -> "CostTable":
         table = cls(frozen=bool(obj.get("frozen", False)) if frozen is None else frozen)
         table._ones.extend(obj.get("ones", []))
-        for o, samples in obj.get("slopes", []):
-            table._slopes[int(o)] = deque(samples, maxlen=KEEP)
+        for o, r, samples in obj.get("cells", []):
+            table._cells[int(o), int(r)] = deque(samples, maxlen=KEEP)
         return table
 
     @classmethod
