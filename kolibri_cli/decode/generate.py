@@ -230,8 +230,10 @@ class _Run:
         tree = tree.first(self.cache.max_len - pos - 1)  # near the context's end: what fits
         if not len(tree):
             return self.verify([])
+        t0 = time.perf_counter()
         rows = self.tf.forward([self.out[-1], *tree.tokens], pos, self.cache,
                                parents=[-1, *(p + 1 for p in tree.parents)])  # [1 + nodes, V]
+        self.forward_s = time.perf_counter() - t0
         children: dict[int, dict[int, int]] = {}
         for node, (token, parent) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
             children.setdefault(parent, {}).setdefault(token, node)
