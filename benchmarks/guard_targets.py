@@ -16,7 +16,9 @@ disjoint) as prompt files for `kolibri goldens record`.
 3. per goldens file: the guard (cap 16, measuring its own costs) and those fixed settings,
    measured with the model in one interleaved run (`--repeats` rounds per golden, plain and
    each configuration taking turns, medians), spec == plain and counts == simulation checked;
-4. `--bench`: the bench chain (a 2-cycle) likewise, against the fixed settings that simulate
+4. `--null`: also a guard that never drafts, so a golden's ratio is noise and the spec loop's
+   own overhead alone (an A/A check of how low the worst golden goes without any drafting);
+5. `--bench`: the bench chain (a 2-cycle) likewise, against the fixed settings that simulate
    best on it.
 
 Each block prints the load average before and after. The targets: worst golden >= 0.97x plain,
@@ -51,6 +53,7 @@ TUNE_IDS = [131, 141, 151, 82, 92, *range(166, 171), *range(246, 251), *range(32
             *range(406, 411), *range(486, 491)]
 MT_BENCH_LAST = 160  # ids 81-160 are MT-Bench's (its eight subcategories: one category here)
 WORST = 0.97
+NEVER = {1: 1.0, 2: 1e9}  # costs under which the guard never drafts (the null arm)
 BENCH_SHARE = 0.90
 
 
@@ -90,9 +93,11 @@ def rank_fixed(goldens: list[Golden], costs: dict[int, float], keep: int) -> lis
 
 
 def measure_block(model, name: str, goldens: list[Golden], fixed: list, costs: dict,
-                  repeats: int) -> dict:
+                  repeats: int, null: bool = False) -> dict:
     runs = [simulate(goldens, GUARD_K, (1, 4), "guard")]  # live: it measures its own costs
     runs += [simulate(goldens, r.k, r.window, r.proposer, costs) for r in fixed]
+    if null:  # the spec loop never drafting: what noise and the loop's own overhead alone give
+        runs.append(simulate(goldens, 1, (1, 4), "guard", NEVER))
     modelled = [simulate(goldens, GUARD_K, (1, 4), "guard", costs), *runs[1:]]
     say(f"\n== {name}: {len(goldens)} goldens, {sum(len(g.output_ids) for g in goldens)} "
         f"tokens; {', '.join(r.name for r in runs)}; repeats {repeats}")
@@ -121,6 +126,7 @@ def measure_block(model, name: str, goldens: list[Golden], fixed: list, costs: d
             f"spec==plain "
             f"{m.spec_equals_plain}  counts==sim {m.counts_match_simulation}")
     guard, *rest = out["runs"].values()
+    rest = rest[: len(fixed)]  # not the null arm
     best = max(rest, key=lambda r: r["speedup"]) if rest else None
     out["targets"] = {
         "worst": guard["worst"], "worst_met": guard["worst"] >= WORST,
@@ -157,7 +163,8 @@ def run(args) -> None:
               "blocks": {}}
     for path in args.goldens:
         goldens = cut(load_goldens(path), args.max_tokens)
-        report["blocks"][path] = measure_block(model, path, goldens, fixed, costs, args.repeats)
+        report["blocks"][path] = measure_block(model, path, goldens, fixed, costs, args.repeats,
+                                               args.null)
     if args.bench:
         golden = bench_golden(model)
         on_bench = rank_fixed([golden], costs, args.fixed)
@@ -191,6 +198,8 @@ def main(argv: list[str]) -> None:
     r.add_argument("--fixed", type=int, default=2, help="fixed settings measured")
     r.add_argument("--max-tokens", type=int, default=None, help="first N output ids of each")
     r.add_argument("--json", help="write the figures here")
+    r.add_argument("--null", action="store_true", help="also a guard that never drafts (k 1, "
+                   "c(2) huge): the spread noise and the spec loop alone give per golden")
     args = parser.parse_args(argv)
     if args.command == "prompts":
         write_prompts(args.question, args.outdir)
