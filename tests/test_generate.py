@@ -236,3 +236,35 @@ def test_a_fixed_draft_is_accepted_with_its_probability():
     print(f"accepted {accepted}, expected {expected:.1f}: z = {z:.2f}, p = {p_value:.3f}")
     assert expected > 150  # the draft has a real chance (p(d) around 3.5%)
     assert p_value > 1e-3
+
+
+def _decoding_kernels():
+    from kolibri_cli.decode import sampling
+    from kolibri_cli.decode.proposers import ngram
+    from kolibri_cli.decode.proposers.llamacpp import ngram_mod, simple
+
+    return [ngram.longest_match, ngram._continuation_start, ngram._first_match_start,
+            simple._most_recent_start, ngram_mod._add, ngram_mod._chain,
+            sampling._gumbel_argmax]
+
+
+@pytest.mark.parametrize("name", ["vllm", "hf", "guard", "adaptive", "llamacpp-simple",
+                                  "llamacpp-mod"])
+def test_no_decoding_kernel_compiles_inside_a_request(name):
+    """Drafting and sampling kernels are compiled (or loaded) before a request's clock starts:
+    a sampled speculative request adds no signature to them (on a machine's first run such a
+    compile cost the first `generate --compare` ~0.45 s of its speculative time)."""
+    from kolibri_cli.decode.costs import CostTable
+    from kolibri_cli.decode.proposers import default_settings, make_proposer, warm_up
+    from kolibri_cli.decode.sampling import Sampler, Sampling
+
+    sampled = Sampling(temperature=0.8, top_p=0.9, seed=3)
+    warm_up()
+    Sampler(sampled)
+    before = [len(f.signatures) for f in _decoding_kernels()]
+    assert all(before), before  # the warm-ups reached every kernel
+    k, window = default_settings(name)
+    proposer = make_proposer(name, k, window, CostTable() if name == "guard" else None)
+    r = generate_spec(MODELS[1], [5, 6, 7] * 12, 40, proposer, sampling=sampled)
+    assert len(r.passes) > 0
+    assert [len(f.signatures) for f in _decoding_kernels()] == before

@@ -18,6 +18,7 @@ from kolibri_cli.decode.proposers import (
     draft_tree,
     is_tree_proposer,
     start_request,
+    warm_up,
 )
 from kolibri_cli.decode.sampling import GREEDY, Sampler, Sampling
 from kolibri_cli.decode.stops import Stops
@@ -129,6 +130,7 @@ def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
 def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
                   on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
                   stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
+    warm_up()
     start_request(proposer, prompt_ids)
     trees = is_tree_proposer(proposer)
     run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv, proposer.k if trees else 0)

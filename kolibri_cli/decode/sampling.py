@@ -18,6 +18,7 @@ ids before t.
 import math
 import time
 from dataclasses import asdict, dataclass
+from functools import cache
 
 import numpy as np
 from numba import njit
@@ -105,6 +106,8 @@ class Sampler:
     def __init__(self, sampling: Sampling = GREEDY):
         self.sampling = sampling.check()
         self.seconds = 0.0
+        if not self.sampling.greedy:
+            _warm_up()  # not inside the first timed pick
 
     def pick(self, logits: np.ndarray, pos: int, before: np.ndarray) -> int:
         """The token at absolute position `pos` from its logits [V]; `before` = the ids at
@@ -113,6 +116,13 @@ class Sampler:
         token = choose(logits, pos, before, self.sampling)
         self.seconds += time.perf_counter() - t0
         return token
+
+
+@cache
+def _warm_up() -> None:
+    """Compile (a machine's first run) or load from numba's cache the sampling kernels, once per
+    process."""
+    choose(np.zeros(8, np.float32), 1, np.zeros(1, np.int64), Sampling(temperature=1.0))
 
 
 def choose(logits: np.ndarray, pos: int, before, s: Sampling) -> int:

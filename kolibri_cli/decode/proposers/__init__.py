@@ -11,9 +11,11 @@ request starts (`start_request`).
 Non-goals: verification, acceptance, the KV cache (the speculative generator owns those).
 """
 
+from functools import cache
 from typing import Protocol, runtime_checkable
 
 from kolibri_cli.decode.costs import CostTable, ReplayedCosts
+from kolibri_cli.decode.proposers import ngram
 from kolibri_cli.decode.proposers.adaptive import AdaptiveProposer
 from kolibri_cli.decode.proposers.adaptive_tree import AdaptiveTreeProposer
 from kolibri_cli.decode.proposers.guard import GuardProposer
@@ -24,6 +26,8 @@ from kolibri_cli.decode.proposers.llamacpp import (
     LlamaCppMapKProposer,
     LlamaCppModProposer,
     LlamaCppSimpleProposer,
+    ngram_mod,
+    simple,
 )
 from kolibri_cli.decode.proposers.ngram import HfProposer, NgramProposer
 from kolibri_cli.decode.proposers.settings import (
@@ -124,6 +128,15 @@ def draft_tree(proposer: Proposer, context, budget: int) -> DraftTree:
 def is_tree_proposer(proposer) -> bool:
     """Whether `proposer` drafts trees (several candidates per pass)."""
     return hasattr(proposer, "propose_tree")
+
+
+@cache
+def warm_up() -> None:
+    """Compile (a machine's first run) or load from numba's cache the drafting kernels, once per
+    process, so neither lands inside the first timed request."""
+    ngram.warm_up()
+    simple.warm_up()
+    ngram_mod.warm_up()
 
 
 def start_request(proposer: Proposer, prompt_ids) -> None:

@@ -98,6 +98,14 @@ def _first_match_start(tokens, min_n, max_n):  # tokens: int64[T] -> int
     return -1
 
 
+def warm_up() -> None:
+    """Compile (a machine's first run) or load from numba's cache this module's kernels."""
+    tokens = np.zeros(4, np.int64)
+    longest_match(tokens, 1, 2)
+    _continuation_start(tokens, 1, 2)
+    _first_match_start(tokens, 1, 2)
+
+
 @dataclass(frozen=True)
 class HfProposer:
     """transformers' `PromptLookupCandidateGenerator.get_candidates`

@@ -109,3 +109,10 @@ class NgramModPool:
         if self.n_low >= LOW_STREAK:
             self.reset()
             self.n_low, self.i_last = 0, 0
+
+
+def warm_up() -> None:
+    """Compile (a machine's first run) or load from numba's cache this module's kernels."""
+    pool = NgramModPool(2, 1, 2)
+    pool.begin(np.zeros(4, np.int64))
+    pool.draft(np.zeros(4 + ADD_CHUNK, np.int64), 0)

@@ -33,6 +33,11 @@ def _most_recent_start(tokens, n, m):  # tokens: int64[T] -> (start, length)
     return -1, 0
 
 
+def warm_up() -> None:
+    """Compile (a machine's first run) or load from numba's cache this module's kernel."""
+    _most_recent_start(np.zeros(4, np.int64), 1, 2)
+
+
 @dataclass(frozen=True)
 class LlamaCppSimpleProposer:
     """llama.cpp's `ngram-simple` speculative type (common/ngram-map.cpp,
