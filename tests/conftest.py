@@ -66,6 +66,10 @@ def pulled_default(tmp_path_factory) -> PulledModel:
     return PulledModel(home=home, path=path, gguf=gguf)
 
 
+# The note the first model loaded in a session prints (it compiles the kernel): tests that expect
+# exactly one error line on stderr skip it.
+COMPILING = "compiling the forward kernel"
+
 TINY_LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000,
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY_LLAMA_CONFIG, tiny_llama_tensors, write_tiny_tokenizer
+from conftest import COMPILING, TINY_LLAMA_CONFIG, tiny_llama_tensors, write_tiny_tokenizer
 from crafted import (
     gguf_fields,
     gguf_tensors,
@@ -32,7 +32,6 @@ def run(kolibri_home, monkeypatch):
     return invoke
 
 
-COMPILING = "compiling the forward kernel"
 
 
 def one_error_line(result, *fragments: str, code: int = 1) -> str:

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import TINY_LLAMA_CONFIG, tiny_llama_tensors, write_tiny_tokenizer
+from conftest import COMPILING, TINY_LLAMA_CONFIG, tiny_llama_tensors, write_tiny_tokenizer
 from crafted import gguf_fields, golden_line, write_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,8 +30,6 @@ from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
 from kolibri_cli.probe.config import FIELDS
-
-COMPILING = "compiling the forward kernel"
 
 EXAMPLES = int(os.environ.get("KOLIBRI_FUZZ_EXAMPLES", "25"))
 fuzz = settings(max_examples=EXAMPLES, deadline=None, database=None,
