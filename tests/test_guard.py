@@ -150,6 +150,17 @@ def test_drafts_the_length_with_the_most_tokens_per_unit_of_cost():
     assert guard(rate=0.9).best_length(1, 0, 100) == 0
 
 
+def test_a_draft_that_pays_only_on_thin_evidence_waits_for_more():
+    """At c(2) = 1.45 a 1-token draft pays when p > 0.45. An estimate of 0.5 worth 4 passes is
+    not enough to risk it; the same rate seen over 80 candidates is."""
+    costs = CostTable.from_costs({1: 1.0, 2: 1.45, 3: 2.0})
+    g = GuardProposer(2, 1, 1, costs=costs, prior=AcceptancePrior(rates=((0.5,),), weight=4.0))
+    assert g._acceptance.rates(1)[0] == pytest.approx(0.5)
+    assert g._acceptance.cautious(1)[0] < 0.45 and g.best_length(1, 2, 100) == 0
+    g._acceptance.tried[1, 0], g._acceptance.accepted[1, 0] = 80, 40
+    assert 0.45 < g._acceptance.cautious(1)[0] < 0.5 and g.best_length(1, 1, 100) == 1
+
+
 def test_no_match_no_draft_and_the_budget_cuts():
     g = guard(rate=0.9)
     assert g.propose([1, 2, 3], 5) == []
