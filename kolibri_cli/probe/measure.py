@@ -18,6 +18,7 @@ Non-goals: rendering (report.py, render_probe.py).
 """
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kolibri_cli.bench.timing import verify_costs
@@ -37,6 +38,7 @@ from kolibri_cli.probe.simulate import (
 )
 
 COST_REPEATS = 3
+Statistic = Callable[[list[float]], float]  # a golden's time from its rounds' times
 
 
 @dataclass
@@ -63,13 +65,15 @@ def proposer_pair(run: SimRun) -> tuple:
 
 def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int = 1,
                  step: Ticks | None = None, sampling: Sampling | None = None,
-                 cost_repeats: int = COST_REPEATS) -> dict[RunKey, Measured]:
+                 cost_repeats: int = COST_REPEATS,
+                 statistic: Statistic = statistics.median) -> dict[RunKey, Measured]:
     """Measure every configuration over every golden, interleaved; overall figures are sums of
-    the goldens' median times. c(n) for the predictions is timed `cost_repeats` times per
-    golden."""
+    the goldens' times, each the `statistic` of its rounds (the median; `min` is the time
+    least disturbed by other work: on a shared machine interference only ever adds time).
+    c(n) for the predictions is timed `cost_repeats` times per golden."""
     arms = [_Arm(run, [proposer_pair(run) for _ in range(repeats)]) for run in runs]
     for i, golden in enumerate(goldens):
-        _measure_golden(model, golden, i, arms, repeats, sampling, cost_repeats)
+        _measure_golden(model, golden, i, arms, repeats, sampling, cost_repeats, statistic)
         if step:
             step(i + 1, len(goldens))
     return {run_key(arm.run): _summary(arm) for arm in arms}
@@ -82,7 +86,8 @@ def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = 
 
 
 def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats: int,
-                    sampling: Sampling | None, cost_repeats: int) -> None:
+                    sampling: Sampling | None, cost_repeats: int,
+                    statistic: Statistic) -> None:
     n = len(golden.output_ids)
     how = golden.sampler if sampling is None else sampling
     for arm in arms:
@@ -100,7 +105,7 @@ def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats
     top = max(arm.run.k for arm in arms) + 1
     rel = verify_costs(model.transformer, top, len(golden.prompt_ids) + n // 2, cost_repeats)
     for arm, runs in zip(arms, specs, strict=True):
-        m, t = _golden_figures(golden, index, arm, plains, runs, rel)
+        m, t = _golden_figures(golden, index, arm, plains, runs, rel, statistic)
         arm.goldens.append(m)
         arm.totals.append(t)
 
@@ -114,11 +119,12 @@ def _spec_run(model, golden: Golden, n: int, proposer, how: Sampling) -> tuple:
 
 
 def _golden_figures(golden: Golden, index: int, arm: _Arm, plains: list[GenerationResult],
-                    rounds: list[tuple], rel: dict[int, float]) -> tuple:
+                    rounds: list[tuple], rel: dict[int, float],
+                    statistic: Statistic = statistics.median) -> tuple:
     run, sim_counts = arm.run, arm.run.goldens[index].counts
     specs = [result for result, _ in rounds]
-    plain_s = statistics.median(p.decode_s for p in plains)
-    spec_s = statistics.median(s.decode_s for s in specs)
+    plain_s = statistic([p.decode_s for p in plains])
+    spec_s = statistic([s.decode_s for s in specs])
     steps = max(plains[0].new_tokens - 1, 1)
     costs = {m: c * plain_s / steps for m, c in rel.items()}  # seconds per m-token forward
     matches = [_counts_match(golden, p, s, read, sim, run.k)
