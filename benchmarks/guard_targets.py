@@ -6,6 +6,9 @@ run per goldens file (docs/guard.md).
         [--bench] [--threads N] [--repeats 3] [--fixed 2] [--max-tokens N] [--null]
         [--statistic median|min] [--json OUT]
 
+    python benchmarks/guard_targets.py model --costs C1,C2,... --tune TUNE.jsonl --goldens A.jsonl
+        [--max-tokens N]
+
 `prompts` writes the Spec-Bench tune and report splits (first turns, 5 prompts per category,
 disjoint) as prompt files for `kolibri goldens record`.
 
@@ -23,6 +26,12 @@ disjoint) as prompt files for `kolibri goldens record`.
 5. `--bench`: the bench chain (a 2-cycle) likewise, against the fixed settings that simulate
    best on it.
 
+`model`: no timing, exact counts. The guard as `kolibri generate` runs it (an empty cost table
+that every pass then feeds, here with the time the given c(n) says), beside the best `--fixed`
+settings on the tune split under that c(n): per goldens file the modelled speedup (plain steps
+over the summed c(1 + draft) of the passes) overall and the worst golden. What the measured
+figures would be without noise.
+
 Each block prints the load average before and after. The targets: worst golden >= 0.97x plain,
 the guard overall >= the best fixed setting measured, on the bench chain >= 90% of the best
 fixed setting.
@@ -35,9 +44,13 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.timing import verify_costs
+from kolibri_cli.decode.costs import CostTable, cost_model
 from kolibri_cli.decode.generate import generate_plain
+from kolibri_cli.decode.proposers import draft, make_proposer, start_request
 from kolibri_cli.goldens.chains import Golden, load_goldens, read_prompts
 from kolibri_cli.probe.measure import measure_runs
 from kolibri_cli.probe.shard import simulate, sweep
@@ -189,6 +202,44 @@ def run(args) -> None:
         os.replace(tmp, args.json)
 
 
+def replay(golden: Golden, proposer, k: int, c, measuring: bool) -> tuple[int, float]:
+    """(plain steps, summed c(rows) of the passes) replaying `golden`'s chain; a measuring
+    guard's table is fed each pass's time as c(rows) (a 1-token pass takes 1)."""
+    prompt, chain = list(golden.prompt_ids), list(golden.output_ids)
+    context = np.asarray(prompt + chain, dtype=np.int64)  # [len(P) + N]
+    start_request(proposer, prompt)
+    pos, spent = 1, 0.0
+    while pos < len(chain):
+        drafts = draft(proposer, context[: len(prompt) + pos], min(k, len(chain) - pos - 1))
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == chain[pos + accepted]:
+            accepted += 1
+        spent += c(1 + len(drafts))
+        if measuring:
+            proposer.costs.add(1 + len(drafts), len(prompt) + pos, c(1 + len(drafts)))
+        pos += accepted + 1
+    return len(chain) - 1, spent
+
+
+def model(args) -> None:
+    costs = {n: float(x) for n, x in enumerate(args.costs.split(","), start=1)}
+    c = cost_model(costs)
+    fixed = rank_fixed(cut(load_goldens(args.tune), args.max_tokens), costs, args.fixed)
+    arms = [("guard k=16 (measuring)", lambda: make_proposer("guard", GUARD_K, (1, 4),
+                                                             CostTable()), GUARD_K, True),
+            ("guard k=16 (given c(n))", lambda: make_proposer(
+                "guard", GUARD_K, (1, 4), CostTable.from_costs(costs)), GUARD_K, False)]
+    arms += [(r.name, r.new_proposer, r.k, False) for r in fixed]
+    for path in args.goldens:
+        goldens = cut(load_goldens(path), args.max_tokens)
+        say(f"== {path}: {len(goldens)} goldens (modelled, exact counts)")
+        for name, new, k, measuring in arms:
+            done = [(g.id, *replay(g, new(), k, c, measuring)) for g in goldens]
+            worst = min(done, key=lambda d: d[1] / d[2])
+            say(f"   {name:34s} overall {sum(d[1] for d in done) / sum(d[2] for d in done):5.3f}x"
+                f"  worst {worst[1] / worst[2]:5.3f}x ({worst[0]}, {worst[1] + 1} tokens)")
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -209,9 +260,17 @@ def main(argv: list[str]) -> None:
                    "by other work on a shared machine)")
     r.add_argument("--null", action="store_true", help="also a guard that never drafts (k 1, "
                    "c(2) huge): the spread noise and the spec loop alone give per golden")
+    m = sub.add_parser("model", help="the guard and the best fixed settings modelled (no timing)")
+    m.add_argument("--costs", required=True, help="c(1),c(2),... e.g. as timed by `run`")
+    m.add_argument("--tune", required=True, help="goldens the fixed settings are chosen on")
+    m.add_argument("--goldens", action="append", default=[], help="goldens reported on")
+    m.add_argument("--fixed", type=int, default=2, help="fixed settings modelled")
+    m.add_argument("--max-tokens", type=int, default=None, help="first N output ids of each")
     args = parser.parse_args(argv)
     if args.command == "prompts":
         write_prompts(args.question, args.outdir)
+    elif args.command == "model":
+        model(args)
     else:
         run(args)
 
