@@ -66,6 +66,21 @@ def is_compiled() -> bool:
 
 
 @njit(cache=True)
+def _layer_list(first):
+    """A typed List holding `first`. Built by cached compiled code: List().append from Python
+    compiles numba's list methods in every process, and that compile alone kept ~30 MB of numba's
+    compiler and LLVM's code generator resident for the whole run."""
+    layers = List()
+    layers.append(first)
+    return layers
+
+
+@njit(cache=True)
+def _append_layer(layers, layer):
+    layers.append(layer)
+
+
+@njit(cache=True)
 def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window, tree):
     """One decoder layer, h [L, D] in place.
     lw = LayerWeights.arrays(); k/v_cache [KVH, T, Dh]; window 0 = whole context;
@@ -170,9 +185,9 @@ class Transformer:
         self.weights = weights
         self._eps = np.float32(config.rms_norm_eps)
         self._cos, self._sin = rope_tables(config, min(CHUNK, config.max_position_embeddings))
-        self._layers = List()
-        for lw in weights.layers:
-            self._layers.append(lw.arrays())
+        self._layers = _layer_list(weights.layers[0].arrays())  # typed List of layer tuples
+        for lw in weights.layers[1:]:
+            _append_layer(self._layers, lw.arrays())
         n_layers = config.num_hidden_layers
         self._windows = np.array([config.layer_window(i) for i in range(n_layers)], np.int64)
         start_threads()
