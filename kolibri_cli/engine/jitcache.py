@@ -3,17 +3,21 @@ sources it was compiled from. Never the package folder (a read-only install must
 
 Import this module before defining any `@njit(cache=True)` function of kolibri (engine/jit.py
 does; other packages with compiled code import it themselves): numba picks a function's cache
-folder when its decorator runs. `NUMBA_CACHE_DIR`, when set, wins.
+folder when its decorator runs. `NUMBA_CACHE_DIR`, when set, wins. numba's own runtime
+functions, which numba compiles afresh in every process, are cached there too.
 """
 
+import contextlib
 import hashlib
 import os
+import pickle
 from functools import lru_cache
 from pathlib import Path
 
 import llvmlite
 import numba
 from numba.core import caching
+from numba.core.runtime import nrtdynmod
 
 from kolibri_cli.home import cache_root
 
@@ -71,4 +75,50 @@ def _use_kolibri_cache() -> None:
         locators.insert(0, _KolibriCacheLocator)  # numba internals moved: keep numba's rules
 
 
+def _nrt_file(codegen, ir_module) -> Path:
+    """The cached runtime's file: keyed by its IR, numba, llvmlite and the CPU it targets."""
+    h = hashlib.sha256(repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple(),
+                             numba.config.OPT)).encode() + str(ir_module).encode())
+    folder = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else cache_root() / "numba"
+    return folder / f"nrt-{h.hexdigest()[:16]}.pkl"
+
+
+def compile_nrt_functions(ctx):
+    """numba's runtime (a few refcount and atomic functions), from our cache once compiled.
+
+    numba compiles it with LLVM in every process that runs compiled code, even when every kernel
+    comes from its disk cache, and that one compile faults ~27 MB of LLVM's optimizer and code
+    generator into memory for the whole run. Loading it as object code, like the kernels, does
+    not. Unreadable or absent: compiled as numba does, then kept (when the folder is writable)."""
+    ir_module, library = nrtdynmod.create_nrt_module(ctx)
+    path = _nrt_file(ctx.codegen(), ir_module)
+    if path.is_file():
+        try:
+            return ctx.codegen().unserialize_library(pickle.loads(path.read_bytes()))
+        except Exception:  # a damaged file: compile afresh below, and replace it
+            ir_module, library = nrtdynmod.create_nrt_module(ctx)
+    library.enable_object_caching()
+    library.add_ir_module(ir_module)
+    library.finalize()
+    _write(path, pickle.dumps(library.serialize_using_object_code()))
+    return library
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError:  # a read-only cache: numba's own cost each run, nothing worse
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def _cache_nrt() -> None:
+    if callable(getattr(nrtdynmod, "create_nrt_module", None)):  # else numba moved: its rules
+        nrtdynmod.compile_nrt_functions = compile_nrt_functions
+
+
 _use_kolibri_cache()
+_cache_nrt()
