@@ -33,6 +33,16 @@ print(hashlib.sha256(logits.tobytes()).hexdigest())
 """
 
 
+# Prepended to FORWARD: counts what the process compiles with LLVM (numba functions and numba's
+# runtime finalize a code library each; loading one from a cache does not).
+COUNT_COMPILES = """
+from numba.core import codegen
+compiled = []
+_finalize = codegen.CPUCodeLibrary.finalize
+codegen.CPUCodeLibrary.finalize = lambda self: compiled.append(self.name) or _finalize(self)
+"""
+
+
 def run_python(code: str, *args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=os.environ | env, timeout=900)
@@ -40,12 +50,14 @@ def run_python(code: str, *args: str, env: dict) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The forward in three processes sharing a fresh KOLIBRI_HOME: compile and cache; a second
-    weight type, compiled around the cached parts; that second kernel loaded from the cache."""
+    """The forward in four processes sharing a fresh KOLIBRI_HOME: compile and cache; a second
+    weight type, compiled around the cached parts; that second kernel loaded from the cache,
+    twice (the last one counting what it compiles)."""
     home = tmp_path_factory.mktemp("home")
     env = {"KOLIBRI_HOME": str(home), "NUMBA_CACHE_DIR": ""}
     before = set(PACKAGE.rglob("*.nb[ic]"))
     runs = [run_python(FORWARD, kind, env=env) for kind in ("writable", "readonly", "readonly")]
+    runs.append(run_python(COUNT_COMPILES + FORWARD + "print(compiled)", "readonly", env=env))
     return home, runs, before
 
 
@@ -54,8 +66,28 @@ def test_kernel_compiled_from_cached_parts_runs_from_the_cache(runs):
     cache; numba saves that kernel without the hook that starts its thread pool, so loading it in
     a fresh process crashed with SIGSEGV (first seen as a Qwen3 folder after the default model)."""
     _, runs, _ = runs
-    assert [r.returncode for r in runs] == [0, 0, 0], runs[-1].stderr[-2000:]
-    assert len({r.stdout for r in runs}) == 1  # and the same logits, bit for bit
+    assert [r.returncode for r in runs] == [0, 0, 0, 0], runs[-1].stderr[-2000:]
+    assert len({r.stdout.split()[0] for r in runs}) == 1  # and the same logits, bit for bit
+
+
+def test_a_warm_process_compiles_nothing(runs):
+    """Every compile, even a small one, faults tens of MB of LLVM and numba's compiler into the
+    process for the rest of the run: with warm caches, building the model (its typed List of
+    layers) and numba's runtime (its refcount functions) load compiled code, like the kernel."""
+    _, runs, _ = runs
+    assert runs[-1].returncode == 0, runs[-1].stderr[-2000:]
+    assert runs[-1].stdout.split()[1:] == ["[]"]
+
+
+def test_damaged_runtime_cache_is_compiled_again_and_replaced(runs):
+    home, done, _ = runs
+    [nrt] = (home / "numba").glob("nrt-*.pkl")
+    nrt.write_bytes(b"not a pickle")
+    out = run_python(COUNT_COMPILES + FORWARD + "print(compiled)", "readonly",
+                     env={"KOLIBRI_HOME": str(home), "NUMBA_CACHE_DIR": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == done[0].stdout.split()[0]
+    assert out.stdout.split()[1:] == ["['nrt']"] and nrt.read_bytes() != b"not a pickle"
 
 
 def test_cache_lives_under_kolibri_home_not_the_package(tmp_path):
@@ -142,3 +174,4 @@ def test_package_folder_gets_no_cache_files(runs):
     home, _, before = runs
     assert set(PACKAGE.rglob("*.nb[ic]")) == before
     assert list((home / "numba").glob("engine-*/kernel._forward-*.nbi"))
+    assert list((home / "numba").glob("nrt-*.pkl"))
