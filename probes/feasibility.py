@@ -17,18 +17,22 @@ It runs, in this order, and assembles what they print:
 4. `kolibri goldens record` of the chat prompts sampled at T = 0.7 with 3 seeds, and
    `kolibri probe --json` over them and over the greedy chat goldens: greedy vs sampled.
 
-    python probes/feasibility.py sampled    regenerates only section 4 in the existing doc.
+    python probes/feasibility.py sampled    regenerates only section 4 in the existing doc;
+    python probes/feasibility.py bench      only section 1 (each fits a short quiet window).
 """
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_PROMPTS = ROOT / "kolibri_cli/goldens/data/prompts/chat.jsonl"
 CHAT_GOLDENS = ROOT / "kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl"
 SAMPLED_HEADING = "## Greedy vs sampled (T = 0.7)"
+BENCH_HEADING = "## Speed on this machine (`kolibri bench`)"
 SPEC_BENCH = ROOT.parent / "shared/datasets/spec_bench/question.jsonl"
 BUILD = ROOT / "build"
 # Spec-Bench Leaderboard.md, prompt lookup decoding (Vicuna-7B, greedy, A100): speedup per task
@@ -52,12 +56,22 @@ def measured_costs() -> str:
     return ",".join(f"{b['costs'][str(n)]:.3f}" for n in range(1, 10))
 
 
+def _when() -> str:
+    """Date, commit and 1-minute load average: the figures swing with the shared host's load."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.strip()
+    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit {commit or '?'}; "
+            f"1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
 def bench_section() -> str:
+    before = _when()
     b = json.loads(kolibri("bench", "--json"))
     costs = ", ".join(f"c({n}) = {c:.2f}" for n, c in b["costs"].items())
     storage = ", ".join(f"{t} x{n}" for t, n in b["storage"].items())
     return "\n".join([
-        "## Speed on this machine (`kolibri bench`)\n",
+        f"{BENCH_HEADING}\n",
+        f"Measured {before} when it started.\n",
         f"- read bandwidth {b['bandwidth_gb_s']:.1f} GB/s; {b['bytes_per_token'] / 1e6:.0f} MB of "
         f"weights per token as stored ({storage}): bound {b['bound_tokens_per_s']:.1f} tok/s",
         f"- plain decode {b['plain_tokens_per_s']:.1f} tok/s = "
@@ -322,12 +336,12 @@ def sampled_section() -> str:
     ])
 
 
-def update_sampled_section() -> None:
-    """Replace (or append) only the greedy-vs-sampled section of docs/feasibility.md."""
+def update_section(heading: str, section: str) -> None:
+    """Replace (or append) only the section under `heading` in docs/feasibility.md."""
     doc = ROOT / "docs" / "feasibility.md"
-    text, section = doc.read_text(), sampled_section()
-    if SAMPLED_HEADING in text:
-        head, rest = text.split(SAMPLED_HEADING, 1)
+    text = doc.read_text()
+    if heading in text:
+        head, rest = text.split(heading, 1)
         tail = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
         text = head + section + ("\n" + tail if tail else "")
     else:
@@ -345,7 +359,13 @@ def _write_doc(text: str) -> None:
 def main() -> None:
     BUILD.mkdir(exist_ok=True)
     if sys.argv[1:] == ["sampled"]:
-        return update_sampled_section()
+        return update_section(SAMPLED_HEADING, sampled_section())
+    if sys.argv[1:] == ["bench"]:
+        return update_section(BENCH_HEADING, bench_section())
+    if sys.argv[1:] in (["-h"], ["--help"]):
+        return print(__doc__)
+    if sys.argv[1:]:
+        sys.exit(__doc__)
     costs = measured_costs()
     chat, chains = chat_section(costs)
     sections = [bench_section(), chat, trees_section(costs, chains),
