@@ -10,6 +10,7 @@ other processes, CPU time mostly the work (on an idle machine the two agree, tim
    by CPU time, and the float32 / blocks ratio.
 
     .venv/bin/python benchmarks/block_profile.py [--threads 2] [--repeats 15] [--n 6]
+    .venv/bin/python benchmarks/block_profile.py --n 2,3,4,5,6,7,8 --skip-kinds   # c(n) curve
 """
 
 import argparse
@@ -61,19 +62,20 @@ def matmul_kinds(model, repeats: int) -> None:
               f"{1e6 * c:8.1f} {m.nbytes / c / 1e9:8.1f}")
 
 
-def forwards(model, repeats: int, n: int) -> None:
+def forwards(model, repeats: int, ns: list[int]) -> None:
     twin = Transformer(model.config, layout(model.config, blockfile.float_tensors(
         model.path / blockfile.NAME)))
     paths = {"blocks": model.transformer, "float32": twin}
-    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, 100 + n)
+    sizes = [1, *ns]
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, 100 + max(sizes))
     caches = {}
     for name, tf in paths.items():
-        caches[name] = tf.new_cache(100 + n)
+        caches[name] = tf.new_cache(100 + max(sizes))
         tf.forward(ids[:100], 0, caches[name])
-    runs = {(name, L): [] for name in paths for L in (1, n)}
+    runs = {(name, L): [] for name in paths for L in sizes}
     for _ in range(repeats):  # alternate: load changes hit both alike
         for name, tf in paths.items():
-            for L in (1, n):
+            for L in sizes:
                 cache = caches[name]
 
                 def step(tf=tf, cache=cache, L=L):
@@ -86,8 +88,10 @@ def forwards(model, repeats: int, n: int) -> None:
     for (name, L), (w, c) in med.items():
         print(f"{name:22s} {L:3d} {1e3 * w:9.2f} {1e3 * c:8.2f}")
     for name in paths:
-        (w1, c1), (wn, cn) = med[(name, 1)], med[(name, n)]
-        print(f"{name}: c({n}) = {wn / w1:.2f} by wall, {cn / c1:.2f} by cpu")
+        (w1, c1) = med[(name, 1)]
+        for n in ns:
+            wn, cn = med[(name, n)]
+            print(f"{name}: c({n}) = {wn / w1:.2f} by wall, {cn / c1:.2f} by cpu")
     (wb, cb), (wf, cf) = med[("blocks", 1)], med[("float32", 1)]
     print(f"1-token forward, float32 / blocks: {wf / wb:.2f}x by wall, {cf / cb:.2f}x by cpu")
 
@@ -96,12 +100,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--n", type=int, default=6, help="tokens of the verify-sized forward")
+    ap.add_argument("--n", default="6", help="tokens of the verify-sized forwards, e.g. 2,4,6")
+    ap.add_argument("--skip-kinds", action="store_true", help="forwards only")
     args = ap.parse_args()
     set_threads(args.threads)
     model = open_model(None)
-    matmul_kinds(model, args.repeats)
-    forwards(model, args.repeats, args.n)
+    if not args.skip_kinds:
+        matmul_kinds(model, args.repeats)
+    forwards(model, args.repeats, [int(n) for n in args.n.split(",")])
 
 
 if __name__ == "__main__":
