@@ -44,16 +44,15 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.decode.costs import CostTable, cost_model
 from kolibri_cli.decode.generate import generate_plain
-from kolibri_cli.decode.proposers import draft, make_proposer, start_request
+from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.goldens.chains import Golden, load_goldens, read_prompts
 from kolibri_cli.probe.measure import measure_runs
 from kolibri_cli.probe.shard import simulate, sweep
+from kolibri_cli.probe.simulate import simulate_chain
 from kolibri_cli.store.models import open_model
 
 GUARD_K = 16
@@ -202,23 +201,27 @@ def run(args) -> None:
         os.replace(tmp, args.json)
 
 
+class _FedCosts:
+    """A measuring guard whose table is fed each pass's cost as c(rows), as `kolibri generate`
+    feeds it each pass's time (at the context the pass drafted from)."""
+
+    def __init__(self, guard, c):
+        self.guard, self.c = guard, c
+
+    def __getattr__(self, name):
+        return getattr(self.guard, name)
+
+    def observe(self, context, drafted: int, accepted: int) -> None:
+        rows = 1 + drafted
+        self.guard.costs.add(rows, len(context) - accepted - 1, self.c(rows))
+
+
 def replay(golden: Golden, proposer, k: int, c, measuring: bool) -> tuple[int, float]:
-    """(plain steps, summed c(rows) of the passes) replaying `golden`'s chain; a measuring
+    """(plain steps, summed c(rows) of the passes) simulating `golden`'s chain; a measuring
     guard's table is fed each pass's time as c(rows) (a 1-token pass takes 1)."""
-    prompt, chain = list(golden.prompt_ids), list(golden.output_ids)
-    context = np.asarray(prompt + chain, dtype=np.int64)  # [len(P) + N]
-    start_request(proposer, prompt)
-    pos, spent = 1, 0.0
-    while pos < len(chain):
-        drafts = draft(proposer, context[: len(prompt) + pos], min(k, len(chain) - pos - 1))
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == chain[pos + accepted]:
-            accepted += 1
-        spent += c(1 + len(drafts))
-        if measuring:
-            proposer.costs.add(1 + len(drafts), len(prompt) + pos, c(1 + len(drafts)))
-        pos += accepted + 1
-    return len(chain) - 1, spent
+    sim = simulate_chain(golden.prompt_ids, golden.output_ids,
+                         _FedCosts(proposer, c) if measuring else proposer, k)
+    return sim.plain_steps, sum(c(1 + d) for d in sim.draft_lengths)
 
 
 def model(args) -> None:
