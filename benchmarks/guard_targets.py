@@ -224,26 +224,45 @@ def replay(golden: Golden, proposer, k: int, c, measuring: bool) -> tuple[int, f
     return sim.plain_steps, sum(c(1 + d) for d in sim.draft_lengths)
 
 
-def model(args) -> None:
-    costs = {n: float(x) for n, x in enumerate(args.costs.split(","), start=1)}
-    c = cost_model(costs)
-    fixed = rank_fixed(cut(load_goldens(args.tune), args.max_tokens), costs, args.fixed)
+def model_arms(costs: dict[int, float], fixed: list) -> list[tuple]:
+    """(name, a new proposer, k, measuring) for the guard measuring its costs, the guard given
+    them, and each fixed setting."""
     arms = [("guard k=16 (measuring)", lambda: make_proposer("guard", GUARD_K, (1, 4),
                                                              CostTable()), GUARD_K, True),
             ("guard k=16 (given c(n))", lambda: make_proposer(
                 "guard", GUARD_K, (1, 4), CostTable.from_costs(costs)), GUARD_K, False)]
-    arms += [(r.name, r.new_proposer, r.k, False) for r in fixed]
+    return arms + [(r.name, r.new_proposer, r.k, False) for r in fixed]
+
+
+def model_block(goldens: list[Golden], arms: list[tuple], c) -> dict[str, dict]:
+    """Per arm: the modelled speedup overall (summed plain steps over summed pass costs), the
+    worst golden's, and each golden's."""
+    out = {}
+    for name, new, k, measuring in arms:
+        done = [(g.id, *replay(g, new(), k, c, measuring)) for g in goldens]
+        worst = min(done, key=lambda d: d[1] / d[2])
+        out[name] = {"overall": sum(d[1] for d in done) / sum(d[2] for d in done),
+                     "worst": worst[1] / worst[2], "worst_id": worst[0],
+                     "worst_tokens": worst[1] + 1,
+                     "per_golden": {d[0]: d[1] / d[2] for d in done}}
+    return out
+
+
+def model(args) -> dict[str, dict]:
+    costs = {n: float(x) for n, x in enumerate(args.costs.split(","), start=1)}
+    fixed = rank_fixed(cut(load_goldens(args.tune), args.max_tokens), costs, args.fixed)
+    arms, report = model_arms(costs, fixed), {}
     for path in args.goldens:
         goldens = cut(load_goldens(path), args.max_tokens)
         say(f"== {path}: {len(goldens)} goldens (modelled, exact counts)")
-        for name, new, k, measuring in arms:
-            done = [(g.id, *replay(g, new(), k, c, measuring)) for g in goldens]
-            worst = min(done, key=lambda d: d[1] / d[2])
-            say(f"   {name:34s} overall {sum(d[1] for d in done) / sum(d[2] for d in done):5.3f}x"
-                f"  worst {worst[1] / worst[2]:5.3f}x ({worst[0]}, {worst[1] + 1} tokens)")
+        report[path] = model_block(goldens, arms, cost_model(costs))
+        for name, m in report[path].items():
+            say(f"   {name:34s} overall {m['overall']:5.3f}x  worst {m['worst']:5.3f}x "
+                f"({m['worst_id']}, {m['worst_tokens']} tokens)")
+    return report
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prompts", help="write the Spec-Bench tune and report prompt files")
@@ -273,7 +292,7 @@ def main(argv: list[str]) -> None:
     if args.command == "prompts":
         write_prompts(args.question, args.outdir)
     elif args.command == "model":
-        model(args)
+        return model(args)
     else:
         run(args)
 

@@ -1,0 +1,140 @@
+"""benchmarks/guard_targets.py: `model` gives the counts the simulation and a live run fed the
+same costs give, and `run --statistic min` takes each golden's least disturbed round."""
+
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+from tiny_models import MODELS
+
+from kolibri_cli.decode import generate as generate_module
+from kolibri_cli.decode.costs import CostTable, cost_model
+from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.proposers import make_proposer
+from kolibri_cli.goldens.chains import Golden, save_goldens
+from kolibri_cli.probe import measure
+
+COSTS = {1: 1.0, 2: 1.49, 3: 1.72, 4: 1.86, 5: 2.23, 6: 2.28, 7: 2.52, 8: 2.66, 9: 3.06}
+PROMPTS = [[5, 6, 7, 8] * 5, [9, 3, 9, 3, 9] * 3, [11, 12, 13, 14, 15, 16, 11, 12],
+           [21, 22, 23] * 4 + [24, 25]]
+
+
+def load_targets():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "guard_targets.py"
+    spec = importlib.util.spec_from_file_location("guard_targets", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+targets = load_targets()
+
+
+def tiny_goldens(model, n: int = 40) -> list[Golden]:
+    return [Golden(i, "tiny", "", False, p, generate_plain(model, p, n).output_ids, "tiny",
+                   "0" * 64, {"engine": "kolibri"}, [0]) for i, p in enumerate(PROMPTS)]
+
+
+def feeding(monkeypatch, c) -> None:
+    """Live runs time each forward as c(rows) seconds: the table a live guard fills then holds
+    exactly the costs `model` feeds its replayed guard."""
+    def fed(proposer, rows, context, seconds):
+        proposer.costs.add(rows, context, c(rows))
+
+    monkeypatch.setattr(generate_module, "_time", fed)
+
+
+@pytest.mark.parametrize("seed", [0, 2, 3])
+def test_a_measuring_guard_replayed_drafts_as_a_live_run_fed_the_same_costs(monkeypatch, seed):
+    model, c = MODELS[seed], cost_model(COSTS)
+    feeding(monkeypatch, c)
+    drafted_any = False
+    for golden in tiny_goldens(model):
+        live = make_proposer("guard", targets.GUARD_K, (1, 4), CostTable())
+        spec = generate_spec(model, golden.prompt_ids, len(golden.output_ids), live)
+        plain_steps, cost = targets.replay(golden, make_proposer(
+            "guard", targets.GUARD_K, (1, 4), CostTable()), targets.GUARD_K, c, True)
+        lengths = [p.drafted for p in spec.passes]
+        drafted_any |= any(lengths)
+        assert plain_steps == len(golden.output_ids) - 1
+        assert cost == pytest.approx(sum(c(1 + d) for d in lengths))
+    assert drafted_any  # the comparison covered drafting, not only plain steps
+
+
+def test_model_gives_the_simulations_figures_for_every_arm(monkeypatch, tmp_path):
+    """The guard given c(n) and the fixed settings: the probe simulation's modelled speedup; the
+    measuring guard: the passes of live runs timed as c(rows). Overall and worst golden."""
+    model, c = MODELS[0], cost_model(COSTS)
+    goldens = tiny_goldens(model)
+    path = tmp_path / "tiny.jsonl"
+    save_goldens(path, goldens)
+    costs = ",".join(str(COSTS[n]) for n in sorted(COSTS))
+    report = targets.main(["model", "--costs", costs, "--tune", str(path), "--goldens",
+                           str(path), "--fixed", "2"])[str(path)]
+    measuring, given, *fixed = report.values()
+    assert len(fixed) == 2
+
+    sim = targets.simulate(goldens, targets.GUARD_K, (1, 4), "guard", COSTS)
+    assert given["overall"] == pytest.approx(sim.modelled_speedup())
+    per_golden = [sim.modelled_speedup(chain.counts) for chain in sim.goldens]
+    assert given["worst"] == pytest.approx(min(per_golden))
+    for (name, figures), run in zip(list(report.items())[2:],
+                                    targets.rank_fixed(goldens, COSTS, 2), strict=True):
+        assert name == run.name and figures["overall"] == pytest.approx(run.modelled_speedup())
+
+    feeding(monkeypatch, c)
+    steps, spent = {}, {}
+    for golden in goldens:
+        live = make_proposer("guard", targets.GUARD_K, (1, 4), CostTable())
+        passes = generate_spec(model, golden.prompt_ids, len(golden.output_ids), live).passes
+        steps[golden.id] = len(golden.output_ids) - 1
+        spent[golden.id] = sum(c(1 + p.drafted) for p in passes)
+    assert measuring["overall"] == pytest.approx(sum(steps.values()) / sum(spent.values()))
+    worst = min(steps, key=lambda i: steps[i] / spent[i])
+    assert measuring["worst_id"] == worst
+    assert measuring["worst"] == pytest.approx(steps[worst] / spent[worst])
+    assert measuring["overall"] > 1.0  # the copier's chains repeat: drafting pays
+
+
+def scripted(monkeypatch, plain_s: list[float], spec_s: list[float]) -> None:
+    """Plain and speculative runs report these decode times, round after round."""
+    plain_times, spec_times = iter(plain_s), iter(spec_s)
+
+    def plain(*args, **kwargs):
+        result = generate_plain(*args, **kwargs)
+        result.decode_s = next(plain_times)
+        return result
+
+    def spec(*args, **kwargs):
+        result = generate_spec(*args, **kwargs)
+        result.decode_s = next(spec_times)
+        return result
+
+    monkeypatch.setattr(measure, "generate_plain", plain)
+    monkeypatch.setattr(measure, "generate_spec", spec)
+
+
+@pytest.mark.parametrize("statistic", ["min", "median"])
+def test_run_takes_each_goldens_time_as_the_statistic_of_its_rounds(monkeypatch, statistic):
+    """Rounds of 3, 1, 2 s plain and 1.5, 4, 5 s speculative: the least disturbed rounds give
+    1 / 1.5, the medians 2 / 4."""
+    model = MODELS[0]
+    golden = tiny_goldens(model, 12)[:1]
+    plain_s, spec_s = [3.0, 1.0, 2.0], [1.5, 4.0, 5.0]
+    scripted(monkeypatch, plain_s, spec_s)
+    block = targets.measure_block(model, "tiny", golden, [], COSTS, 3, statistic=statistic)
+    guard = next(iter(block["runs"].values()))
+    pick = targets.STATISTICS[statistic]
+    expected = pick(plain_s) / pick(spec_s)
+    assert expected == pytest.approx({"min": 1 / 1.5, "median": 0.5}[statistic])
+    assert guard["per_golden"][0] == pytest.approx(expected)
+    assert guard["speedup"] == guard["worst"] == block["targets"]["worst"]
+    assert guard["speedup"] == pytest.approx(expected)
+    assert guard["spec_equals_plain"] and guard["counts_match_simulation"]
+
+
+def test_statistic_is_min_or_median():
+    assert targets.STATISTICS == {"min": min, "median": statistics.median}
+    with pytest.raises(SystemExit):
+        targets.main(["run", "--tune", "t.jsonl", "--statistic", "mean"])
