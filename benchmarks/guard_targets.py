@@ -7,7 +7,7 @@ run per goldens file (docs/guard.md).
         [--statistic median|min] [--json OUT]
 
     python benchmarks/guard_targets.py model --costs C1,C2,... --tune TUNE.jsonl --goldens A.jsonl
-        [--max-tokens N]
+        [--bench] [--fixed 2] [--max-tokens N]
 
 `prompts` writes the Spec-Bench tune and report splits (first turns, 5 prompts per category,
 disjoint) as prompt files for `kolibri goldens record`.
@@ -29,8 +29,9 @@ disjoint) as prompt files for `kolibri goldens record`.
 `model`: no timing, exact counts. The guard as `kolibri generate` runs it (an empty cost table
 that every pass then feeds, here with the time the given c(n) says), beside the best `--fixed`
 settings on the tune split under that c(n): per goldens file the modelled speedup (plain steps
-over the summed c(1 + draft) of the passes) overall and the worst golden. What the measured
-figures would be without noise.
+over the summed c(1 + draft) of the passes) overall and the worst golden; `--bench`: the bench
+chain likewise, beside the fixed settings best on it. What the measured figures would be
+without noise.
 
 Each block prints the load average before and after. The targets: worst golden >= 0.97x plain,
 the guard overall >= the best fixed setting measured, on the bench chain >= 90% of the best
@@ -251,13 +252,16 @@ def model_block(goldens: list[Golden], arms: list[tuple], c) -> dict[str, dict]:
 def model(args) -> dict[str, dict]:
     costs = {n: float(x) for n, x in enumerate(args.costs.split(","), start=1)}
     fixed = rank_fixed(cut(load_goldens(args.tune), args.max_tokens), costs, args.fixed)
-    arms, report = model_arms(costs, fixed), {}
-    for path in args.goldens:
-        goldens = cut(load_goldens(path), args.max_tokens)
-        say(f"== {path}: {len(goldens)} goldens (modelled, exact counts)")
-        report[path] = model_block(goldens, arms, cost_model(costs))
-        for name, m in report[path].items():
-            say(f"   {name:34s} overall {m['overall']:5.3f}x  worst {m['worst']:5.3f}x "
+    blocks = [(path, cut(load_goldens(path), args.max_tokens), fixed) for path in args.goldens]
+    if args.bench:
+        golden = bench_golden(open_model(None))
+        blocks.append(("bench chain", [golden], rank_fixed([golden], costs, args.fixed)))
+    report = {}
+    for name, goldens, best in blocks:
+        say(f"== {name}: {len(goldens)} goldens (modelled, exact counts)")
+        report[name] = model_block(goldens, model_arms(costs, best), cost_model(costs))
+        for arm, m in report[name].items():
+            say(f"   {arm:34s} overall {m['overall']:5.3f}x  worst {m['worst']:5.3f}x "
                 f"({m['worst_id']}, {m['worst_tokens']} tokens)")
     return report
 
@@ -288,6 +292,8 @@ def main(argv: list[str]) -> dict | None:
     m.add_argument("--goldens", action="append", default=[], help="goldens reported on")
     m.add_argument("--fixed", type=int, default=2, help="fixed settings modelled")
     m.add_argument("--max-tokens", type=int, default=None, help="first N output ids of each")
+    m.add_argument("--bench", action="store_true", help="also the bench chain (generated with "
+                   "the default model), beside the fixed settings best on it")
     args = parser.parse_args(argv)
     if args.command == "prompts":
         write_prompts(args.question, args.outdir)
