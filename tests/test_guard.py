@@ -193,6 +193,32 @@ def test_in_a_run_deep_positions_start_from_the_runs_pooled_rate():
     assert run[0] == pytest.approx((10 + 4 * run[7]) / 14) and fresh[0] == pytest.approx(12 / 14)
 
 
+def test_a_run_starts_from_its_own_length_by_succession():
+    """Before this request shows how its runs go, a run that has predicted r tokens in a row
+    continues with probability (r + 1) / (r + 2): one right token is thin evidence, twenty are
+    not. The run's length counts the tokens its candidates predicted, one after another."""
+    from kolibri_cli.decode.proposers.guard import DEFAULT_PRIOR, RUN, Acceptance
+
+    assert DEFAULT_PRIOR.succession
+    acc = Acceptance(AcceptancePrior(((0.8,), (0.3,)), 4.0, succession=True), states=2, k=4)
+    assert acc.rates(RUN, 1).tolist() == pytest.approx([2 / 3] * 4)
+    assert acc.rates(RUN, 20)[0] == pytest.approx(21 / 22) and acc.rates(1, 20)[0] == 0.3
+    acc.tried[RUN, :2], acc.accepted[RUN, :2] = 4, (4, 0)  # this request: runs went 4 of 8
+    assert acc.rates(RUN, 1)[0] == pytest.approx((4 + 4 * (4 + 4 * 2 / 3) / 12) / 8)
+    without = Acceptance(AcceptancePrior(((0.8,), (0.3,)), 4.0), states=2, k=4)
+    assert without.rates(RUN, 1)[0] == without.rates(RUN, 20)[0] == pytest.approx(0.8)
+
+    g = GuardProposer(4, 1, 2, costs=CostTable.from_costs({1: 1.0, 2: 1.1}))
+    text = [5, 6, 7] * 6 + [9] + [5, 6, 7] * 3
+    runs = []
+    for n in range(4, len(text)):  # one token per step
+        g.propose(text[:n], 0)
+        runs.append(g._last.run if g._last else None)
+    # each step's candidate predicted the next token; 9 breaks the run (and matches nothing),
+    # after it a fresh match starts a new run
+    assert runs == [*range(15), None, *range(8)]
+
+
 def test_a_new_request_restarts_acceptance():
     g = GuardProposer(4, 1, 2, costs=CostTable.from_costs({1: 1.0, 2: 1.1}))
     cycle = [5, 6, 7] * 10

@@ -26,6 +26,10 @@ class AcceptancePrior:
 
     rates: tuple[tuple[float, ...], ...]  # [states][positions]
     weight: float
+    # In a run that has predicted r tokens in a row, start from (r + 1) / (r + 2) (Laplace's
+    # rule of succession) instead of the run state's rate: a run of one token continues less
+    # often than a run of twenty.
+    succession: bool = False
 
     def table(self, states: int, k: int) -> np.ndarray:  # -> float64[states, k]
         """The rates as an array, the last state and position repeated to fill (states, k)."""
@@ -38,6 +42,7 @@ class _Candidate:
     start: int  # context index of its first token
     tokens: list[int]  # the full candidate (up to k tokens), drafted or not
     state: int
+    run: int = 0  # tokens the candidates before it predicted in a row (0: a fresh match)
     checked: int = 0  # positions compared with the tokens produced so far
     alive: bool = True  # every compared position agreed
 
@@ -61,21 +66,24 @@ class Acceptance:
         self.tried = np.zeros((self.states, self.k))
         self.accepted = np.zeros((self.states, self.k))
 
-    def rates(self, state: int) -> np.ndarray:  # -> float64[k]
+    def rates(self, state: int, run: int = 0) -> np.ndarray:  # -> float64[k]
         """Per position: the prior plus this request's evidence. In a run, a position starts
         from the run's pooled rate instead: a run is the text repeating, which every position
-        shares, so deep positions need not wait for evidence of their own."""
+        shares, so deep positions need not wait for evidence of their own. `run`: the tokens
+        the run has predicted in a row (the prior's `succession`)."""
         prior = self._prior[state]  # [k] prior rate * weight
         if state == RUN:
-            pooled = (self.accepted[RUN].sum() + prior[0]) / (self.tried[RUN].sum()
-                                                              + self.prior.weight)
+            start = ((run + 1) / (run + 2) * self.prior.weight if self.prior.succession
+                     else prior[0])
+            pooled = (self.accepted[RUN].sum() + start) / (self.tried[RUN].sum()
+                                                           + self.prior.weight)
             prior = np.full(self.k, pooled * self.prior.weight)
         return (self.accepted[state] + prior) / (self.tried[state] + self.prior.weight)
 
-    def cautious(self, state: int) -> np.ndarray:  # -> float64[k]
+    def cautious(self, state: int, run: int = 0) -> np.ndarray:  # -> float64[k]
         """`rates` less CAUTION standard deviations, with the prior counted as `weight`
         observations (a Beta posterior's spread): drafting waits for evidence."""
-        rate = self.rates(state)
+        rate = self.rates(state, run)
         seen = self.tried[state] + self.prior.weight
         return np.clip(rate - CAUTION * np.sqrt(rate * (1.0 - rate) / (seen + 1.0)), 0.0, 1.0)
 
@@ -137,19 +145,20 @@ class GuardProposer:
         if start < 0:
             self._last = None
             return []
-        candidate = _Candidate(len(tokens), tokens[start : start + self.k].tolist(),
-                               self._state(n, len(tokens)))
+        state = self._state(n, len(tokens))
+        run = self._last.run + self._last.checked if state == RUN else 0
+        candidate = _Candidate(len(tokens), tokens[start : start + self.k].tolist(), state, run)
         self._acceptance.add(candidate)
         self._last = candidate
-        length = self.best_length(candidate.state, len(candidate.tokens), len(tokens))
+        length = self.best_length(candidate.state, len(candidate.tokens), len(tokens), run)
         return candidate.tokens[: min(length, max(max_tokens, 0))]
 
-    def best_length(self, state: int, limit: int, context: int) -> int:
+    def best_length(self, state: int, limit: int, context: int, run: int = 0) -> int:
         """The draft length in 0..limit with the most expected tokens per unit of cost."""
         if limit == 0:
             return 0
         expected = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(
-            self._acceptance.cautious(state)[:limit]))))  # [limit + 1] tokens per pass
+            self._acceptance.cautious(state, run)[:limit]))))  # [limit + 1] tokens per pass
         c = self.costs.relative(context, limit + 1)  # [limit + 2]
         return int(np.argmax(expected / c[1:]))  # first maximum: the shorter draft on ties
 
@@ -179,5 +188,6 @@ class GuardProposer:
 
 # Worth 4 passes, so this request's own evidence soon outweighs it. Chosen on the held-out tune
 # split of Spec-Bench prompts by modelled speedup under a flat and a steep c(n) — never on the
-# shipped goldens (docs/guard.md).
-DEFAULT_PRIOR = AcceptancePrior(rates=((0.8,), (0.3,), (0.4,), (0.5,), (0.6,)), weight=4.0)
+# shipped goldens (docs/guard.md). The run state starts by succession (its 0.8 is unused).
+DEFAULT_PRIOR = AcceptancePrior(rates=((0.8,), (0.3,), (0.4,), (0.5,), (0.6,)), weight=4.0,
+                                succession=True)
