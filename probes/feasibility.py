@@ -1,24 +1,42 @@
 """Regenerate docs/feasibility.md — the feasibility report for the default model.
 
-    python probes/feasibility.py            (from the repo root, with kolibri installed)
+    python probes/feasibility.py            (from the repo root, with kolibri installed:
+                                             pip install -e '.[plot]'; about an hour)
+    python probes/feasibility.py CHUNK ...  only those chunks, each replacing its own section
+                                             of the existing doc (the rest stays as it is)
 
-It runs, in this order, and assembles what they print:
-1. `kolibri bench --json` — plain vs spec on the bench chain, c(n), the bandwidth bound;
-2. `kolibri probe probes/feasibility.toml` — the chat goldens: every chain proposer x k x
-   window simulated, each proposer's best setting measured with the model; then
-   `probes/feasibility-trees.toml`, the same for the tree proposers, and the two side by side;
-   and llama.cpp's types at their upstream defaults (simulated);
-3. `kolibri goldens record` over Spec-Bench (../shared/datasets/spec_bench/question.jsonl,
-   10 prompts per category, 128 new tokens; written to build/, never committed) and
-   `kolibri probe --json` over those chains at vLLM's rule k=5 window 1-4 and at the
-   prompt-lookup-decoding setting Spec-Bench published (n-gram up to 3, 10 draft tokens); every
-   proposer's best setting on them (simulated), and the best chain and the best tree proposer
-   measured on 2 prompts per category;
-4. `kolibri goldens record` of the chat prompts sampled at T = 0.7 with 3 seeds, and
-   `kolibri probe --json` over them and over the greedy chat goldens: greedy vs sampled.
+The chunks, in the order the whole run takes them (each fits a 15-minute window on 2 cores):
+  costs              `kolibri bench --k 8 --json`, stored with its date, commit and load in
+                     build/feasibility-bench.json: the one c(1..9) every later chunk uses (the
+                     modelled speedups, the adaptive proposers), so chunks run hours apart
+                     still price drafts alike; the other chunks measure it first if it is
+                     missing. Rerun it to re-measure.
+  bench              the speed section, from that stored measurement.
+  chat               `kolibri probe probes/feasibility.toml` — the chat goldens: every chain
+                     proposer x k x window simulated, each proposer's best setting measured
+                     with the model; its JSON is kept in build/ for `trees`.
+  trees              `probes/feasibility-trees.toml`, the same for the tree proposers, and
+                     the two side by side (runs `chat` first if its JSON is missing or was
+                     priced with another c(n)).
+  llamacpp           llama.cpp's types at their upstream defaults on the chat goldens
+                     (simulated).
+  spec-bench-record  `kolibri goldens record --greedy` over Spec-Bench
+                     (../shared/datasets/spec_bench/question.jsonl, 10 prompts per category,
+                     128 new tokens), one category at a time into build/spec_bench/ (never
+                     committed); categories already recorded are skipped, so an interrupted
+                     run resumes. Names after it (`spec-bench-record qa rag`) record only
+                     those categories.
+  spec-bench         `kolibri probe --json` over the recorded chains (recording what is
+                     missing first) at vLLM's rule k=5 window 1-4 and at the prompt lookup
+                     setting Spec-Bench published (n-gram up to 3, 10 draft tokens); every
+                     proposer's best setting on them (simulated), and the best chain and the
+                     best tree proposer measured on 2 prompts per category.
+  sampled            `kolibri goldens record` of the chat prompts sampled at T = 0.7 with 3
+                     seeds (build/chat-t0.7.jsonl, kept for reruns), and `kolibri probe --json`
+                     over them and over the greedy chat goldens: greedy vs sampled.
 
-    python probes/feasibility.py sampled    regenerates only section 4 in the existing doc;
-    python probes/feasibility.py bench      only section 1 (each fits a short quiet window).
+Each section says which command wrote it, when (date, commit, load), how long it took, and the
+c(n) it used with that measurement's date.
 """
 
 import json
@@ -31,29 +49,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_PROMPTS = ROOT / "kolibri_cli/goldens/data/prompts/chat.jsonl"
 CHAT_GOLDENS = ROOT / "kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl"
-SAMPLED_HEADING = "## Greedy vs sampled (T = 0.7)"
-BENCH_HEADING = "## Speed on this machine (`kolibri bench`)"
-SPEC_BENCH = ROOT.parent / "shared/datasets/spec_bench/question.jsonl"
+DOC = ROOT / "docs" / "feasibility.md"
 BUILD = ROOT / "build"
+COSTS_FILE = BUILD / "feasibility-bench.json"
+CHAT_JSON = BUILD / "feasibility-chat.json"
+SPEC_BENCH_DIR = BUILD / "spec_bench"
+BENCH_HEADING = "## Speed on this machine (`kolibri bench`)"
+CHAT_HEADING = "## Chat goldens (kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl)"
+TREES_HEADING = "## Chains vs trees (chat goldens)"
+LLAMACPP_HEADING = "## llama.cpp's types at their upstream defaults (chat goldens, simulated)"
+SPEC_BENCH_HEADING = "## Spec-Bench prompts (simulated)"
+SAMPLED_HEADING = "## Greedy vs sampled (T = 0.7)"
 # Spec-Bench Leaderboard.md, prompt lookup decoding (Vicuna-7B, greedy, A100): speedup per task
 PUBLISHED = {"mt_bench": 1.60, "translation": 1.06, "summarization": 2.66, "qa": 1.19,
              "math_reasoning": 1.62, "rag": 1.86}
 PUBLISHED_MEAN_ACCEPTED = 1.75
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
             "humanities")
+SPEC_BENCH_CATEGORIES = (*MT_BENCH, "translation", "summarization", "qa", "math_reasoning",
+                         "rag")
+
+
+def spec_bench_questions() -> Path:
+    """Spec-Bench's question.jsonl: $KOLIBRI_SPEC_BENCH, else shared/datasets/ beside the repo
+    (a worktree sits one level deeper than the main checkout)."""
+    if os.environ.get("KOLIBRI_SPEC_BENCH"):
+        return Path(os.environ["KOLIBRI_SPEC_BENCH"])
+    rel = Path("shared/datasets/spec_bench/question.jsonl")
+    return next((d / rel for d in ROOT.parents if (d / rel).exists()), ROOT.parent / rel)
 
 
 def kolibri(*args: str) -> str:
     print("+ kolibri", " ".join(args), file=sys.stderr, flush=True)
     cmd = [sys.executable, "-m", "kolibri_cli", *args]
     return subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
-
-
-def measured_costs() -> str:
-    """c(1..9) from `kolibri bench --k 8`: the cost model the probe's proposer comparison and
-    the adaptive proposer use (the same in simulation and in the measured runs)."""
-    b = json.loads(kolibri("bench", "--k", "8", "--json"))
-    return ",".join(f"{b['costs'][str(n)]:.3f}" for n in range(1, 10))
 
 
 def _when() -> str:
@@ -64,19 +93,48 @@ def _when() -> str:
             f"1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
-def bench_section() -> str:
-    before = _when()
-    b = json.loads(kolibri("bench", "--json"))
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def measure_costs() -> dict:
+    """One `kolibri bench --k 8` run, stored: its c(1..9) prices every later chunk's drafts."""
+    when = _when()
+    bench = json.loads(kolibri("bench", "--k", "8", "--json"))
+    stored = {"command": "kolibri bench --k 8 --json", "when": when, "bench": bench}
+    _write_atomic(COSTS_FILE, json.dumps(stored, indent=1) + "\n")
+    return stored
+
+
+def stored_costs() -> dict:
+    return json.loads(COSTS_FILE.read_text()) if COSTS_FILE.exists() else measure_costs()
+
+
+def costs_arg(stored: dict) -> str:
+    """c(1..9) as `--costs` takes them."""
+    return ",".join(f"{stored['bench']['costs'][str(n)]:.3f}" for n in range(1, 10))
+
+
+def costs_note(stored: dict) -> str:
+    return (f"c(n) for the modelled speedups and the adaptive proposers: `{stored['command']}` "
+            f"measured {stored['when']} (build/feasibility-bench.json, shared by every chunk): "
+            f"{costs_arg(stored)}.")
+
+
+def bench_section(stored: dict) -> str:
+    b = stored["bench"]
     costs = ", ".join(f"c({n}) = {c:.2f}" for n, c in b["costs"].items())
     storage = ", ".join(f"{t} x{n}" for t, n in b["storage"].items())
     return "\n".join([
-        f"{BENCH_HEADING}\n",
-        f"Measured {before} when it started.\n",
+        f"`{stored['command']}`, measured {stored['when']} when it started; the same run's "
+        "c(n) prices the sections below.\n",
         f"- read bandwidth {b['bandwidth_gb_s']:.1f} GB/s; {b['bytes_per_token'] / 1e6:.0f} MB of "
         f"weights per token as stored ({storage}): bound {b['bound_tokens_per_s']:.1f} tok/s",
         f"- plain decode {b['plain_tokens_per_s']:.1f} tok/s = "
         f"{b['fraction_of_bound']:.0%} of the bound ({b['threads']} threads)",
-        f"- bench chain (seed {b['chain_seed']}, {b['plain_steps']} plain steps, "
+        f"- bench chain (seed {b['chain_seed']}, k 8, {b['plain_steps']} plain steps, "
         f"{b['verify_passes']} verify passes, {b['drafts_accepted']}/{b['drafts_proposed']} "
         f"drafts accepted): spec {b['spec_tokens_per_s']:.1f} tok/s = "
         f"**{b['spec_speedup']:.2f}x** plain (pass ratio {b['pass_ratio']:.2f})",
@@ -91,16 +149,23 @@ CHAIN_SWEEP = ("1,2,3,5,8", "1-2,1-3,1-4,2-4,3-5,5-5")
 TREE_SWEEP = ("2,4,8,12,16", "1-4,1-12")
 
 
-def chat_section(costs: str) -> tuple[str, dict]:
-    """The chain proposers' report on the chat goldens, and its JSON (for the comparison)."""
-    doc = json.loads(kolibri("probe", "probes/feasibility.toml", "--costs", costs, "--json"))
+def chat_section(stored: dict) -> str:
+    """The chain proposers' report on the chat goldens; its JSON is kept for `trees`."""
+    costs = costs_arg(stored)
+    out = kolibri("probe", "probes/feasibility.toml", "--costs", costs, "--json")
+    _write_atomic(CHAT_JSON, json.dumps({"costs": costs, "probe": json.loads(out)}) + "\n")
     text = (BUILD / "feasibility-chat.md").read_text()
     body = text.split("\n", 1)[1].replace("../docs/feasibility.png", "feasibility.png")
     body = "\n".join(line for line in body.split("\n") if not line.startswith("Regenerate with"))
-    head = ("## Chat goldens (kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl)\n\n"
-            f"c(n) for the modelled speedups and the adaptive proposers, measured by `kolibri "
-            f"bench --k 8` in this run: {costs}.\n")
-    return head + body.replace("\n## ", "\n### "), doc
+    return costs_note(stored) + "\n" + body.replace("\n## ", "\n### ")
+
+
+def chat_probe(stored: dict) -> dict | None:
+    """The chat chunk's JSON, if it was priced with the stored c(n)."""
+    if not CHAT_JSON.exists():
+        return None
+    kept = json.loads(CHAT_JSON.read_text())
+    return kept["probe"] if kept["costs"] == costs_arg(stored) else None
 
 
 def _best(doc: dict) -> list[dict]:
@@ -121,10 +186,10 @@ def _row(run: dict, kind: str) -> str:
             f"{c['modelled_speedup']:.2f}x | {measured} | {predicted} | {proposer_us} |")
 
 
-def trees_section(costs: str, chains: dict) -> str:
+def trees_section(stored: dict, chains: dict) -> str:
     """The tree proposers beside the chain proposers, every one at its best setting."""
-    trees = json.loads(kolibri("probe", "probes/feasibility-trees.toml", "--costs", costs,
-                               "--json"))
+    trees = json.loads(kolibri("probe", "probes/feasibility-trees.toml", "--costs",
+                               costs_arg(stored), "--json"))
     rows = [_row(r, "chain") for r in _best(chains)] + [_row(r, "tree") for r in _best(trees)]
     best = {kind: max((r for r in _best(doc) if r["measured"]), default=None,
                       key=lambda r: r["measured"]["speedup"])
@@ -136,7 +201,7 @@ def trees_section(costs: str, chains: dict) -> str:
                    f"({tr['measured']['speedup']:.2f}x), against the best chain proposer, "
                    f"{ch['proposer']} ({ch['measured']['speedup']:.2f}x).\n")
     return "\n".join([
-        "## Chains vs trees (chat goldens)\n",
+        costs_note(stored) + "\n",
         "Every proposer at its best setting by modelled speedup (chains: k x window over "
         f"{CHAIN_SWEEP[0]} x {CHAIN_SWEEP[1]}; trees: k = tree nodes over {TREE_SWEEP[0]}, "
         f"window {TREE_SWEEP[1]}), each measured with the model (plain vs spec in the same run, "
@@ -151,15 +216,15 @@ def trees_section(costs: str, chains: dict) -> str:
     ])
 
 
-def llamacpp_defaults_section(costs: str) -> str:
+def llamacpp_defaults_section(stored: dict) -> str:
     """llama.cpp's types as llama-server runs them by default, on the chat goldens."""
-    doc = json.loads(kolibri("probe", "--proposer", ",".join(CHAINS[1:6]), "--costs", costs,
-                             "--json"))
+    doc = json.loads(kolibri("probe", "--proposer", ",".join(CHAINS[1:6]), "--costs",
+                             costs_arg(stored), "--json"))
     rows = [f"| {r['proposer']} | {r['k']} | {r['window'][1]} | {r['total']['ratio']:.2f}x | "
             f"{r['total']['drafts_proposed']} | {r['total']['drafts_accepted']} | "
             f"{r['modelled_speedup']:.2f}x |" for r in doc["runs"]]
     return "\n".join([
-        "## llama.cpp's types at their upstream defaults (chat goldens, simulated)\n",
+        costs_note(stored) + "\n",
         "As `llama-server --spec-type ngram-*` runs them without size options (m = k, n = window "
         "max; ngram-mod's n-min 48, ngram-cache's 8 tokens). Long keys rarely recur in 128-token "
         "chat answers, so these draft little here; the sweep above finds their better settings. "
@@ -170,11 +235,28 @@ def llamacpp_defaults_section(costs: str) -> str:
     ])
 
 
+def record_spec_bench(categories=SPEC_BENCH_CATEGORIES) -> None:
+    """Greedy chains for 10 Spec-Bench prompts per category, one file per category (each written
+    whole by `goldens record`), so a run cut short keeps what it finished."""
+    SPEC_BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    for cat in categories:
+        out = SPEC_BENCH_DIR / f"{cat}.jsonl"
+        if out.exists():
+            print(f"spec-bench-record: {cat} already recorded ({out})", file=sys.stderr)
+            continue
+        start = time.monotonic()
+        kolibri("goldens", "record", "--prompts", str(spec_bench_questions()), "--category", cat,
+                "--per-category", "10", "--greedy", "--engine", "kolibri", "--max-tokens",
+                "128", "-o", str(out))
+        print(f"spec-bench-record: {cat} in {time.monotonic() - start:.0f} s", file=sys.stderr)
+
+
 def spec_bench_goldens() -> Path:
+    """The recorded categories in one file, in Spec-Bench's order (recording what is missing)."""
+    record_spec_bench()
     out = BUILD / "spec_bench.jsonl"
-    if not out.exists():
-        kolibri("goldens", "record", "--prompts", str(SPEC_BENCH), "--per-category", "10",
-                "--engine", "kolibri", "--max-tokens", "128", "-o", str(out))
+    parts = [(SPEC_BENCH_DIR / f"{cat}.jsonl").read_text() for cat in SPEC_BENCH_CATEGORIES]
+    _write_atomic(out, "".join(parts))
     return out
 
 
@@ -207,7 +289,7 @@ def spec_bench_measured_goldens(goldens: Path, per_category: int = 2) -> Path:
         seen[cat] = seen.get(cat, 0) + 1
         if seen[cat] <= per_category:
             kept.append(line)
-    out.write_text("".join(line + "\n" for line in kept))
+    _write_atomic(out, "".join(line + "\n" for line in kept))
     return out
 
 
@@ -246,7 +328,7 @@ def spec_bench_proposers(goldens: Path, costs: str) -> str:
     ])
 
 
-def spec_bench_section(costs: str) -> str:
+def spec_bench_section(stored: dict) -> str:
     goldens = spec_bench_goldens()
     ours = probe_categories(goldens, 5, "1-4")
     pld = probe_categories(goldens, 10, "1-3")
@@ -273,7 +355,6 @@ def spec_bench_section(costs: str) -> str:
                     f"{_mean_len(ours[cat])} | {_ratio(pld[cat])} | {_mean_len(pld[cat])} | "
                     f"{published} |")
     return "\n".join([
-        "## Spec-Bench prompts (simulated)\n",
         "The first turn of 10 prompts per Spec-Bench category, chat template, 128 new tokens, "
         "greedy chains recorded with kolibri (they stay in build/, Spec-Bench is not copied "
         "into the repo). Ratio = plain steps / verify passes; mean acceptance length = 1 + "
@@ -283,11 +364,12 @@ def spec_bench_section(costs: str) -> str:
         "`mt_bench` sums its eight categories. SmolLM2-135M often copies the German source "
         "instead of translating it (see `output_ids` in build/spec_bench.jsonl), which is why its "
         "translation chains draft so well, unlike Vicuna-7B's.\n",
-        *rows, "", spec_bench_proposers(goldens, costs),
+        *rows, "", costs_note(stored) + "\n", spec_bench_proposers(goldens, costs_arg(stored)),
     ])
 
 
 def sampled_goldens() -> Path:
+    """Recorded once, kept in build/ for reruns (the chains depend only on the model)."""
     out = BUILD / "chat-t0.7.jsonl"
     if not out.exists():
         kolibri("goldens", "record", "--prompts", str(CHAT_PROMPTS), "--engine", "kolibri",
@@ -296,9 +378,9 @@ def sampled_goldens() -> Path:
     return out
 
 
-def _probe_run(goldens: Path) -> dict:
+def _probe_run(goldens: Path, costs: str) -> dict:
     doc = json.loads(kolibri("probe", "--goldens", str(goldens), "--k", "5", "--window", "1-4",
-                             "--by-category", "--json"))
+                             "--costs", costs, "--by-category", "--json"))
     return doc["runs"][0] | {"comparison": doc["comparison"][0]}
 
 
@@ -306,8 +388,9 @@ def _pm(spread: dict, fmt) -> str:
     return f"{fmt(spread['mean'])} ± {fmt(spread['sd'])}" if spread["mean"] is not None else "n/a"
 
 
-def sampled_section() -> str:
-    greedy, sampled = _probe_run(CHAT_GOLDENS), _probe_run(sampled_goldens())
+def sampled_section(stored: dict) -> str:
+    costs = costs_arg(stored)
+    greedy, sampled = _probe_run(CHAT_GOLDENS, costs), _probe_run(sampled_goldens(), costs)
     pct, ratio = (lambda v: f"{100 * v:.1f}%"), (lambda v: f"{v:.2f}x")
     rows = ["| category | acceptance greedy | acceptance T=0.7 | ratio greedy | ratio T=0.7 | "
             "modelled speedup greedy | modelled speedup T=0.7 |", "|---|---|---|---|---|---|---|"]
@@ -323,59 +406,102 @@ def sampled_section() -> str:
                     f"{_pm(s['modelled_speedup'], ratio)} |")
     drop = 1 - sampled["seeds"]["all"]["acceptance_rate"]["mean"] / cats["all"]["acceptance_rate"]
     return "\n".join([
-        f"{SAMPLED_HEADING}\n",
         "The 18 chat prompts, 128 new tokens, vLLM's rule k=5 window 1-4, simulated (exact for "
         "sampled chains too: kolibri's speculative run reproduces the plain sampled chain, so "
         "replaying the proposer over it gives the real counts). Greedy: the shipped chat goldens. "
         "T = 0.7: `kolibri goldens record --engine kolibri --temperature 0.7 --seed 0 --seeds 3` "
-        "(build/chat-t0.7.jsonl), mean ± standard deviation over the 3 seeds. Modelled speedup "
-        "uses the default c(n).\n",
+        "(build/chat-t0.7.jsonl), mean ± standard deviation over the 3 seeds.\n",
+        costs_note(stored) + "\n",
         *rows, "",
         f"At T = 0.7 the acceptance of n-gram drafts falls by {drop:.0%} relative to greedy on "
         "this model (overall).\n",
     ])
 
 
+HEADER = ("# Feasibility: n-gram speculation for SmolLM2-135M-Instruct on this CPU\n\n"
+          "Regenerate with `python probes/feasibility.py` (needs `pip install -e '.[plot]'`; it "
+          "takes about an hour), or one section at a time with `python probes/feasibility.py "
+          "CHUNK` (`--help` lists them; each fits a 15-minute window). Every figure below is "
+          "printed by the kolibri commands that script runs; only Spec-Bench's published "
+          "figures are quoted (from its Leaderboard.md). Each section names the command, date, "
+          "commit and load of its run, and the c(n) it used.\n")
+
+
+def _chat(stored: dict) -> str:
+    return chat_section(stored)
+
+
+def _trees(stored: dict) -> str:
+    chains = chat_probe(stored)
+    if chains is None:
+        run_chunk("chat", stored)
+        chains = chat_probe(stored)
+    return trees_section(stored, chains)
+
+
+# chunk name -> (heading, section body from the stored bench run), in the doc's order
+CHUNKS = {
+    "bench": (BENCH_HEADING, bench_section),
+    "chat": (CHAT_HEADING, _chat),
+    "trees": (TREES_HEADING, _trees),
+    "llamacpp": (LLAMACPP_HEADING, llamacpp_defaults_section),
+    "spec-bench": (SPEC_BENCH_HEADING, spec_bench_section),
+    "sampled": (SAMPLED_HEADING, sampled_section),
+}
+
+
+def run_chunk(name: str, stored: dict) -> None:
+    heading, make = CHUNKS[name]
+    when, start = _when(), time.monotonic()
+    body = make(stored)
+    took = (time.monotonic() - start) / 60
+    print(f"{name}: {took:.1f} min", file=sys.stderr)
+    stamp = (f"_Regenerated by `python probes/feasibility.py {name}`, started {when}; took "
+             f"{took:.1f} min._\n")
+    update_section(heading, f"{heading}\n\n{stamp}\n{body}")
+
+
 def update_section(heading: str, section: str) -> None:
-    """Replace (or append) only the section under `heading` in docs/feasibility.md."""
-    doc = ROOT / "docs" / "feasibility.md"
-    text = doc.read_text()
+    """Replace only the section under `heading` in docs/feasibility.md; a missing one goes
+    before the first section that follows it in CHUNKS, else at the end."""
+    text = DOC.read_text() if DOC.exists() else HEADER
     if heading in text:
         head, rest = text.split(heading, 1)
         tail = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
-        text = head + section + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    _write_doc(text)
+        return _write_doc(head + section.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
+    headings = [h for h, _ in CHUNKS.values()]
+    later = [h for h in headings[headings.index(heading) + 1 :] if h in text]
+    if later:
+        head, tail = text.split(later[0], 1)
+        return _write_doc(head + section.rstrip("\n") + "\n\n" + later[0] + tail)
+    _write_doc(text.rstrip("\n") + "\n\n" + section)
 
 
 def _write_doc(text: str) -> None:
-    tmp = ROOT / "docs" / ".feasibility.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(ROOT / "docs" / "feasibility.md")
+    _write_atomic(DOC, text)
     print("wrote docs/feasibility.md", file=sys.stderr)
 
 
 def main() -> None:
-    BUILD.mkdir(exist_ok=True)
-    if sys.argv[1:] == ["sampled"]:
-        return update_section(SAMPLED_HEADING, sampled_section())
-    if sys.argv[1:] == ["bench"]:
-        return update_section(BENCH_HEADING, bench_section())
-    if sys.argv[1:] in (["-h"], ["--help"]):
+    args = sys.argv[1:]
+    if args in (["-h"], ["--help"]):
         return print(__doc__)
-    if sys.argv[1:]:
-        sys.exit(__doc__)
-    costs = measured_costs()
-    chat, chains = chat_section(costs)
-    sections = [bench_section(), chat, trees_section(costs, chains),
-                llamacpp_defaults_section(costs), spec_bench_section(costs), sampled_section()]
-    header = ("# Feasibility: n-gram speculation for SmolLM2-135M-Instruct on this CPU\n\n"
-              "Regenerate with `python probes/feasibility.py` (needs `pip install -e '.[plot]'`; "
-              "it takes about an hour). Every figure below is printed by the kolibri commands "
-              "that script runs; only Spec-Bench's published figures are quoted (from its "
-              "Leaderboard.md).\n")
-    _write_doc("\n".join([header, *sections]))
+    BUILD.mkdir(exist_ok=True)
+    if args[:1] == ["spec-bench-record"]:
+        unknown = set(args[1:]) - set(SPEC_BENCH_CATEGORIES)
+        if unknown:
+            sys.exit(f"error: unknown Spec-Bench categories {sorted(unknown)}; "
+                     f"known: {', '.join(SPEC_BENCH_CATEGORIES)}")
+        return record_spec_bench(tuple(args[1:]) or SPEC_BENCH_CATEGORIES)
+    unknown = [a for a in args if a not in CHUNKS and a != "costs"]
+    if unknown:
+        sys.exit(f"error: unknown chunk {unknown[0]!r}; "
+                 f"one of costs, {', '.join(CHUNKS)}, spec-bench-record (see --help)")
+    if not args:
+        _write_doc(HEADER)
+    stored = measure_costs() if not args or "costs" in args else stored_costs()
+    for name in [n for n in CHUNKS if not args or n in args]:
+        run_chunk(name, stored)
 
 
 if __name__ == "__main__":
