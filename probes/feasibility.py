@@ -6,11 +6,11 @@
                                              of the existing doc (the rest stays as it is)
 
 The chunks, in the order the whole run takes them (each fits a 15-minute window on 2 cores):
-  costs              `kolibri bench --k 8 --json`, stored with its date, commit and load in
-                     build/feasibility-bench.json: the one c(1..9) every later chunk uses (the
-                     modelled speedups, the adaptive proposers), so chunks run hours apart
-                     still price drafts alike; the other chunks measure it first if it is
-                     missing. Rerun it to re-measure.
+  costs              `kolibri bench --k 8 --repeats 15 --json`, stored with its date, commit
+                     and load in build/feasibility-bench.json: the one c(1..9) every later
+                     chunk uses (the modelled speedups, the adaptive proposers), so chunks run
+                     hours apart still price drafts alike; the other chunks measure it first
+                     if it is missing. Rerun it to re-measure.
   bench              the speed section, from that stored measurement.
   chat               `kolibri probe probes/feasibility.toml` — the chat goldens: every chain
                      proposer x k x window simulated, each proposer's best setting measured
@@ -100,10 +100,12 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def measure_costs() -> dict:
-    """One `kolibri bench --k 8` run, stored: its c(1..9) prices every later chunk's drafts."""
+    """One `kolibri bench --k 8` run, stored: its c(1..9) prices every later chunk's drafts
+    (15 repeats: at the default 5, c(5) swung 2.0-2.3 between back-to-back runs)."""
     when = _when()
-    bench = json.loads(kolibri("bench", "--k", "8", "--json"))
-    stored = {"command": "kolibri bench --k 8 --json", "when": when, "bench": bench}
+    bench = json.loads(kolibri("bench", "--k", "8", "--repeats", "15", "--json"))
+    stored = {"command": "kolibri bench --k 8 --repeats 15 --json", "when": when,
+              "bench": bench}
     _write_atomic(COSTS_FILE, json.dumps(stored, indent=1) + "\n")
     return stored
 
