@@ -464,9 +464,11 @@ def run_chunk(name: str, stored: dict) -> None:
 
 
 def update_section(heading: str, section: str) -> None:
-    """Replace only the section under `heading` in docs/feasibility.md; a missing one goes
-    before the first section that follows it in CHUNKS, else at the end."""
+    """Replace only the section under `heading` in docs/feasibility.md (and the header); a
+    missing one goes before the first section that follows it in CHUNKS, else at the end.
+    Sections under other headings (hand-written ones too) stay as they are."""
     text = DOC.read_text() if DOC.exists() else HEADER
+    text = HEADER + "\n" + text[text.find("\n## ") + 1 :] if "\n## " in text else HEADER
     if heading in text:
         head, rest = text.split(heading, 1)
         tail = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
