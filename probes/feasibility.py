@@ -102,8 +102,9 @@ def _write_atomic(path: Path, text: str) -> None:
 def measure_costs() -> dict:
     """One `kolibri bench --k 8` run, stored: its c(1..9) prices every later chunk's drafts
     (15 repeats: at the default 5, c(5) swung 2.0-2.3 between back-to-back runs)."""
-    when = _when()
+    when, start = _when(), time.monotonic()
     bench = json.loads(kolibri("bench", "--k", "8", "--repeats", "15", "--json"))
+    print(f"costs: {(time.monotonic() - start) / 60:.1f} min", file=sys.stderr)
     stored = {"command": "kolibri bench --k 8 --repeats 15 --json", "when": when,
               "bench": bench}
     _write_atomic(COSTS_FILE, json.dumps(stored, indent=1) + "\n")
