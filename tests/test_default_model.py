@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
-from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.generate import generate_spec
 from kolibri_cli.decode.proposers import NgramProposer
 from kolibri_cli.goldens.chains import DEFAULT_CHAT as CHAT
 from kolibri_cli.goldens.chains import load_goldens
@@ -30,11 +30,6 @@ def model(pulled_default):
     return open_model(str(pulled_default.path))
 
 
-@pytest.fixture(scope="session")
-def plain_chains(model) -> dict:
-    return {g.id: generate_plain(model, g.prompt_ids, len(g.output_ids)) for g in GOLDENS}
-
-
 def test_goldens_were_recorded_from_this_model(model):
     assert {g.model_sha256 for g in GOLDENS} == {model.sha256}
     assert {g.reference["engine"] for g in GOLDENS} == {"transformers"}
@@ -42,26 +37,38 @@ def test_goldens_were_recorded_from_this_model(model):
 
 @pytest.mark.parametrize("golden", GOLDENS, ids=lambda g: str(g.id))
 def test_greedy_chain_equals_the_float32_reference(model, golden):
+    """The plain chain, once per golden: identical over all tokens (not only explained by a
+    reference near-tie), so the spec runs below may compare with the recorded chain."""
     result = check_one(model, golden)
-    # identical over all tokens, or diverging only at a reference near-tie (< 1e-3)
-    assert result.explained, result
+    assert result.identical, result
 
 
-def test_most_chains_are_identical(model, plain_chains):
-    identical = sum(plain_chains[g.id].output_ids == g.output_ids for g in GOLDENS)
-    assert identical == len(GOLDENS)
+SPEC_SETTINGS = [(5, (1, 4)), (8, (1, 4)), (3, (2, 2))]  # (k, window)
 
 
-@pytest.mark.parametrize("k,window", [(5, (1, 4)), (8, (1, 4)), (3, (2, 2))])
-def test_spec_equals_plain_on_every_golden(model, plain_chains, k, window):
-    for g in GOLDENS:
+@pytest.mark.parametrize("i", range(3), ids=[f"k{k}-w{a}-{b}" for k, (a, b) in SPEC_SETTINGS])
+def test_spec_equals_plain(model, i):
+    """spec == plain on every golden, each at one setting: the spec chain equals the recorded
+    chain, which the plain chain equals (test_greedy_chain_equals_the_float32_reference), and
+    the spec run's counts equal the simulation's.
+
+    Setting i runs on GOLDENS[i::3] (every category pair split, high- and low-acceptance chains
+    in each third) rather than every golden at every setting: the settings share one code path,
+    the verify pass over 1 + draft tokens that batch invariance makes equal to plain steps, and
+    vary only the draft length (up to 5, 8, 3) and window. Each third exercises it, as asserted
+    at the end: drafts of the full length k accepted, and drafts rejected."""
+    k, window = SPEC_SETTINGS[i]
+    full_length_accepted = rejected = 0
+    for g in GOLDENS[i::3]:
         spec = generate_spec(model, g.prompt_ids, len(g.output_ids), NgramProposer(k, *window))
-        assert spec.output_ids == plain_chains[g.id].output_ids, g.id
-        sim = simulate_chain(g.prompt_ids, plain_chains[g.id].output_ids,
-                             NgramProposer(k, *window), k)
+        assert spec.output_ids == g.output_ids, g.id
+        sim = simulate_chain(g.prompt_ids, g.output_ids, NgramProposer(k, *window), k)
         stats = spec.spec_stats()
         assert (stats["verify_passes"], stats["drafts_proposed"], stats["drafts_accepted"]) == (
             sim.verify_passes, sim.drafts_proposed, sim.drafts_accepted), g.id
+        full_length_accepted += (stats["accepted_per_position"] + [0] * k)[k - 1]
+        rejected += stats["drafts_proposed"] - stats["drafts_accepted"]
+    assert full_length_accepted > 0 and rejected > 0
 
 
 def test_generate_json_on_the_default_model(pulled_default, monkeypatch):
