@@ -57,14 +57,29 @@ def write(path: Path, lines: list[str]) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory) -> Path:
-    """3,000 goldens in a folder of shards: plain JSONL, gzip-compressed, and a prompt file."""
-    folder = tmp_path_factory.mktemp("traces")
-    write(folder / "a.jsonl", trace_lines(1800, seed=1))
-    write(folder / "b.jsonl.gz", trace_lines(1200, seed=2, start=1800))
+def shards(folder: Path, plain: int, gzipped: int) -> Path:
+    """A folder of shards: plain JSONL, gzip-compressed, and a prompt file."""
+    write(folder / "a.jsonl", trace_lines(plain, seed=1))
+    write(folder / "b.jsonl.gz", trace_lines(gzipped, seed=2, start=plain))
     (folder / "prompts.jsonl").write_text('{"id": 1, "category": "c", "prompt": "hi"}\n')
     return folder
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory) -> Path:
+    """3,000 goldens in shards: past ROWS_IN_REPORT, where the report drops per-chain rows."""
+    return shards(tmp_path_factory.mktemp("traces"), 1800, 1200)
+
+
+REPLAYED = 600  # chains of `replays`
+
+
+@pytest.fixture(scope="module")
+def replays(tmp_path_factory) -> Path:
+    """600 goldens in shards, for the laws every proposer is replayed for (one process, worker
+    processes, Ray): still 13 pieces of the plain file at 64 KiB, the gzip file whole, each file
+    whole for the ordered proposers, and each replay of every proposer a fifth of 3,000's."""
+    return shards(tmp_path_factory.mktemp("replays"), 360, 240)
 
 
 def probe_config(folder: Path, **changes) -> ProbeConfig:
@@ -124,12 +139,12 @@ def test_limit_and_category_stop_reading_where_the_limit_is_reached(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def one_process(traces):
-    """Every proposer over the traces in small pieces, and suffix --cross-request (one ordered
+def one_process(replays):
+    """Every proposer over `replays` in small pieces, and suffix --cross-request (one ordered
     stream per file), replayed here: what workers and Ray must reproduce."""
-    every = shard.plan_tasks(probe_config(traces), rows_json=True, piece_bytes=64 << 10)
+    every = shard.plan_tasks(probe_config(replays), rows_json=True, piece_bytes=64 << 10)
     assert len(every) > 10 and any(t.configs[0].ordered for t in every)
-    cross = shard.plan_tasks(probe_config(traces, proposer=["suffix"], cross_request=True),
+    cross = shard.plan_tasks(probe_config(replays, proposer=["suffix"], cross_request=True),
                              rows_json=True, piece_bytes=64 << 10)
     assert len(cross) == 2 and all(t.piece.whole and t.configs[0].ordered for t in cross)
     out = []
@@ -140,14 +155,14 @@ def one_process(traces):
     return out
 
 
-def test_one_process_equals_the_in_memory_simulation(traces, one_process):
+def test_one_process_equals_the_in_memory_simulation(replays, one_process):
     """Pieces, batches and the compiled replays change nothing: each file replayed in memory
     (one stream each, as ordered proposers take them) gives the same counts."""
     _, runs, rows = one_process[0]
-    cfg = probe_config(traces)
+    cfg = probe_config(replays)
     per_file = [shard.sweep(list(iter_goldens([path])), cfg.k, cfg.window, cfg.proposer)
-                for path in find_golden_files([traces])]
-    assert len(per_file) == 2 and runs[0].chains == 3000
+                for path in find_golden_files([replays])]
+    assert len(per_file) == 2 and runs[0].chains == REPLAYED
     for run, (a, b) in zip(runs, zip(*per_file, strict=True), strict=True):
         assert run.total.verify_passes == a.total.verify_passes + b.total.verify_passes
         assert run.total.drafted_at == [x + y for x, y in zip(a.total.drafted_at,
@@ -155,7 +170,7 @@ def test_one_process_equals_the_in_memory_simulation(traces, one_process):
         assert run.streams == (2 if run.ordered else 0)
         assert run.ordered == registry.shares_state(registry.make_proposer(run.proposer, 5,
                                                                            (1, 4)))
-    assert len(rows.splitlines()) == 3000 * len(runs)
+    assert len(rows.splitlines()) == REPLAYED * len(runs)
 
 
 def test_worker_processes_equal_one_process(one_process):
@@ -165,7 +180,7 @@ def test_worker_processes_equal_one_process(one_process):
             runs, throughput = shard.simulate_tasks(tasks, pool.run_all, on_rows=rows.append,
                                                     workers=2)
         assert outcome(runs) == outcome(expected) and b"".join(rows) == expected_rows
-        assert throughput.replays == 3000 * len(runs) and throughput.workers == 2
+        assert throughput.replays == REPLAYED * len(runs) and throughput.workers == 2
 
 
 def test_ray_equals_one_process(one_process):
@@ -180,15 +195,15 @@ def test_ray_equals_one_process(one_process):
             runs, throughput = shard.simulate_tasks(tasks, cluster.run_all,
                                                     on_rows=rows.append, workers=cluster.workers)
             assert outcome(runs) == outcome(expected) and b"".join(rows) == expected_rows
-            assert throughput.workers == 2 and throughput.replays == 3000 * len(runs)
+            assert throughput.workers == 2 and throughput.replays == REPLAYED * len(runs)
 
 
-def test_cross_request_suffix_is_one_stream_per_file(traces, one_process):
+def test_cross_request_suffix_is_one_stream_per_file(replays, one_process):
     """Each file is one server's traffic: its global tree starts empty and grows in order."""
     _, (run,), _ = one_process[1]
     alone = [shard.simulate(list(iter_goldens([f])), 5, (1, 4), "suffix", cross_request=True)
-             for f in find_golden_files([traces])]
-    assert run.ordered and run.streams == 2 and run.chains == 3000
+             for f in find_golden_files([replays])]
+    assert run.ordered and run.streams == 2 and run.chains == REPLAYED
     assert run.total == merge_counts([a.total for a in alone], 5)
 
 
