@@ -1,7 +1,7 @@
 """Regenerate docs/feasibility.md — the feasibility report for the default model.
 
     python probes/feasibility.py            (from the repo root, with kolibri installed:
-                                             pip install -e '.[plot]'; about an hour)
+                                             pip install -e '.[plot]'; ~35 min on 2 cores)
     python probes/feasibility.py CHUNK ...  only those chunks, each replacing its own section
                                              of the existing doc (the rest stays as it is)
 
@@ -58,7 +58,7 @@ BENCH_HEADING = "## Speed on this machine (`kolibri bench`)"
 CHAT_HEADING = "## Chat goldens (kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl)"
 TREES_HEADING = "## Chains vs trees (chat goldens)"
 LLAMACPP_HEADING = "## llama.cpp's types at their upstream defaults (chat goldens, simulated)"
-SPEC_BENCH_HEADING = "## Spec-Bench prompts (simulated)"
+SPEC_BENCH_HEADING = "## Spec-Bench prompts (simulated, and measured on 2 per category)"
 SAMPLED_HEADING = "## Greedy vs sampled (T = 0.7)"
 # Spec-Bench Leaderboard.md, prompt lookup decoding (Vicuna-7B, greedy, A100): speedup per task
 PUBLISHED = {"mt_bench": 1.60, "translation": 1.06, "summarization": 2.66, "qa": 1.19,
@@ -420,11 +420,11 @@ def sampled_section(stored: dict) -> str:
 
 HEADER = ("# Feasibility: n-gram speculation for SmolLM2-135M-Instruct on this CPU\n\n"
           "Regenerate with `python probes/feasibility.py` (needs `pip install -e '.[plot]'`; it "
-          "takes about an hour), or one section at a time with `python probes/feasibility.py "
-          "CHUNK` (`--help` lists them; each fits a 15-minute window). Every figure below is "
-          "printed by the kolibri commands that script runs; only Spec-Bench's published "
-          "figures are quoted (from its Leaderboard.md). Each section names the command, date, "
-          "commit and load of its run, and the c(n) it used.\n")
+          "takes about 35 minutes on 2 cores), or one section at a time with `python "
+          "probes/feasibility.py CHUNK` (`--help` lists them; each fits a 15-minute window). "
+          "Every figure below is printed by the kolibri commands that script runs; only "
+          "Spec-Bench's published figures are quoted (from its Leaderboard.md). Each section "
+          "names the command, date, commit and load of its run, and the c(n) it used.\n")
 
 
 def _chat(stored: dict) -> str:
