@@ -51,8 +51,15 @@ def checkout(rev: str) -> Path:
 
 
 def rss_of_generate(src: Path, home: Path, n: int) -> int:
-    """Peak RSS of one generate in a fresh process (run first: ru_maxrss only grows)."""
+    """Peak RSS of one generate in a fresh process, after one that pulls the model and compiles
+    (a first run's figure is the pull's, not a user's steady state)."""
+    kolibri(src, home, "generate", "-n", "1", "--json", PROMPT)
     return kolibri(src, home, "generate", "-n", str(n), "--json", PROMPT)[1]
+
+
+def _tok(figures: dict, key: str) -> str:
+    """A peer figure, or "failed" where that llama.cpp run did not finish."""
+    return f"{figures[key]:.1f}" if key in figures else "failed"
 
 
 def median_of(runs: list[dict], *keys) -> float:
@@ -103,16 +110,16 @@ def section(d: dict, big: dict | None, rev: str) -> str:
              "| figure | kolibri | baseline (float32 kernel) | llama.cpp | llama.cpp --repack 0 |",
              "|---|---|---|---|---|"]
     dec = peer["decode_tokens_per_s"]
-    lines.append(f"| plain decode tok/s | {plain:.1f} | {base:.1f} | {dec.get('repack', 0):.1f} | "
-                 f"{dec.get('no repack', 0):.1f} |")
+    lines.append(f"| plain decode tok/s | {plain:.1f} | {base:.1f} | {_tok(dec, 'repack')} | "
+                 f"{_tok(dec, 'no repack')} |")
     lines.append(f"| spec decode tok/s (bench chain) | {m(new, 'spec_tokens_per_s'):.1f} | "
                  f"{m(old, 'spec_tokens_per_s'):.1f} | | |")
     lines.append(f"| c({n}) | {m(new, 'costs', str(n)):.2f} | {m(old, 'costs', str(n)):.2f} | | "
                  f"{peer['costs'].get(str(n), 0):.2f} |")
     pre = peer["prefill_tokens_per_s"]
     lines.append(f"| prefill {new[0]['prefill_tokens']} tok/s | "
-                 f"{m(new, 'prefill_tokens_per_s'):.1f} | | {pre.get('repack', 0):.1f} | "
-                 f"{pre.get('no repack', 0):.1f} |")
+                 f"{m(new, 'prefill_tokens_per_s'):.1f} | | {_tok(pre, 'repack')} | "
+                 f"{_tok(pre, 'no repack')} |")
     lines.append(f"| weights per token | {new[0]['bytes_per_token'] / 1e6:.0f} MB | "
                  f"{old[0]['bytes_per_token'] / 1e6:.0f} MB | | |")
     lines.append(f"| bandwidth bound tok/s (read {m(new, 'bandwidth_gb_s'):.1f} GB/s) | "
