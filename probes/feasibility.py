@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from kolibri_cli.store.atomic import write_text_atomic
+
 ROOT = Path(__file__).resolve().parents[1]
 CHAT_PROMPTS = ROOT / "kolibri_cli/goldens/data/prompts/chat.jsonl"
 CHAT_GOLDENS = ROOT / "kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl"
@@ -93,12 +95,6 @@ def _when() -> str:
             f"1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def measure_costs() -> dict:
     """One `kolibri bench --k 8` run, stored: its c(1..9) prices every later chunk's drafts
     (15 repeats: at the default 5, c(5) swung 2.0-2.3 between back-to-back runs)."""
@@ -107,7 +103,7 @@ def measure_costs() -> dict:
     print(f"costs: {(time.monotonic() - start) / 60:.1f} min", file=sys.stderr)
     stored = {"command": "kolibri bench --k 8 --repeats 15 --json", "when": when,
               "bench": bench}
-    _write_atomic(COSTS_FILE, json.dumps(stored, indent=1) + "\n")
+    write_text_atomic(COSTS_FILE, json.dumps(stored, indent=1) + "\n")
     return stored
 
 
@@ -156,7 +152,7 @@ def chat_section(stored: dict) -> str:
     """The chain proposers' report on the chat goldens; its JSON is kept for `trees`."""
     costs = costs_arg(stored)
     out = kolibri("probe", "probes/feasibility.toml", "--costs", costs, "--json")
-    _write_atomic(CHAT_JSON, json.dumps({"costs": costs, "probe": json.loads(out)}) + "\n")
+    write_text_atomic(CHAT_JSON, json.dumps({"costs": costs, "probe": json.loads(out)}) + "\n")
     text = (BUILD / "feasibility-chat.md").read_text()
     body = text.split("\n", 1)[1].replace("../docs/feasibility.png", "feasibility.png")
     body = "\n".join(line for line in body.split("\n") if not line.startswith("Regenerate with"))
@@ -259,7 +255,7 @@ def spec_bench_goldens() -> Path:
     record_spec_bench()
     out = BUILD / "spec_bench.jsonl"
     parts = [(SPEC_BENCH_DIR / f"{cat}.jsonl").read_text() for cat in SPEC_BENCH_CATEGORIES]
-    _write_atomic(out, "".join(parts))
+    write_text_atomic(out, "".join(parts))
     return out
 
 
@@ -292,7 +288,7 @@ def spec_bench_measured_goldens(goldens: Path, per_category: int = 2) -> Path:
         seen[cat] = seen.get(cat, 0) + 1
         if seen[cat] <= per_category:
             kept.append(line)
-    _write_atomic(out, "".join(line + "\n" for line in kept))
+    write_text_atomic(out, "".join(line + "\n" for line in kept))
     return out
 
 
@@ -427,10 +423,6 @@ HEADER = ("# Feasibility: n-gram speculation for SmolLM2-135M-Instruct on this C
           "names the command, date, commit and load of its run, and the c(n) it used.\n")
 
 
-def _chat(stored: dict) -> str:
-    return chat_section(stored)
-
-
 def _trees(stored: dict) -> str:
     chains = chat_probe(stored)
     if chains is None:
@@ -442,7 +434,7 @@ def _trees(stored: dict) -> str:
 # chunk name -> (heading, section body from the stored bench run), in the doc's order
 CHUNKS = {
     "bench": (BENCH_HEADING, bench_section),
-    "chat": (CHAT_HEADING, _chat),
+    "chat": (CHAT_HEADING, chat_section),
     "trees": (TREES_HEADING, _trees),
     "llamacpp": (LLAMACPP_HEADING, llamacpp_defaults_section),
     "spec-bench": (SPEC_BENCH_HEADING, spec_bench_section),
@@ -465,7 +457,7 @@ def update_section(heading: str, section: str) -> None:
     """Replace only the section under `heading` in docs/feasibility.md (and the header); a
     missing one goes before the first section that follows it in CHUNKS, else at the end.
     Sections under other headings (hand-written ones too) stay as they are."""
-    text = DOC.read_text() if DOC.exists() else HEADER
+    text = DOC.read_text() if DOC.exists() else ""
     text = HEADER + "\n" + text[text.find("\n## ") + 1 :] if "\n## " in text else HEADER
     if heading in text:
         head, rest = text.split(heading, 1)
@@ -480,7 +472,7 @@ def update_section(heading: str, section: str) -> None:
 
 
 def _write_doc(text: str) -> None:
-    _write_atomic(DOC, text)
+    write_text_atomic(DOC, text)
     print("wrote docs/feasibility.md", file=sys.stderr)
 
 
@@ -499,8 +491,6 @@ def main() -> None:
     if unknown:
         sys.exit(f"error: unknown chunk {unknown[0]!r}; "
                  f"one of costs, {', '.join(CHUNKS)}, spec-bench-record (see --help)")
-    if not args:
-        _write_doc(HEADER)
     stored = measure_costs() if not args or "costs" in args else stored_costs()
     for name in [n for n in CHUNKS if not args or n in args]:
         run_chunk(name, stored)
