@@ -84,9 +84,25 @@ def bench(
 
     result = run_bench(m, new_proposer, repeats, get_threads(), how, prefill,
                        run_peer if peer else None)
+    _keep_costs(m, result)
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.bench_table(result))
+
+
+def _keep_costs(model, result) -> None:
+    """Store c(n) in the kolibri home: `kolibri probe` prices the goldens of this model with
+    them (store/benchcosts.py)."""
+    from kolibri_cli import __version__
+    from kolibri_cli.cli import render
+    from kolibri_cli.store import benchcosts
+
+    entry = benchcosts.BenchCosts(
+        model=model.name, model_sha256=model.sha256, threads=result.threads,
+        numerics=model.numerics, costs=result.costs, measured_at=benchcosts.now(),
+        kolibri=__version__, commit=benchcosts.source_commit(), cpu=benchcosts.cpu_model())
+    where = benchcosts.save(entry, render.note)
+    render.note(f"kept c(n) in {where}: `kolibri probe` prices {model.name}'s goldens with them")
 
 
 def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_json) -> None:

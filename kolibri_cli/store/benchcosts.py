@@ -1,0 +1,162 @@
+"""c(n) as `kolibri bench` measured it, kept in the kolibri home so `kolibri probe` prices forward
+passes with this host's kernel rather than a guess.
+
+One JSON file, `bench-costs.json`, holding the latest measurement per (model sha256, threads,
+numerics). The latest, not a history: c(n) belongs to the kernel and host that timed it, a newer
+bench (a new kolibri, a changed machine) supersedes the old one, and bench already takes medians
+over its repeats; an average over kernels that no longer run would price none of them. Written
+whole and atomically under a lock (two benches never lose each other's entries); a file that does
+not parse is a KolibriError naming it, never half-used. Non-goal: costs of other engines (a
+server's c(n) is timed by the probe itself).
+"""
+
+import json
+import math
+import platform
+import subprocess
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.home import cache_root
+from kolibri_cli.store.atomic import write_text_atomic
+
+FILE = "bench-costs.json"
+FORMAT = 1  # the file's "format"; another value is refused, not guessed at
+
+
+@dataclass(frozen=True)
+class BenchCosts:
+    """One `kolibri bench` run's c(n) and what it ran on."""
+
+    model: str  # the model's name as bench showed it
+    model_sha256: str  # Model.sha256: what goldens record as model_sha256
+    threads: int  # kernel threads
+    numerics: str  # "float32" (the stored values) or "q8_0" (quantized at load)
+    costs: dict[int, float]  # c(n) = forward(n) / forward(1), n = 1..k+1
+    measured_at: str  # ISO 8601, UTC, seconds
+    kolibri: str  # kolibri's version
+    commit: str  # the git commit kolibri ran from, "" if not a checkout
+    cpu: str  # the host's CPU model
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return self.model_sha256, self.threads, self.numerics
+
+    @property
+    def date(self) -> str:
+        """"2026-11-30 22:41 UTC": when it was measured, for one line of output."""
+        return self.measured_at[:16].replace("T", " ") + " UTC"
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"costs": {str(n): c for n, c in sorted(self.costs.items())}}
+
+    @classmethod
+    def from_json(cls, obj) -> "BenchCosts":
+        """An entry as read from the file; anything else is a ValueError saying what."""
+        if not isinstance(obj, dict) or set(obj) != set(cls.__dataclass_fields__):
+            raise ValueError("an entry without the expected keys")
+        strings = ("model", "model_sha256", "numerics", "measured_at", "kolibri", "commit", "cpu")
+        if not all(isinstance(obj[k], str) for k in strings):
+            raise ValueError("an entry with a non-string name, date or version")
+        if isinstance(obj["threads"], bool) or not isinstance(obj["threads"], int) \
+                or obj["threads"] < 1:
+            raise ValueError(f"threads {obj['threads']!r}")
+        return cls(**{k: obj[k] for k in strings}, threads=obj["threads"],
+                   costs=_costs(obj["costs"]))
+
+
+def _costs(raw) -> dict[int, float]:
+    """{"1": 1.0, "2": 1.49, ...}: consecutive n from 1, finite positive c(n), c(1) = 1."""
+    if not isinstance(raw, dict) or not raw or any(
+            isinstance(c, bool) or not isinstance(c, int | float) for c in raw.values()):
+        raise ValueError("costs that are not a table of numbers c(n)")
+    try:
+        costs = {int(n): float(c) for n, c in raw.items()}
+    except ValueError:
+        raise ValueError(f"costs {raw!r}") from None
+    if sorted(costs) != list(range(1, len(costs) + 1)) or costs[1] != 1.0 or any(
+            not math.isfinite(c) or c <= 0 for c in costs.values()):
+        raise ValueError(f"costs {raw!r}: c(1) = 1 and finite positive c(2), c(3), ...")
+    return dict(sorted(costs.items()))
+
+
+def path() -> Path:
+    return cache_root() / FILE
+
+
+def load() -> list[BenchCosts]:
+    """Every stored entry ([] when bench never ran); an unreadable file is a KolibriError."""
+    file = path()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as e:
+        raise KolibriError(f"cannot read {file}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"not format {FORMAT}")
+        entries = doc.get("entries")
+        if not isinstance(entries, list):
+            raise ValueError("no list of entries")
+        return [BenchCosts.from_json(e) for e in entries]
+    except (ValueError, RecursionError) as e:
+        raise KolibriError(f"{file} is not a kolibri bench costs file ({e}); delete it, and "
+                           "`kolibri bench` writes a new one") from None
+
+
+def save(entry: BenchCosts, notify=None) -> Path:
+    """Keep `entry`, replacing the stored one of its key; an unreadable file is replaced (said
+    through `notify`): it only ever held measurements bench can take again."""
+    from filelock import FileLock
+
+    (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache_root() / "locks" / f"{FILE}.lock")):
+        try:
+            kept = [e for e in load() if e.key != entry.key]
+        except KolibriError as e:
+            if notify:
+                notify(f"note: {str(e).split('; ')[0]}: replacing it")
+            kept = []
+        doc = {"format": FORMAT, "entries": [e.to_json() for e in [*kept, entry]]}
+        write_text_atomic(path(), json.dumps(doc, indent=1) + "\n")
+    return path()
+
+
+def find(entries: list[BenchCosts], model_sha256: str, numerics: str,
+         threads: int | None = None) -> BenchCosts | None:
+    """The latest entry for this model and numerics, with `threads` threads (None: any)."""
+    found = [e for e in entries if e.model_sha256 == model_sha256 and e.numerics == numerics
+             and threads in (None, e.threads)]
+    return max(found, key=lambda e: e.measured_at, default=None)
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def source_commit() -> str:
+    """The git commit of the checkout kolibri runs from (an editable install), else ""."""
+    here = Path(__file__).resolve().parent
+    if not any((p / ".git").exists() for p in here.parents):
+        return ""
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
