@@ -21,7 +21,7 @@ from kolibri_cli.cli.options import (
     TopKOpt,
     TopPOpt,
 )
-from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
+from kolibri_cli.decode.costs import GUESSED_COSTS
 from kolibri_cli.decode.proposers import (
     DEFAULT_K,
     DEFAULT_PROPOSER,
@@ -30,6 +30,11 @@ from kolibri_cli.decode.proposers import (
     format_window,
 )
 from kolibri_cli.errors import KolibriError
+
+
+def _guess_text() -> str:
+    c = GUESSED_COSTS
+    return f"c(2) = {c[2]:g}, then +{c[3] - c[2]:.2g} per row"
 
 
 def probe(
@@ -90,9 +95,11 @@ def probe(
     costs: str | None = typer.Option(
         None,
         "--costs",
-        metavar="C1,C2,...",
-        help="Forward costs c(1),c(2),... (from `kolibri bench`) for adaptive and the modelled "
-        f"speedup. [default: c(n) = 1 + {DEFAULT_COST_SLOPE:g} (n - 1)]",
+        metavar="C1,C2,...|default",
+        help="Forward costs c(1),c(2),... for adaptive, the guard's simulation and the modelled "
+        "speedup; default = the guess below, ignoring stored benches. [default: the c(n) "
+        "`kolibri bench` stored for the goldens' model (and --threads), else a guess: "
+        f"{_guess_text()}]",
     ),
     category: str | None = typer.Option(
         None,
@@ -227,12 +234,14 @@ def probe(
 def run_probe(cfg) -> None:
     """Simulate, write the requested files, print, then apply the gates."""
     from kolibri_cli.cli.options import print_json
+    from kolibri_cli.cli.render import note
     from kolibri_cli.cli.render_probe import render_probe, require_matplotlib, write_plot
     from kolibri_cli.probe.report import build_report, check_gates, render_markdown
 
     _refuse_unavailable(cfg)
     if cfg.plot:
         require_matplotlib()
+    cfg.pricing = _pricing(cfg)
     model = (_load_model(cfg, weights=cfg.bench or _in_process(cfg))
              if cfg.measure or cfg.bench else None)
     extra = [_bench_golden(model)] if cfg.bench else []
@@ -251,11 +260,20 @@ def run_probe(cfg) -> None:
     if cfg.json:
         print_json(build_report(cfg, runs, measured, throughput), indent=None)
     else:
-        render_probe(runs, cfg.by_category, measured)
+        render_probe(runs, cfg.by_category, measured, pricing=cfg.pricing)
+    if cfg.pricing.note:
+        note(cfg.pricing.note)
     failures = check_gates(runs, cfg.min_ratio, cfg.min_acceptance, cfg.min_speedup, measured)
     if failures:
         more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
         raise KolibriError("gate failed: " + "; ".join(failures[:3]) + more)
+
+
+def _pricing(cfg):
+    """The c(n) to price with (a guess where a measurement could be has a note)."""
+    from kolibri_cli.probe.pricing import choose
+
+    return choose(cfg.costs, cfg.goldens, cfg.threads, cfg.bench_costs, cfg.engine)
 
 
 def _refuse_unavailable(cfg) -> None:
@@ -378,6 +396,8 @@ def _measure(cfg, model, goldens, runs) -> dict:
     """Run the model on every golden for the best simulated configuration (or the only one) —
     of each proposer when comparing, all in one interleaved run so machine noise hits them alike:
     measuring a whole sweep would take minutes per configuration."""
+    from dataclasses import replace
+
     from kolibri_cli.cli import render
     from kolibri_cli.cli.options import resolve_sampling, sampling_options
     from kolibri_cli.goldens import record as recorder
@@ -389,6 +409,8 @@ def _measure(cfg, model, goldens, runs) -> dict:
     given = cfg.sampling_overrides()
     override = resolve_sampling(model, sampling_options(**given)) if given else None
     chosen = best_per_proposer(runs) if len(cfg.proposer) > 1 else [best_run(runs)]
+    if cfg.pricing.source != "given":  # the guard times its costs as it runs, as in generate
+        chosen = [replace(r, costs=None) if r.proposer == "guard" else r for r in chosen]
     if _in_process(cfg):
         names = ", ".join(run.name for run in chosen)
         with render.progress_bar(f"measuring {names} ") as bar:
@@ -464,6 +486,8 @@ def _command(cfg) -> str:
         args.append("--cross-request")
     if cfg.costs:
         args += ["--costs", ",".join(f"{c:g}" for c in cfg.costs.values())]
+    elif not cfg.bench_costs:
+        args += ["--costs", "default"]
     optional = {"--category": cfg.category and ",".join(cfg.category), "--limit": cfg.limit,
                 "--min-hits": cfg.min_hits, "--n-min": cfg.n_min,
                 "--lookup-cache-static": cfg.lookup_cache_static and _rel(cfg.lookup_cache_static),

@@ -14,9 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from kolibri_cli.cli.render import Col, FitTable, cell, err
-from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.pricing import source_text
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
     MEASURED_COLUMNS,
@@ -46,8 +46,9 @@ BAR_WIDTH = 30
 
 
 def render_probe(runs: list[SimRun], by_category: bool, measured: dict | None = None,
-                 console: Console | None = None) -> None:
-    """The default terminal report: the sweep (if any), then the best run in detail."""
+                 console: Console | None = None, pricing=None) -> None:
+    """The default terminal report: the sweep (if any), then the best run in detail, then
+    the source of the c(n) it was priced with (`pricing`, a probe.pricing.Pricing)."""
     console = console or Console()
     best = best_run(runs)
     compared = best_per_proposer(runs)
@@ -63,12 +64,14 @@ def render_probe(runs: list[SimRun], by_category: bool, measured: dict | None = 
     if spread is not None:
         console.print(seeds_table(spread, best.label))
     if len(compared) > 1:
-        console.print(comparison_table(compared, measured or {}))
+        console.print(comparison_table(compared, measured or {}, pricing))
         console.print(comparison_category_table(compared))
     for (proposer, k, window), m in (measured or {}).items():
         console.print(measured_table(m, f"{proposer} k={k} window={format_window(window)}"))
     if measured:
         console.print(guard_table(measured))
+    if pricing is not None:
+        console.print(cell(pricing.line()))
 
 
 def guard_table(measured: dict) -> FitTable:
@@ -98,7 +101,7 @@ COMPARISON_DROP = {"window": 2, "acceptance": 1, "mean acc. len": 3,
                    "predicted (measured c(n))": 4}
 
 
-def comparison_table(compared: list[SimRun], measured: dict) -> FitTable:
+def comparison_table(compared: list[SimRun], measured: dict, pricing=None) -> FitTable:
     """The proposers side by side, each at its best configuration by modelled speedup."""
     found = [measured.get(run_key(r)) for r in compared]
     names = COMPARISON_COLUMNS + (MEASURED_COLUMNS if any(found) else [])
@@ -107,8 +110,8 @@ def comparison_table(compared: list[SimRun], measured: dict) -> FitTable:
     rows = [comparison_cells(run, m) + (["not run", ""] if any(found) and m is None else [])
             for run, m in zip(compared, found, strict=True)]
     return FitTable("proposers compared (each at its best configuration)", cols, rows,
-                    caption="modelled speedup = plain steps / sum c(1 + len(d)); c(n) from "
-                    f"--costs or the default 1 + {DEFAULT_COST_SLOPE:g} (n - 1)",
+                    caption="modelled speedup = plain steps / sum c(1 + len(d)); "
+                    + source_text(pricing),
                     row_styles=["bold green" if v == max(speeds) else None for v in speeds])
 
 

@@ -22,6 +22,7 @@ from kolibri_cli.decode.proposers import (
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden
 from kolibri_cli.goldens.stream import find_golden_files, iter_goldens
+from kolibri_cli.probe.pricing import Pricing
 from kolibri_cli.text import read_text_file, shown
 
 
@@ -39,6 +40,7 @@ class ProbeConfig:
     lookup_cache_static: Path | None = None  # llamacpp-cache: llama.cpp static cache file
     lookup_cache_dynamic: Path | None = None  # llamacpp-cache: llama.cpp dynamic cache file
     costs: dict[int, float] | None = None  # c(n) for n = 1, 2, ... (adaptive; modelled speedup)
+    bench_costs: bool = True  # without costs: kolibri bench's stored c(n) (False: costs="default")
     category: list[str] | None = None  # keep only goldens of these categories
     limit: int | None = None  # at most this many goldens (after the category filter)
     max_tokens: int | None = None  # simulate only the first N output ids of each golden
@@ -72,6 +74,11 @@ class ProbeConfig:
     ray: str | None = None  # simulate on Ray: "local" (a new local instance) or its address
     rows: Path | None = None  # write per-chain rows here (JSONL), for any number of chains
     source: Path | None = None  # the PROBE.toml this came from, if any
+    pricing: Pricing | None = None  # the c(n) the run prices with, chosen by the command
+
+    def priced_costs(self) -> dict[int, float] | None:
+        """The c(n) the simulation uses: as chosen (`pricing`), else as given."""
+        return self.costs if self.pricing is None else self.pricing.costs
 
     def to_json(self) -> dict:
         """The `config` section of the JSON report."""
@@ -84,7 +91,8 @@ class ProbeConfig:
             "llamacpp": {"min_hits": self.min_hits, "n_min": self.n_min,
                          "lookup_cache_static": _str_or_none(self.lookup_cache_static),
                          "lookup_cache_dynamic": _str_or_none(self.lookup_cache_dynamic)},
-            "costs": None if self.costs is None else {str(n): c for n, c in self.costs.items()},
+            "costs": ("default" if not self.bench_costs else None) if self.costs is None
+            else {str(n): c for n, c in self.costs.items()},
             "k": self.k or None,  # None: each proposer's default
             "window": [format_window(w) for w in self.window] or None,
             "category": self.category,
@@ -117,7 +125,8 @@ class ProbeConfig:
                                self.lookup_cache_dynamic)
 
 
-FIELDS = [f.name for f in dataclasses.fields(ProbeConfig) if f.name != "source"]
+FIELDS = [f.name for f in dataclasses.fields(ProbeConfig)
+          if f.name not in ("source", "pricing", "bench_costs")]
 PATH_KEYS = ("markdown", "plot", "gguf", "rows", "lookup_cache_static", "lookup_cache_dynamic")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 
@@ -127,8 +136,12 @@ def load_config(toml_path: Path | None, overrides: dict) -> ProbeConfig:
     given) on top, validated."""
     raw = read_probe_toml(toml_path) if toml_path else {}
     raw.update({key: value for key, value in overrides.items() if value is not None})
+    bench_costs = raw.get("costs") != "default"  # the guess, not this host's bench
+    if not bench_costs:
+        del raw["costs"]
     config = ProbeConfig(
-        source=toml_path, **{key: _parse(key, value) for key, value in raw.items()}
+        source=toml_path, bench_costs=bench_costs,
+        **{key: _parse(key, value) for key, value in raw.items()}
     )
     if not config.goldens:
         config.goldens = [SHIPPED_GOLDENS]
@@ -245,7 +258,8 @@ def _costs(value) -> dict[int, float]:
         costs = []
     if not costs or any(not math.isfinite(c) or c <= 0 for c in costs):
         raise KolibriError(
-            f"costs must be finite positive numbers c(1),c(2),... (e.g. 1,1.05,1.1), got "
+            f"costs must be finite positive numbers c(1),c(2),... (e.g. 1,1.05,1.1) or default, "
+            f"got "
             f"{shown(value)}"
         )
     return {n: c for n, c in enumerate(costs, start=1)}

@@ -8,9 +8,9 @@ Schema: docs/probe.md. Bump SCHEMA_VERSION on any incompatible change.
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.probe.config import ProbeConfig
+from kolibri_cli.probe.pricing import source_text as pricing_source
 from kolibri_cli.probe.seeds import FIGURES, seed_spread
 from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
 from kolibri_cli.text import clean
@@ -177,6 +177,7 @@ def build_report(
         "schema_version": SCHEMA_VERSION,
         "throughput": None if throughput is None else throughput.to_json(),
         "config": config.to_json(),
+        "pricing": None if config.pricing is None else config.pricing.to_json(),
         "best": {"proposer": best.proposer, "k": best.k, "window": list(best.window),
                  "ratio": best.total.ratio},
         "comparison": [comparison_json(r, measured.get(run_key(r)))
@@ -284,6 +285,8 @@ def render_markdown(
         f"{n_goldens} golden chain(s) from {clean(', '.join(str(p) for p in config.goldens))}; "
         f"proposer `{best.proposer}`; counts are exact for greedy decoding (docs/probe.md).\n",
     ]
+    if config.pricing is not None:
+        parts.append(f"Modelled speedups priced with {clean(config.pricing.line())}.\n")
     ordered = sorted({r.proposer for r in runs if r.ordered})
     if ordered:
         parts.append(f"{', '.join(f'`{p}`' for p in ordered)} share(s) state across requests: "
@@ -291,7 +294,7 @@ def render_markdown(
                      "state.\n")
     compared = best_per_proposer(runs)
     if len(compared) > 1:
-        parts.append(md_comparison(compared, measured))
+        parts.append(md_comparison(compared, measured, config.pricing))
     same = [r for r in runs if r.proposer == best.proposer]
     if len(same) > 1:
         parts.append(_md_sweep(same, best))
@@ -413,7 +416,8 @@ def category_cell(c: Counts) -> str:
             f"{fmt_num(c.mean_acceptance_length)}")
 
 
-def md_comparison(compared: list[SimRun], measured: dict[RunKey, Measured] | None) -> str:
+def md_comparison(compared: list[SimRun], measured: dict[RunKey, Measured] | None,
+                  pricing=None) -> str:
     """The proposers side by side, each at its best configuration, overall and per category."""
     found = [(measured or {}).get(run_key(r)) for r in compared]
     header = COMPARISON_COLUMNS + (MEASURED_COLUMNS if any(found) else [])
@@ -422,8 +426,8 @@ def md_comparison(compared: list[SimRun], measured: dict[RunKey, Measured] | Non
     by_cat = [r.by_category() for r in compared]
     cat_rows = [[name, *(category_cell(cats[name]) for cats in by_cat)] for name in by_cat[0]]
     return ("## Proposers compared\n\nEach proposer at its best configuration by modelled "
-            "speedup = plain_steps / sum of c(1 + len(d)), with c(n) from `--costs` or the "
-            f"default model c(n) = 1 + {DEFAULT_COST_SLOPE:g} (n - 1); proposer time not "
+            "speedup = plain_steps / sum of c(1 + len(d)), "
+            f"{pricing_source(pricing)}; proposer time not "
             "included. `hf` follows the same rule as `vllm` (longest n, leftmost occurrence): "
             "only its defaults differ (k 10, window 1-2).\n\n"
             + _md_table(header, rows) + "\n"

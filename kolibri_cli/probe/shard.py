@@ -129,7 +129,8 @@ def configs_of(cfg: ProbeConfig) -> list[SimConfig]:
     """Every configuration of the probe, proposer-major then k then window:
     [(p1, k1, w1), (p1, k1, w2), ..., (p1, k2, w1), ..., (p2, k1, w1), ...]; no k or no window
     given means each proposer's own (default_settings)."""
-    costs = None if cfg.costs is None else tuple(cfg.costs.items())
+    priced = cfg.priced_costs()
+    costs = None if priced is None else tuple(priced.items())
     settings = [(p, k, w) for p in cfg.proposer
                 for k in (cfg.k or [default_settings(p)[0]])
                 for w in (cfg.window or [default_settings(p)[1]])]

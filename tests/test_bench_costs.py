@@ -1,0 +1,142 @@
+"""c(n) kept by `kolibri bench` and the probe's pricing: bench writes the store, the probe prices
+the goldens of that model with it (and says so), nothing else uses it, and a damaged store is a
+note, never a traceback."""
+
+import json
+import pathlib
+
+import pytest
+from typer.testing import CliRunner
+
+from kolibri_cli.cli import app
+from kolibri_cli.decode.costs import GUESSED_COSTS, cost_model
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.store import benchcosts
+from kolibri_cli.store.benchcosts import BenchCosts
+
+SHA = "a" * 64
+# drafts [3, 0, 2] in "mix" and [1, 0] in "rej": passes of 4, 1, 3, 2 and 1 rows
+CHAINS = [("mix", "code", [1, 2, 3, 4, 5], [1, 2, 3, 9, 1, 2, 3, 4]),
+          ("rej", "qa", [1, 2, 3], [1, 9, 9])]
+
+
+@pytest.fixture
+def goldens(tmp_path):
+    path = tmp_path / "g.jsonl"
+    lines = [{"id": gid, "category": cat, "prompt": "p", "chat": True, "prompt_ids": p,
+              "output_ids": g, "model": "m", "model_sha256": SHA, "reference": {}}
+             for gid, cat, p, g in CHAINS]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def entry(sha=SHA, threads=2, numerics="float32", costs=None, at="2026-11-30T22:41:00+00:00"):
+    return BenchCosts("m", sha, threads, numerics, costs or {1: 1.0, 2: 1.5, 3: 1.9, 4: 2.4},
+                      at, "0.1.0", "abc", "a cpu")
+
+
+def probe(goldens, *args):
+    return CliRunner().invoke(app, ["probe", "--goldens", str(goldens), "--k", "3", "--window",
+                                    "1-2", *args])
+
+
+def speedup(costs) -> float:
+    c = cost_model(costs)
+    return 9 / (c(4) + c(1) + c(3) + c(2) + c(1))
+
+
+def test_probe_prices_with_the_stored_bench_of_the_goldens_model(goldens, kolibri_home):
+    benchcosts.save(entry(threads=1, at="2026-11-29T10:00:00+00:00"))
+    benchcosts.save(entry(threads=2))  # the latest of the model: used when no --threads
+    doc = json.loads((r := probe(goldens, "--json")).stdout)
+    assert r.exit_code == 0 and "note" not in r.stderr  # (a slow run shows its throughput)
+    assert doc["pricing"]["source"] == "bench" and doc["pricing"]["bench"]["threads"] == 2
+    assert doc["pricing"]["costs"] == {"1": 1.0, "2": 1.5, "3": 1.9, "4": 2.4}
+    assert doc["runs"][0]["modelled_speedup"] == pytest.approx(9 / (2.4 + 1 + 1.9 + 1.5 + 1))
+    text = probe(goldens).stdout
+    assert "c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2): c(2)=1.50," in text
+    older = json.loads(probe(goldens, "--threads", "1", "--json").stdout)["pricing"]
+    assert older["source"] == "bench" and older["bench"]["measured_at"].startswith("2026-11-29")
+
+
+def test_given_costs_override_and_default_ignores_the_store(goldens, kolibri_home):
+    benchcosts.save(entry())
+    given = probe(goldens, "--costs", "1,1.1", "--json")
+    assert json.loads(given.stdout)["pricing"]["source"] == "given" and "note" not in given.stderr
+    guess = probe(goldens, "--costs", "default", "--json")
+    doc = json.loads(guess.stdout)
+    assert (doc["pricing"]["source"], doc["pricing"]["reason"]) == ("guess", "--costs default")
+    assert doc["config"]["costs"] == "default" and "note" not in guess.stderr  # asked for
+    assert doc["runs"][0]["modelled_speedup"] == pytest.approx(speedup(GUESSED_COSTS))
+
+
+@pytest.mark.parametrize("stored", [entry(sha="b" * 64), entry(threads=1),
+                                    entry(numerics="q8_0")])
+def test_a_bench_of_another_model_threads_or_numerics_is_not_used(goldens, kolibri_home, stored):
+    benchcosts.save(stored)
+    r = probe(goldens, "--threads", "2", "--json")
+    doc = json.loads(r.stdout)
+    assert doc["pricing"]["source"] == "guess"
+    assert doc["runs"][0]["modelled_speedup"] == pytest.approx(speedup(GUESSED_COSTS))
+    assert r.stderr.count("note") == 1 and r.stderr.endswith(
+        "note: c(n) is a guess (the default model's on a 2-core AVX-512 host): no kolibri bench "
+        "of m --threads 2 stored: `kolibri bench -m m --threads 2` measures this host\n")
+
+
+@pytest.mark.parametrize("content", ['{"format": 1, "entries": [{', '{"format": 2}',
+                                     json.dumps({"format": 1, "entries": [
+                                         entry().to_json() | {"costs": {"1": 1.0, "2": -1}}]})])
+def test_a_damaged_store_is_one_note_and_the_guess(goldens, kolibri_home, content):
+    kolibri_home.mkdir(parents=True, exist_ok=True)
+    benchcosts.path().write_text(content)
+    r = probe(goldens, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["pricing"]["source"] == "guess"
+    assert r.stderr.count("note") == 1 and "Traceback" not in r.stderr
+    assert f"ignoring them: {benchcosts.path()} is not a kolibri bench costs file" in r.stderr
+    with pytest.raises(KolibriError, match="delete it"):
+        benchcosts.load()
+    notes = []
+    benchcosts.save(entry(), notes.append)  # bench replaces what it cannot read, and says so
+    assert benchcosts.load() == [entry()] and "replacing it" in notes[0]
+
+
+def test_save_keeps_one_entry_per_key_and_writes_atomically(kolibri_home, monkeypatch):
+    """A save that fails halfway leaves the previous file whole and no temporary behind."""
+    benchcosts.save(entry())
+    benchcosts.save(entry(threads=1))
+    newer = entry(costs={1: 1.0, 2: 1.2}, at="2026-12-01T00:00:00+00:00")
+    benchcosts.save(newer)
+    assert benchcosts.load() == [entry(threads=1), newer]
+    before = benchcosts.path().read_bytes()
+    write_text = pathlib.Path.write_text
+
+    def dies_halfway(self, text, *args, **kwargs):
+        write_text(self, text[: len(text) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched, pytest.raises(KolibriError):
+        patched.setattr(pathlib.Path, "write_text", dies_halfway)
+        benchcosts.save(entry(sha="c" * 64))
+    assert benchcosts.path().read_bytes() == before  # the old file whole, no half of the new
+    assert sorted(p.name for p in kolibri_home.iterdir()) == ["bench-costs.json", "locks"]
+
+
+def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
+    from kolibri_cli.store import cache, synthetic
+
+    gguf = tmp_path / "tiny.gguf"
+    synthetic.write(gguf, n_layers=1, d=256, ff=512, heads=4, kv_heads=2, vocab=300,
+                    context=256, types=lambda kind, layer, n: "Q4_1")
+    cache.import_gguf(gguf, "tiny")
+    r = CliRunner().invoke(app, ["bench", "-m", "tiny", "--repeats", "1", "--k", "2",
+                                 "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    measured = json.loads(r.stdout)["costs"]
+    (stored,) = benchcosts.load()
+    sha = cache.provenance(cache.resolve("tiny", pull_missing=False))["gguf_sha256"]
+    assert (stored.model, stored.model_sha256, stored.threads, stored.numerics) == (
+        "tiny", sha, 1, "float32")
+    assert {str(n): c for n, c in stored.costs.items()} == measured and list(measured) == [
+        "1", "2", "3"]
+    assert stored.kolibri and stored.cpu and stored.measured_at.startswith("20")
+    assert f"kept c(n) in {benchcosts.path()}" in r.stderr
