@@ -8,6 +8,7 @@ import pathlib
 import pytest
 from typer.testing import CliRunner
 
+import kolibri_cli
 from kolibri_cli.cli import app
 from kolibri_cli.decode.costs import GUESSED_COSTS, cost_model
 from kolibri_cli.errors import KolibriError
@@ -30,9 +31,10 @@ def goldens(tmp_path):
     return path
 
 
-def entry(sha=SHA, threads=2, numerics="float32", costs=None, at="2026-11-30T22:41:00+00:00"):
+def entry(sha=SHA, threads=2, numerics="float32", costs=None, at="2026-11-30T22:41:00+00:00",
+          version=kolibri_cli.__version__):
     return BenchCosts("m", sha, threads, numerics, costs or {1: 1.0, 2: 1.5, 3: 1.9, 4: 2.4},
-                      at, "0.1.0", "abc", "a cpu")
+                      at, version, "abc", "a cpu")
 
 
 def probe(goldens, *args):
@@ -57,6 +59,14 @@ def test_probe_prices_with_the_stored_bench_of_the_goldens_model(goldens, kolibr
     assert "c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2): c(2)=1.50," in text
     older = json.loads(probe(goldens, "--threads", "1", "--json").stdout)["pricing"]
     assert older["source"] == "bench" and older["bench"]["measured_at"].startswith("2026-11-29")
+
+
+def test_a_bench_by_another_kolibri_version_is_used_with_a_note(goldens, kolibri_home):
+    benchcosts.save(entry(version="0.0.1"))
+    r = probe(goldens, "--json")
+    assert json.loads(r.stdout)["pricing"]["source"] == "bench"
+    assert "note: c(n) from a bench by kolibri 0.0.1 (2026-11-30 22:41 UTC); this is kolibri " \
+        f"{kolibri_cli.__version__}: `kolibri bench -m m` measures its kernel" in r.stderr
 
 
 def test_given_costs_override_and_default_ignores_the_store(goldens, kolibri_home):
@@ -140,3 +150,13 @@ def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
         "1", "2", "3"]
     assert stored.kolibri and stored.cpu and stored.measured_at.startswith("20")
     assert f"kept c(n) in {benchcosts.path()}" in r.stderr
+
+
+def test_measure_lets_the_guard_time_its_own_costs_unless_given(goldens):
+    from kolibri_cli.probe.pricing import Pricing, live_runs
+    from kolibri_cli.probe.shard import sweep
+
+    runs = sweep([], [3], [(1, 2)], ["guard", "adaptive"], costs={1: 1.0, 2: 1.5})
+    for source, guard_costs in (("bench", None), ("guess", None), ("given", {1: 1.0, 2: 1.5})):
+        guard, adaptive = live_runs(runs, Pricing(source, {1: 1.0, 2: 1.5}))
+        assert guard.costs == guard_costs and adaptive.costs == {1: 1.0, 2: 1.5}

@@ -396,12 +396,11 @@ def _measure(cfg, model, goldens, runs) -> dict:
     """Run the model on every golden for the best simulated configuration (or the only one) —
     of each proposer when comparing, all in one interleaved run so machine noise hits them alike:
     measuring a whole sweep would take minutes per configuration."""
-    from dataclasses import replace
-
     from kolibri_cli.cli import render
     from kolibri_cli.cli.options import resolve_sampling, sampling_options
     from kolibri_cli.goldens import record as recorder
     from kolibri_cli.probe.measure import measure_runs
+    from kolibri_cli.probe.pricing import live_runs
     from kolibri_cli.probe.report import run_key
     from kolibri_cli.probe.simulate import best_per_proposer, best_run
 
@@ -409,8 +408,7 @@ def _measure(cfg, model, goldens, runs) -> dict:
     given = cfg.sampling_overrides()
     override = resolve_sampling(model, sampling_options(**given)) if given else None
     chosen = best_per_proposer(runs) if len(cfg.proposer) > 1 else [best_run(runs)]
-    if cfg.pricing.source != "given":  # the guard times its costs as it runs, as in generate
-        chosen = [replace(r, costs=None) if r.proposer == "guard" else r for r in chosen]
+    chosen = live_runs(chosen, cfg.pricing)
     if _in_process(cfg):
         names = ", ".join(run.name for run in chosen)
         with render.progress_bar(f"measuring {names} ") as bar:

@@ -5,7 +5,7 @@ Scope: choosing the costs and saying why. The guess is only the fallback when no
 applies; the output says so and names the command that measures.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE, GUESSED_COSTS, cost_model
 from kolibri_cli.errors import KolibriError
@@ -48,6 +48,14 @@ class Pricing:
                 "reason": self.reason or None}
 
 
+def live_runs(runs: list, pricing: Pricing) -> list:
+    """The runs as --measure runs them live: a guard not given --costs times its own costs as it
+    runs, as `kolibri generate --spec` does (its simulation then replays what it read)."""
+    if pricing.source == "given":
+        return runs
+    return [replace(r, costs=None) if r.proposer == "guard" else r for r in runs]
+
+
 def source_text(pricing: Pricing | None) -> str:
     """Where a report's c(n) came from; without a Pricing (a library caller's runs), what
     SimRun.modelled_speedup falls back to."""
@@ -81,7 +89,17 @@ def choose(given: dict[int, float] | None, goldens: list, threads: int | None,
         with_threads = "" if threads is None else f" --threads {threads}"
         return _guess(f"no kolibri bench of {name}{with_threads} stored",
                       f": `kolibri bench -m {name}{with_threads}` measures this host")
-    return Pricing("bench", found.costs, bench=found)
+    return Pricing("bench", found.costs, bench=found, note=_stale(found, name))
+
+
+def _stale(found: BenchCosts, name: str) -> str:
+    """A note when the bench ran another kolibri version (its kernel may have changed since)."""
+    from kolibri_cli import __version__
+
+    if found.kolibri == __version__:
+        return ""
+    return (f"note: c(n) from a bench by kolibri {found.kolibri} ({found.date}); this is kolibri "
+            f"{__version__}: `kolibri bench -m {name}` measures its kernel")
 
 
 def _guess(reason: str, hint: str) -> Pricing:
