@@ -24,7 +24,7 @@ class Pricing:
     costs: dict[int, float]
     bench: BenchCosts | None = None  # source "bench": the measurement used
     reason: str = ""  # source "guess": why nothing measured was used
-    note: str = ""  # a guess where a measurement could be: what to tell the user, and the fix
+    note: str = ""  # for stderr: a guess where a bench could measure, a bench by another version
 
     def source_text(self) -> str:
         """"c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2)", "c(n) from --costs"
