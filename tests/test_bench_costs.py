@@ -160,3 +160,19 @@ def test_measure_lets_the_guard_time_its_own_costs_unless_given(goldens):
     for source, guard_costs in (("bench", None), ("guess", None), ("given", {1: 1.0, 2: 1.5})):
         guard, adaptive = live_runs(runs, Pricing(source, {1: 1.0, 2: 1.5}))
         assert guard.costs == guard_costs and adaptive.costs == {1: 1.0, 2: 1.5}
+
+
+def test_probe_toml_asks_for_the_guess_and_reports_name_the_source(goldens, kolibri_home,
+                                                                    tmp_path):
+    benchcosts.save(entry())
+    toml = tmp_path / "PROBE.toml"
+    toml.write_text(f'goldens = ["{goldens.name}"]\ncosts = "default"\nmarkdown = "r.md"\n')
+    r = CliRunner().invoke(app, ["probe", str(toml), "--json"])
+    assert json.loads(r.stdout)["pricing"]["source"] == "guess", r.stderr
+    assert "Modelled speedups priced with c(n) guessed (--costs default): c(2)=1.32" in (
+        tmp_path / "r.md").read_text()
+    r = CliRunner().invoke(app, ["probe", "--goldens", str(goldens), "--markdown",
+                                 str(tmp_path / "b.md")])
+    text = (tmp_path / "b.md").read_text()
+    assert "priced with c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2)" in text
+    assert "--costs" not in text.split("\n")[2]  # the regenerating command adds no --costs
