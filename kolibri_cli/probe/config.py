@@ -259,8 +259,7 @@ def _costs(value) -> dict[int, float]:
     if not costs or any(not math.isfinite(c) or c <= 0 for c in costs):
         raise KolibriError(
             f"costs must be finite positive numbers c(1),c(2),... (e.g. 1,1.05,1.1) or default, "
-            f"got "
-            f"{shown(value)}"
+            f"got {shown(value)}"
         )
     return {n: c for n, c in enumerate(costs, start=1)}
 
