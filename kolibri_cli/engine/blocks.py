@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
+from kolibri_cli.engine import int8, jitcache  # noqa: F401  (jitcache before any @njit)
 from kolibri_cli.engine.simd import (
     LUT,
     f16,
@@ -74,6 +74,9 @@ TYPES = {t.code: t for t in [
     BlockType("Q8_0", Q8_0, 32, 34, 36),
     BlockType("Q4_K", Q4_K, 256, 144, 144), BlockType("Q5_K", Q5_K, 256, 176, 176),
     BlockType("Q6_K", Q6_K, 256, 210, 210),
+    # the int8 path's layouts of Q4_1 and Q8_0 rows (never in a file: built at load)
+    BlockType("Q4_1x8", int8.Q4_1X, int8.SB, 96, 96),
+    BlockType("Q8_0x8", int8.Q8_0X, int8.SB, 144, 144),
 ]}
 BY_NAME = {t.name: t for t in TYPES.values()}
 _HALVES = {Q4_0: 1, Q4_1: 2, Q5_0: 1, Q5_1: 2, Q8_0: 1}  # leading float16 scales to widen

@@ -19,6 +19,7 @@ weights are read from memory once per TB tokens and decoded once per block.
 import numpy as np
 from numba import njit, prange
 
+from kolibri_cli.engine import int8
 from kolibri_cli.engine.blocks import (
     BF16,
     F16,
@@ -290,8 +291,37 @@ def _parallel(kind, x, d, units, t0, t1, out, dest, scratch):
 
 
 @njit(cache=True)
+def _int8_units(d, units, u0, u1, xs, t0, t1, out):
+    if out.shape[0] == 1:
+        int8.units_one_token(d, units, u0, u1, xs, out[0])
+    else:
+        int8.units_tokens(d, units, u0, u1, xs, t0, t1, out)
+
+
+@njit(parallel=True, cache=True)
+def _int8_parallel(kind, xs, d, units, t0, t1, out, dest):
+    """The int8 path's driver: CHUNKS runs of units, each run one compiled loop (no call per
+    unit), then the epilogue over the run"""
+    n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
+    chunks = min(n, CHUNKS)
+    for c in prange(chunks):
+        i = np.int64(c)
+        u0, u1 = i * n // chunks, (i + 1) * n // chunks
+        _int8_units(d, units, u0, u1, xs, t0, t1, out)
+        if kind == GATE_UP:
+            _int8_units(d, units, n + u0, n + u1, xs, t0, t1, out)
+        for u in range(u0, u1):
+            _epilogue(kind, units, u, t0, t1, out, dest)
+
+
+@njit(cache=True)
 def _run(kind, x, w, out, dest):
     x = _padded(x)
+    if w[1][0, 2] >= int8.Q4_1X:  # a matrix of the int8 path (all its units are)
+        xs = int8.quantize(x)
+        for t0 in range(0, x.shape[0], TB):
+            _int8_parallel(kind, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest)
+        return
     n = w[1].shape[0] // 2 if kind == GATE_UP else w[1].shape[0]
     decode = x.shape[0] == 1
     scratch = np.empty((n if decode else min(n, CHUNKS), 0 if decode else R * x.shape[1]),

@@ -326,3 +326,172 @@ def vsplat(typingctx, v, i):
         return _splat(builder, builder.extract_element(args[0], args[1]), _VF)
 
     return sig, codegen
+
+
+# ---------------------------------------------------------------- 64 bytes: integer dot products
+# The int8 numeric path multiplies 64 unsigned weight bytes by 64 signed activation bytes and adds
+# each group of 4 products into one int32 lane. Integers are exact, so the AVX-512 VNNI
+# instruction and the portable widen-multiply-add sequence give the same lanes.
+
+VNNI = ("+avx512vnni" in llvm.get_host_cpu_features().flatten().split(",")
+        and os.environ.get("KOLIBRI_SIMD") != "portable")
+
+
+class _I8x64(types.Type):
+    def __init__(self):
+        super().__init__(name="i8x64")
+
+
+i8x64 = _I8x64()
+_VB = ir.VectorType(ir.IntType(8), 4 * N)
+_I64x32 = ir.VectorType(ir.IntType(32), 4 * N)
+
+
+@register_model(_I8x64)
+class _I8x64Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VB)
+
+
+@intrinsic
+def vload_b64(typingctx, arr, i):
+    """64 bytes at byte i of a uint8 or int8 array"""
+    sig = i8x64(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.load(_ptr(context, builder, arr, args[0], args[1], _VB), align=1)
+
+    return sig, codegen
+
+
+vload_i32 = _loader(_VI, _I32, lambda b, v: v, "16 int32 at element i of an int32 array")
+
+
+@intrinsic
+def vquads(typingctx, arr, i):
+    """The 4 float32 at byte i of a uint8 array, each in 4 lanes: lanes 4j..4j+3 = float j"""
+    sig = f32x16(arr, types.intp)
+    spread = ir.Constant(ir.VectorType(_I32, N), [lane // 4 for lane in range(N)])
+
+    def codegen(context, builder, signature, args):
+        v = builder.load(_ptr(context, builder, arr, args[0], args[1],
+                              ir.VectorType(ir.FloatType(), 4)), align=1)
+        return builder.shuffle_vector(v, v, spread)
+
+    return sig, codegen
+
+
+def _byte_op(make, doc):
+    @intrinsic
+    def f(typingctx, v):
+        sig = i8x64(i8x64)
+        return sig, lambda context, builder, signature, args: make(builder, args[0])
+
+    f.__doc__ = doc
+    return f
+
+
+vlow4 = _byte_op(lambda b, v: b.and_(v, ir.Constant(_VB, [15] * 4 * N)),
+                 "the low nibble of each byte")
+vhigh4 = _byte_op(lambda b, v: b.lshr(v, ir.Constant(_VB, [4] * 4 * N)),
+                  "the high nibble of each byte")
+
+
+@intrinsic
+def vizero(typingctx):
+    """16 x int32 0"""
+    return i32x16(), lambda context, builder, signature, args: ir.Constant(_VI, [0] * N)
+
+
+def _dpbusd_portable(builder, acc, a, b):
+    prod = builder.mul(builder.zext(a, _I64x32), builder.sext(b, _I64x32))
+    for k in range(4):
+        acc = builder.add(acc, builder.shuffle_vector(
+            prod, prod, ir.Constant(_VI, [4 * lane + k for lane in range(N)])))
+    return acc
+
+
+@intrinsic
+def vdpbusd(typingctx, acc, a, b):
+    """lane i = acc[i] + sum over bytes 4i..4i+3 of a (unsigned) * b (signed), exact
+    (vpdpbusd where VNNI, else widened multiplies and adds: the same integers)"""
+    sig = i32x16(i32x16, i8x64, i8x64)
+
+    def codegen(context, builder, signature, args):
+        if VNNI:
+            return _call(builder, "llvm.x86.avx512.vpdpbusd.512", _VI, list(args))
+        return _dpbusd_portable(builder, *args)
+
+    return sig, codegen
+
+
+@intrinsic
+def vbytes(typingctx, b):
+    """64 x the byte b (a constant)"""
+    value = b.literal_value if isinstance(b, types.IntegerLiteral) else None
+    if value is None:
+        return None
+    sig = i8x64(b)
+    return sig, lambda context, builder, signature, args: ir.Constant(_VB, [value] * 4 * N)
+
+
+@intrinsic
+def vstore_i32(typingctx, arr, i, v):
+    """arr[i : i+16] = v (an int32 array)"""
+    sig = types.void(arr, types.intp, i32x16)
+
+    def codegen(context, builder, signature, args):
+        builder.store(args[2], _ptr(context, builder, arr, args[0], args[1], _VI), align=4)
+
+    return sig, codegen
+
+
+# ---------------------------------------------------------------- quantizing activations
+
+
+@intrinsic
+def absmax32(typingctx, arr, i):
+    """max |x| over the 32 float32 at element i of a float32 array (exact: max is exact)"""
+    sig = types.float32(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p = _ptr(context, builder, arr, args[0], args[1], _VF)
+        a = builder.load(p, align=4)
+        b = builder.load(builder.gep(p, [ir.Constant(_I32, 1)]), align=4)
+        fabs = lambda v: _call(builder, "llvm.fabs.v16f32", _VF, [v])  # noqa: E731
+        m = _call(builder, "llvm.maxnum.v16f32", _VF, [fabs(a), fabs(b)])
+        return _call(builder, "llvm.vector.reduce.fmax.v16f32", ir.FloatType(), [m])
+
+    return sig, codegen
+
+
+@intrinsic
+def vround_store(typingctx, x, i, inv, q, j):
+    """q[j : j+16] = rint(x[i : i+16] * inv) as int8 (|values| <= 127 by the caller's scale),
+    returned as int32 lanes too (round half to even, the IEEE default)"""
+    sig = i32x16(x, types.intp, types.float32, q, types.intp)
+
+    def codegen(context, builder, signature, args):
+        xs, i, inv, qs, j = args
+        v = builder.load(_ptr(context, builder, x, xs, i, _VF), align=4)
+        r = _call(builder, "llvm.rint.v16f32", _VF, [builder.fmul(v, _splat(builder, inv, _VF))])
+        n = builder.fptosi(r, _VI)
+        builder.store(builder.trunc(n, ir.VectorType(ir.IntType(8), N)),
+                      _ptr(context, builder, q, qs, j, ir.VectorType(ir.IntType(8), N)), align=1)
+        return n
+
+    return sig, codegen
+
+
+@intrinsic
+def vhsum_i(typingctx, v):
+    """the sum of v's 16 int32 lanes (exact)"""
+    sig = types.int32(i32x16)
+    return sig, lambda context, builder, signature, args: _call(
+        builder, "llvm.vector.reduce.add.v16i32", _I32, [args[0]])
+
+
+@intrinsic
+def vadd_i(typingctx, a, b):
+    sig = i32x16(i32x16, i32x16)
+    return sig, lambda context, builder, signature, args: builder.add(*args)

@@ -89,6 +89,24 @@ def _units(part: Rows, first: int) -> list[tuple[int, ...]]:
     return out
 
 
+_INT8 = {blocks.Q4_1: (blocks.int8.Q4_1X, blocks.int8.repack_q4_1),
+         blocks.Q8_0: (blocks.int8.Q8_0X, blocks.int8.repack_q8_0)}
+
+
+def int8_matrix(m: Matrix) -> Matrix:
+    """m in the int8 path's layout (a copy) when all its rows are Q4_1 or all Q8_0; else m,
+    which then stays on the float32 path."""
+    codes = {int(t) for t in m.units[:, 2]}
+    if len(codes) != 1 or codes.pop() not in _INT8:
+        return m
+    code = int(m.units[0, 2])
+    width = blocks.TYPES[code].row_bytes(m.shape[1])
+    at = np.concatenate([o + stride * np.arange(n) for _, n, _, o, stride in m.units])
+    rows = m.data[at[:, None] + np.arange(width)]  # [N, row bytes]
+    new_code, repack = _INT8[code]
+    return stacked(new_code, m.shape[1], [repack(rows)])
+
+
 def stacked(code: int, k: int, rows: list[np.ndarray]) -> Matrix:
     """The matrix of several tensors' kernel-storage rows [n_i, row bytes], copied into one
     buffer one after another."""

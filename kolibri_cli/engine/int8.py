@@ -1,0 +1,246 @@
+"""The int8 numeric path: the weights' own Q4_1/Q8_0 blocks times activations quantized to int8
+per 32 values, summed as integers (AVX-512 VNNI), as llama.cpp computes these types.
+
+Not bit-identical to the float32 path (the activations are rounded to 8 bits), so it is a
+numeric path of its own, never the default. It stays batch-invariant by construction: each
+token's activations are quantized alone, integer sums are exact in any order, and every
+(row, token) result is finished by the same float operations in one fixed order, whatever L is
+or which tile computes it. The portable integer code gives the same bits as VNNI.
+
+Layout. Four 32-weight blocks make a super-block of 128 weights; rows are zero-padded to whole
+super-blocks (a zero block adds exact zeros). A token's activations x are stored per
+super-block as 128 int8 codes in the order the weight bytes unpack: bytes 16j..16j+15 hold
+block j's values 0..15, bytes 64+16j.. its values 16..31, so int32 lanes 4j..4j+3 of a
+`vdpbusd` hold block j. Per super-block and token, `xf` holds 16 lanes of d_x (block j in
+lanes 4j..4j+3) then 16 lanes of s_x = d_x * sum(q_x) (block j in lane 4j, zeros elsewhere);
+`xc` holds 128 * (the sum of each lane's 8 codes), which undoes Q8_0's +128 bias.
+
+Per super-block of a row, token by token, in block order:
+    Q4_1: acc = fma(m_w, s_x, fma(float(isum), d_w * d_x, acc))   (isum of the 4-bit codes)
+    Q8_0: acc = fma(float(isum - xc), d_w * d_x, acc)             (isum of the codes + 128)
+then the fixed tree of `simd.vsum` over acc's 16 lanes.
+"""
+
+import numpy as np
+from numba import njit
+
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
+from kolibri_cli.engine.simd import (
+    absmax32,
+    vadd_i,
+    vbytes,
+    vcvt,
+    vdpbusd,
+    vfma,
+    vhigh4,
+    vhsum_i,
+    vizero,
+    vlane,
+    vload,
+    vload_b64,
+    vload_i32,
+    vlow4,
+    vmul,
+    vquads,
+    vround_store,
+    vstore_i32,
+    vsub,
+    vsum16,
+    vzero,
+)
+
+Q4_1X, Q8_0X = 103, 108  # kernel storage codes of the int8 layouts (no GGML type uses them)
+SB = 128  # weights per super-block
+SB_BYTES = {Q4_1X: 96, Q8_0X: 144}  # per super-block: Q4_1 d[4] m[4] qs[64]; Q8_0 d[4] lo hi
+
+
+# ---------------------------------------------------------------- weights: repacked at load
+
+
+def _super_blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
+    """Kernel storage rows [N, nb * block_bytes] -> [N, S, 4, block_bytes], zero blocks added"""
+    n = rows.shape[0]
+    blocks = rows.reshape(n, -1, block_bytes)
+    pad = -blocks.shape[1] % 4
+    if pad:
+        blocks = np.concatenate([blocks, np.zeros((n, pad, block_bytes), np.uint8)], axis=1)
+    return blocks.reshape(n, -1, 4, block_bytes)
+
+
+def repack_q4_1(rows: np.ndarray) -> np.ndarray:
+    """Q4_1 kernel rows (blocks of float32 d, m, 16 code bytes) -> int8-path rows [N, S*96]"""
+    sb = _super_blocks(rows, 24)
+    n, s = sb.shape[:2]
+    parts = [sb[..., 0:4].reshape(n, s, 16), sb[..., 4:8].reshape(n, s, 16),
+             sb[..., 8:24].reshape(n, s, 64)]
+    return np.ascontiguousarray(np.concatenate(parts, axis=2).reshape(n, -1))
+
+
+def repack_q8_0(rows: np.ndarray) -> np.ndarray:
+    """Q8_0 kernel rows (blocks of float32 d, 32 int8 codes) -> int8-path rows [N, S*144]:
+    d[4], then codes 0..15 of each block, then codes 16..31, each code + 128 (unsigned)"""
+    sb = _super_blocks(rows, 36)
+    n, s = sb.shape[:2]
+    codes = sb[..., 4:36] ^ np.uint8(0x80)
+    parts = [sb[..., 0:4].reshape(n, s, 16), codes[..., :16].reshape(n, s, 64),
+             codes[..., 16:].reshape(n, s, 64)]
+    return np.ascontiguousarray(np.concatenate(parts, axis=2).reshape(n, -1))
+
+
+# ---------------------------------------------------------------- activations: one token at a time
+
+
+@njit(inline="always", cache=True)
+def _block_scale(x, e):
+    """(d, 1/d) of the 32 values at element e of x: d = max|x| / 127; (0, 0) when the inverse
+    would overflow (activations that small quantize to zeros)"""
+    d = absmax32(x, e) / np.float32(127.0)
+    inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+    if not np.isfinite(inv):
+        return np.float32(0.0), np.float32(0.0)
+    return d, inv
+
+
+@njit(cache=True)
+def _quantize_row(x, xq, xf, xc):
+    """One token: x [Kp] (Kp a multiple of 32) -> its rows of xq, xf, xc"""
+    for b in range(x.shape[0] // 32):
+        s, j = b >> 2, b & 3
+        d, inv = _block_scale(x, 32 * b)
+        q = vadd_i(vround_store(x, 32 * b, inv, xq, SB * s + 16 * j),
+                   vround_store(x, 32 * b + 16, inv, xq, SB * s + 64 + 16 * j))
+        for k in range(4):
+            xf[32 * s + 4 * j + k] = d
+        xf[32 * s + 16 + 4 * j] = d * np.float32(vhsum_i(q))
+    for s in range(xc.shape[0] // 16):
+        c = vdpbusd(vizero(), vbytes(128), vload_b64(xq, SB * s))
+        vstore_i32(xc, 16 * s, vdpbusd(c, vbytes(128), vload_b64(xq, SB * s + 64)))
+
+
+@njit(cache=True)
+def quantize(x):
+    """x [L, Kp] float32 (Kp a multiple of 32) -> (xq int8 [L, S*128], xf float32 [L, S*32],
+    xc int32 [L, S*16]), each token alone"""
+    n, k = x.shape
+    s_n = -(-k // SB)
+    xq = np.zeros((n, s_n * SB), np.int8)
+    xf = np.zeros((n, s_n * 32), np.float32)
+    xc = np.zeros((n, s_n * 16), np.int32)
+    for t in range(n):
+        _quantize_row(x[t], xq[t], xf[t], xc[t])
+    return xq, xf, xc
+
+
+# ---------------------------------------------------------------- one super-block, one token
+# w_T(d, o) -> the row's super-block at byte o in registers; t_T(w, x, t, s, acc) -> acc after
+# super-block s of token t (x = (xq, xf, xc)). Token work never depends on other tokens.
+
+
+@njit(inline="always", cache=True)
+def w_q4_1x(d, o):
+    q = vload_b64(d, o + 32)
+    return vquads(d, o), vquads(d, o + 16), vlow4(q), vhigh4(q)
+
+
+@njit(inline="always", cache=True)
+def t_q4_1x(w, x, t, s, acc):
+    pd, pm, lo, hi = w
+    xq, xf, xc = x
+    qo, fo = t * xq.shape[1] + SB * s, t * xf.shape[1] + 32 * s
+    i = vdpbusd(vdpbusd(vizero(), lo, vload_b64(xq, qo)), hi, vload_b64(xq, qo + 64))
+    acc = vfma(vcvt(i), vmul(pd, vload(xf, fo)), acc)
+    return vfma(pm, vload(xf, fo + 16), acc)
+
+
+@njit(inline="always", cache=True)
+def w_q8_0x(d, o):
+    return vquads(d, o), vzero(), vload_b64(d, o + 16), vload_b64(d, o + 80)
+
+
+@njit(inline="always", cache=True)
+def t_q8_0x(w, x, t, s, acc):
+    pd, _, lo, hi = w
+    xq, xf, xc = x
+    qo, fo = t * xq.shape[1] + SB * s, t * xf.shape[1] + 32 * s
+    i = vdpbusd(vdpbusd(vizero(), lo, vload_b64(xq, qo)), hi, vload_b64(xq, qo + 64))
+    i = vsub(i, vload_i32(xc, t * xc.shape[1] + 16 * s))
+    return vfma(vcvt(i), vmul(pd, vload(xf, fo)), acc)
+
+
+# ---------------------------------------------------------------- tiles
+
+
+@njit(inline="always", cache=True)
+def _rows4_of(w_of, t_of, step, a):
+    """Lanes 0..3 = rows at o0..o3 . token t"""
+    d, o0, o1, o2, o3, x, t = a
+    a0 = a1 = a2 = a3 = vzero()
+    for s in range(x[0].shape[1] // SB):
+        ob = step * s
+        a0 = t_of(w_of(d, o0 + ob), x, t, s, a0)
+        a1 = t_of(w_of(d, o1 + ob), x, t, s, a1)
+        a2 = t_of(w_of(d, o2 + ob), x, t, s, a2)
+        a3 = t_of(w_of(d, o3 + ob), x, t, s, a3)
+    z = vzero()
+    return vsum16(a0, a1, a2, a3, z, z, z, z, z, z, z, z, z, z, z, z)
+
+
+@njit(inline="always", cache=True)
+def _pair3_of(w_of, t_of, step, a):
+    """Lanes 3i + j = row at o_i . token t_j (i < 2, j < 3): each super-block decoded once for
+    three tokens, each token's codes loaded once for two rows"""
+    d, oa, ob, x, t0, t1, t2 = a
+    a0 = a1 = a2 = b0 = b1 = b2 = vzero()
+    for s in range(x[0].shape[1] // SB):
+        wa, wb = w_of(d, oa + step * s), w_of(d, ob + step * s)
+        a0, b0 = t_of(wa, x, t0, s, a0), t_of(wb, x, t0, s, b0)
+        a1, b1 = t_of(wa, x, t1, s, a1), t_of(wb, x, t1, s, b1)
+        a2, b2 = t_of(wa, x, t2, s, a2), t_of(wb, x, t2, s, b2)
+    z = vzero()
+    return vsum16(a0, a1, a2, b0, b1, b2, z, z, z, z, z, z, z, z, z, z)
+
+
+@njit(inline="always", cache=True)
+def _typed(t, op, a):
+    if t == Q4_1X:
+        return op(w_q4_1x, t_q4_1x, 96, a)
+    return op(w_q8_0x, t_q8_0x, 144, a)
+
+
+@njit(inline="always", cache=True)
+def _unit_offsets(unit):
+    """The unit's 4 row offsets (its n rows, the last repeated; extra results discarded)"""
+    n, o, stride = unit[1], unit[3], unit[4]
+    return (o, o + min(1, n - 1) * stride, o + min(2, n - 1) * stride,
+            o + min(3, n - 1) * stride)
+
+
+@njit(cache=True)
+def units_one_token(d, units, u0, u1, x, out):
+    """out[r] = row r . token 0 for the rows of units u0..u1-1   out [N]"""
+    for u in range(u0, u1):
+        r0, n = units[u, 0], units[u, 1]
+        o0, o1, o2, o3 = _unit_offsets(units[u])
+        s = _typed(units[u, 2], _rows4_of, (d, o0, o1, o2, o3, x, 0))
+        for i in range(n):
+            out[r0 + i] = vlane(s, i)
+
+
+@njit(cache=True)
+def units_tokens(d, units, u0, u1, x, t0, t1, out):
+    """out[t, r] = row r . token t for the rows of units u0..u1-1, t0 <= t < t1, in tiles of
+    2 rows x 3 tokens (short tiles repeat their last token; extra results discarded)"""
+    for u in range(u0, u1):
+        r0, n = units[u, 0], units[u, 1]
+        offs = _unit_offsets(units[u])
+        for p in range(0, n, 2):
+            j = t0
+            while j < t1:
+                jn = min(3, t1 - j)
+                last = j + jn - 1
+                s = _typed(units[u, 2], _pair3_of, (d, offs[p], offs[p + 1], x, j,
+                                                    min(j + 1, last), last))
+                for i in range(min(2, n - p)):
+                    for q in range(jn):
+                        out[j + q, r0 + p + i] = vlane(s, 3 * i + q)
+                j += jn
