@@ -22,7 +22,7 @@ from numba.typed import List
 
 from kolibri_cli.engine import matmul as mm
 from kolibri_cli.engine.jit import set_threads
-from kolibri_cli.engine.weights import int8_matrix
+from kolibri_cli.engine.weights import int8_matrix, int8_weights
 from kolibri_cli.store.models import open_model
 
 
@@ -58,15 +58,6 @@ def kinds(weights, L: int, d: int, f: int, cached: bool):
         "down": (1, a, tmp, h, [lw.w_down for lw in layers]),
         "head": (0, x, logits, logits, [weights.head]),
     }
-
-
-def int8_weights(weights):
-    """The same weights with every Q4_1/Q8_0 matrix repacked for the int8 path (the embedding
-    lookup keeps the model's own rows)."""
-    layers = [replace(lw, wqkv=int8_matrix(lw.wqkv), wo=int8_matrix(lw.wo),
-                      w_gate_up=int8_matrix(lw.w_gate_up), w_down=int8_matrix(lw.w_down))
-              for lw in weights.layers]
-    return replace(weights, layers=layers, head=int8_matrix(weights.head))
 
 
 def forwards(model, repeats: int, sizes: list[int]) -> None:

@@ -40,7 +40,9 @@ DynamicCacheOpt = Annotated[Path | None, typer.Option(
     "--lookup-cache-dynamic", help="llamacpp-cache: a llama.cpp dynamic n-gram cache file.")]
 QuantizeOpt = Annotated[str | None, typer.Option(
     "--quantize", help="q8_0: run the model's float32 weights quantized to Q8_0 blocks (made at "
-    "load; a numeric path of its own, with its own goldens).")]
+    "load); int8: its Q4_1/Q8_0 blocks times activations quantized to int8 per 32 values, "
+    "integer dot products as llama.cpp computes them. Each a numeric path of its own, with its "
+    "own goldens.")]
 ProposerOpt = Annotated[str, typer.Option(
     "--proposer", help=f"Draft rule: {', '.join(PROPOSERS)}. See docs/probe.md.")]
 
@@ -66,7 +68,7 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
                quantize: str | None = None):
     """The model named or found at `spec`, pulled on first use, with progress on stderr;
     `weights=False` when only its tokenizer is needed (a server runs the model); `quantize`
-    "q8_0": its float32 matrices as Q8_0 blocks made at load."""
+    "q8_0" or "int8": that numeric path (`engine.weights.STORAGE`)."""
     from kolibri_cli.cli import render
     from kolibri_cli.engine.weights import STORAGE
     from kolibri_cli.store.models import open_model

@@ -7,7 +7,7 @@ from pathlib import Path
 from kolibri_cli.engine import blockfile, loader
 from kolibri_cli.engine.config import ModelConfig, generation_eos
 from kolibri_cli.engine.tokenizer import Tokenizer
-from kolibri_cli.engine.weights import STORAGE, Weights, layout
+from kolibri_cli.engine.weights import STORAGE, Weights, int8_weights, layout
 from kolibri_cli.errors import KolibriError
 
 
@@ -20,7 +20,8 @@ class Model:
     weights: Weights | None  # None: opened for its tokenizer only (a remote engine runs it)
     source_sha256: str  # of the GGUF a cache model was converted from; "" for user folders
     numerics: str = "float32"  # "float32": the float32 path on the stored values (GGUF blocks
-    # decode to them exactly); "q8_0": the float32 weights quantized to Q8_0 at load
+    # decode to them exactly); "q8_0": the float32 weights quantized to Q8_0 at load; "int8":
+    # Q4_1/Q8_0 blocks times int8-quantized activations, integer dots (weights.int8_weights)
 
     @cached_property
     def sha256(self) -> str:
@@ -43,10 +44,15 @@ class Model:
 
 def load_weights(path: Path, config: ModelConfig, numerics: str = "float32") -> Weights:
     """A cache folder's block file, memory-mapped; else the folder's safetensors as float32 rows.
-    numerics "q8_0": the float32 weights (a block file's decoded) quantized to Q8_0 instead."""
+    numerics "q8_0": the float32 weights (a block file's decoded) quantized to Q8_0 instead;
+    "int8": the block file's Q4_1/Q8_0 matrices (float32 weights: quantized to Q8_0 first)
+    repacked for the int8 path."""
     if numerics not in STORAGE:
         raise KolibriError(f"unknown numeric path {numerics!r} ({', '.join(STORAGE)})")
     blocks = path / blockfile.NAME
+    if numerics == "int8":
+        return int8_weights(blockfile.load_weights(blocks, config) if blocks.is_file()
+                            else layout(config, loader.load_tensors(path, config), "q8_0"))
     if not blocks.is_file():
         return layout(config, loader.load_tensors(path, config), numerics)
     if numerics == "float32":

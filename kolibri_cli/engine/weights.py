@@ -15,7 +15,8 @@ import numpy as np
 from kolibri_cli.engine import blocks
 from kolibri_cli.engine.config import ModelConfig
 
-STORAGE = ("float32", "q8_0")  # what `layout` can store float tensors as
+STORAGE = ("float32", "q8_0", "int8")  # numeric paths: float32 on the stored values, float32
+# weights quantized to Q8_0 at load, and the int8 path (see `int8_weights`)
 
 
 def _none() -> np.ndarray:
@@ -105,6 +106,18 @@ def int8_matrix(m: Matrix) -> Matrix:
     rows = m.data[at[:, None] + np.arange(width)]  # [N, row bytes]
     new_code, repack = _INT8[code]
     return stacked(new_code, m.shape[1], [repack(rows)])
+
+
+def int8_weights(w: "Weights") -> "Weights":
+    """The int8 numeric path: every Q4_1/Q8_0 matrix (the head too) repacked for integer dots
+    with int8 activations (`engine.int8`); other matrices, and the embedding lookup, keep the
+    float32 path."""
+    from dataclasses import replace
+
+    layers = [replace(lw, wqkv=int8_matrix(lw.wqkv), wo=int8_matrix(lw.wo),
+                      w_gate_up=int8_matrix(lw.w_gate_up), w_down=int8_matrix(lw.w_down))
+              for lw in w.layers]
+    return replace(w, layers=layers, head=int8_matrix(w.head))
 
 
 def stacked(code: int, k: int, rows: list[np.ndarray]) -> Matrix:
