@@ -143,13 +143,19 @@ def w_q4_1x(d, o):
 
 
 @njit(inline="always", cache=True)
+def _isum(w, x, t, s):
+    """(the super-block's integer dot lanes, the offset of token t's xf lanes)"""
+    xq, xf = x[0], x[1]
+    qo = t * xq.shape[1] + SB * s
+    i = vdpbusd(vdpbusd(vizero(), w[2], vload_b64(xq, qo)), w[3], vload_b64(xq, qo + 64))
+    return i, t * xf.shape[1] + 32 * s
+
+
+@njit(inline="always", cache=True)
 def t_q4_1x(w, x, t, s, acc):
-    pd, pm, lo, hi = w
-    xq, xf, xc = x
-    qo, fo = t * xq.shape[1] + SB * s, t * xf.shape[1] + 32 * s
-    i = vdpbusd(vdpbusd(vizero(), lo, vload_b64(xq, qo)), hi, vload_b64(xq, qo + 64))
-    acc = vfma(vcvt(i), vmul(pd, vload(xf, fo)), acc)
-    return vfma(pm, vload(xf, fo + 16), acc)
+    i, fo = _isum(w, x, t, s)
+    acc = vfma(vcvt(i), vmul(w[0], vload(x[1], fo)), acc)
+    return vfma(w[1], vload(x[1], fo + 16), acc)
 
 
 @njit(inline="always", cache=True)
@@ -159,12 +165,9 @@ def w_q8_0x(d, o):
 
 @njit(inline="always", cache=True)
 def t_q8_0x(w, x, t, s, acc):
-    pd, _, lo, hi = w
-    xq, xf, xc = x
-    qo, fo = t * xq.shape[1] + SB * s, t * xf.shape[1] + 32 * s
-    i = vdpbusd(vdpbusd(vizero(), lo, vload_b64(xq, qo)), hi, vload_b64(xq, qo + 64))
-    i = vsub(i, vload_i32(xc, t * xc.shape[1] + 16 * s))
-    return vfma(vcvt(i), vmul(pd, vload(xf, fo)), acc)
+    i, fo = _isum(w, x, t, s)
+    i = vsub(i, vload_i32(x[2], t * x[2].shape[1] + 16 * s))
+    return vfma(vcvt(i), vmul(w[0], vload(x[1], fo)), acc)
 
 
 # ---------------------------------------------------------------- tiles

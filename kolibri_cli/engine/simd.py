@@ -129,15 +129,22 @@ u32 = _scalar(_I32, types.int32, lambda b, v: v,
               "the little-endian 32-bit word at byte i of a uint8 array")
 
 
-@intrinsic
-def vstore(typingctx, arr, i, v):
-    """arr[i : i+16] = v (a float32 array)"""
-    sig = types.void(arr, types.intp, f32x16)
+def _storer(vtype, vt, doc):
+    @intrinsic
+    def store(typingctx, arr, i, v):
+        sig = types.void(arr, types.intp, vtype)
 
-    def codegen(context, builder, signature, args):
-        builder.store(args[2], _ptr(context, builder, arr, args[0], args[1], _VF), align=4)
+        def codegen(context, builder, signature, args):
+            builder.store(args[2], _ptr(context, builder, arr, args[0], args[1], vt), align=4)
 
-    return sig, codegen
+        return sig, codegen
+
+    store.__doc__ = doc
+    return store
+
+
+vstore = _storer(f32x16, _VF, "arr[i : i+16] = v (a float32 array)")
+vstore_i32 = _storer(i32x16, _VI, "arr[i : i+16] = v (an int32 array)")
 
 
 # ---------------------------------------------------------------- constants and broadcasts
@@ -433,17 +440,6 @@ def vbytes(typingctx, b):
         return None
     sig = i8x64(b)
     return sig, lambda context, builder, signature, args: ir.Constant(_VB, [value] * 4 * N)
-
-
-@intrinsic
-def vstore_i32(typingctx, arr, i, v):
-    """arr[i : i+16] = v (an int32 array)"""
-    sig = types.void(arr, types.intp, i32x16)
-
-    def codegen(context, builder, signature, args):
-        builder.store(args[2], _ptr(context, builder, arr, args[0], args[1], _VI), align=4)
-
-    return sig, codegen
 
 
 # ---------------------------------------------------------------- quantizing activations
