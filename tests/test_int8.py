@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,6 +25,8 @@ from kolibri_cli.engine.kernel import Transformer
 from kolibri_cli.engine.matmul import matmul
 from kolibri_cli.engine.model import load_model
 from kolibri_cli.engine.weights import int8_matrix, int8_weights, random_weights, stacked
+from kolibri_cli.goldens.chains import load_goldens
+from kolibri_cli.goldens.record import check_one
 from kolibri_cli.store import cache, synthetic
 
 pytest.importorskip("gguf")
@@ -161,3 +164,26 @@ def test_portable_integer_dots_give_the_vnni_bits(kolibri_home, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert np.array_equal(np.load(out), want)
+
+
+INT8_GOLDENS = Path(__file__).parent / "data" / "chat.int8.jsonl"
+
+
+@pytest.mark.model
+def test_default_model_int8_path_equals_its_own_goldens_and_spec_equals_plain(pulled_default):
+    """The default model on the int8 path reproduces the goldens it recorded (`kolibri goldens
+    record --engine kolibri --quantize int8 --greedy`), plain and speculative."""
+    from kolibri_cli.store.models import open_model
+
+    model = open_model(str(pulled_default.path), numerics="int8")
+    assert model.weights.storage() == {"Q4_1x8": 120, "Q8_0x8": 1}
+    goldens = load_goldens(INT8_GOLDENS)
+    assert len(goldens) == 18 and {g.reference["dtype"] for g in goldens} == {"int8"}
+    accepted = 0
+    for i, g in enumerate(goldens):
+        assert check_one(model, g).identical, g.id
+        if i % 3 == 0:
+            spec = generate_spec(model, g.prompt_ids, len(g.output_ids), NgramProposer(5, 1, 4))
+            assert spec.output_ids == g.output_ids, g.id
+            accepted += spec.spec_stats()["drafts_accepted"]
+    assert accepted > 0
