@@ -20,6 +20,7 @@ def chat(
     k: opt.KOpt = None,
     window: opt.WindowOpt = None,
     proposer_name: opt.ProposerOpt = DEFAULT_SPEC_PROPOSER,
+    costs: opt.CostsOpt = None,
     temperature: opt.TemperatureOpt = None,
     top_k: opt.TopKOpt = None,
     top_p: opt.TopPOpt = None,
@@ -36,10 +37,14 @@ def chat(
 
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     opt.proposer(k, window, proposer_name)  # bad settings fail before the model loads
+    given_costs = opt.asked_costs(costs, proposer_name)
     m = opt.load_model(model, threads)
     conversation = Conversation(m, system)
+    pricing = opt.pricing(proposer_name, given_costs, m)
+    priced = pricing.costs if pricing else None
     settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop or [],
-                "new_proposer": lambda: opt.proposer(k, window, proposer_name), "spec": spec}
+                "new_proposer": lambda: opt.proposer(k, window, proposer_name, costs=priced),
+                "spec": spec}
     _say(f"kolibri chat with {m.name}. {HELP}")
     while (line := _read_line()) is not None:
         if line.startswith("/"):

@@ -22,6 +22,7 @@ def generate(
     compare: Annotated[bool, typer.Option(
         "--compare", help="Run plain then spec, check identical ids, print both speeds.")] = False,
     proposer_name: opt.ProposerOpt = DEFAULT_SPEC_PROPOSER,
+    costs: opt.CostsOpt = None,
     min_hits: opt.MinHitsOpt = None,
     n_min: opt.NMinOpt = None,
     lookup_cache_static: opt.StaticCacheOpt = None,
@@ -50,14 +51,18 @@ def generate(
     llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
     drafter = opt.proposer(k, window, proposer_name, llamacpp)  # validated even when unused
     drafter = drafter if (spec or compare) else None
+    given_costs = opt.asked_costs(costs, proposer_name)
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)
+    pricing = opt.pricing(proposer_name, given_costs, m) if drafter else None
+    if pricing:
+        drafter = opt.proposer(k, window, proposer_name, llamacpp, pricing.costs)
     if drafter:
         opt.fit_context(drafter.k, drafter.window_max, m)
     ids, max_tokens = _prompt_ids(m, text, raw, max_tokens, system)
     how = {"sampling": opt.resolve_sampling(m, given), "stop": stop or []}
     if compare:
-        return _compare(m, ids, max_tokens, drafter, as_json, how)
+        return _compare(m, ids, max_tokens, drafter, as_json, how, pricing)
     streamer = None if as_json else render.TextStreamer(m.tokenizer, how["stop"])
     try:
         if drafter:
@@ -68,7 +73,7 @@ def generate(
         if streamer:
             streamer.finish()
     if as_json:
-        return opt.print_json(_with_proposer(result.to_dict(m.name), drafter))
+        return opt.print_json(_with_proposer(result.to_dict(m.name), drafter, pricing))
     render.err.print(stats_line(result), highlight=False)
 
 
@@ -104,14 +109,16 @@ def stats_line(result) -> str:
     return s + ("" if result.stop_reason == "eos" else f", stopped by {result.stop_reason}")
 
 
-def _with_proposer(obj: dict, drafter) -> dict:
+def _with_proposer(obj: dict, drafter, pricing=None) -> dict:
+    """The proposer's settings, and where the c(n) it drafted by came from (when it took any)."""
     if drafter is None:
         return obj
     return obj | {"proposer": drafter.name, "k": drafter.k,
-                  "window": [drafter.window_min, drafter.window_max]}
+                  "window": [drafter.window_min, drafter.window_max]} | (
+        {"pricing": pricing.to_json()} if pricing else {})
 
 
-def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict) -> None:
+def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None) -> None:
     from kolibri_cli.cli import render
     from kolibri_cli.decode.generate import generate_plain, generate_spec
 
@@ -121,7 +128,7 @@ def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict) -> None:
     ratio = spec.decode_tokens_per_s / plain.decode_tokens_per_s if plain.decode_s else 0.0
     if as_json:
         opt.print_json({"identical": same, "speedup": ratio, "plain": plain.to_dict(m.name),
-                    "spec": _with_proposer(spec.to_dict(m.name), drafter)})
+                    "spec": _with_proposer(spec.to_dict(m.name), drafter, pricing)})
     else:
         sys.stdout.write(plain.text + "\n")  # model text: never read as rich markup
         render.err.print(f"plain: {stats_line(plain)}", highlight=False)

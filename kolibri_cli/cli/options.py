@@ -45,6 +45,11 @@ QuantizeOpt = Annotated[str | None, typer.Option(
     "own goldens.")]
 ProposerOpt = Annotated[str, typer.Option(
     "--proposer", help=f"Draft rule: {', '.join(PROPOSERS)}. See docs/probe.md.")]
+CostsOpt = Annotated[str | None, typer.Option(
+    "--costs", metavar="C1,C2,...|default", help="Forward costs c(1),c(2),... adaptive and "
+    "adaptive-tree draft by (the guard: instead of timing its own), as `kolibri probe --costs` "
+    "takes them; default = the guess, ignoring stored benches. [default: the c(n) `kolibri "
+    "bench` stored for this model, numerics and thread count, else the guess]")]
 
 EngineApiOpt = Annotated[str | None, typer.Option(
     "--engine-api", help="API of the server at --engine URL: llama.cpp, vllm, or openai (text "
@@ -128,9 +133,9 @@ def fit_context(k: int, window_max: int, model) -> None:
 
 
 def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
-             llamacpp: LlamaCppOptions | None = None):
+             llamacpp: LlamaCppOptions | None = None, costs: dict[int, float] | None = None):
     """A fresh proposer from command-line settings (bad settings fail before a model loads);
-    k or window None = the proposer's default."""
+    k or window None = the proposer's default; `costs` the c(n) it drafts by (see `pricing`)."""
     from kolibri_cli.decode.costs import CostTable
     from kolibri_cli.decode.proposers import (
         canonical_proposer,
@@ -143,10 +148,48 @@ def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
         raise KolibriError(f"--k must be at least 1 (got {k})")
     name = canonical_proposer(name)
     default_k, default_window = default_settings(name)
-    costs = CostTable() if name == "guard" else None  # the guard measures its costs as it runs
+    if costs is None and name == "guard":
+        costs = CostTable()  # the guard measures its costs as it runs
     return make_proposer(name, default_k if k is None else k,
                          default_window if window is None else parse_window(window), costs,
                          llamacpp=llamacpp)
+
+
+def asked_costs(text: str | None, name: str):
+    """--costs as given (a Pricing), None when not given; checked before a model loads."""
+    from kolibri_cli.decode.pricing import PRICED_PROPOSERS, asked, parse_costs
+    from kolibri_cli.decode.proposers import canonical_proposer
+    from kolibri_cli.text import shown
+
+    if text is None:
+        return None
+    if canonical_proposer(name) not in (*PRICED_PROPOSERS, "guard"):
+        raise KolibriError(f"--costs prices {', '.join(PRICED_PROPOSERS)} and guard; "
+                           f"--proposer {name} drafts without c(n)")
+    if text.strip() == "default":
+        return asked(None, use_bench=False)
+    return asked(parse_costs(text.split(","), shown(text), "--costs"))
+
+
+def pricing(name: str, given, model):
+    """The c(n) proposer `name` drafts by on `model` (decode/pricing.py, as the probe chooses):
+    --costs; else for adaptive and adaptive-tree the latest `kolibri bench` of this model, its
+    numerics and the threads the kernel runs, else the guess (a note on stderr says so). None:
+    the proposer drafts without c(n), or is the guard timing its own."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.decode.pricing import PRICED_PROPOSERS, for_model
+    from kolibri_cli.decode.proposers import canonical_proposer
+    from kolibri_cli.engine.jit import get_threads
+
+    name = canonical_proposer(name)
+    if name == "guard":
+        return given if given is not None and given.source == "given" else None
+    if name not in PRICED_PROPOSERS:
+        return None
+    chosen = given or for_model(model.name, model.sha256, model.numerics, get_threads())
+    if chosen.note:
+        render.note(chosen.note)
+    return chosen
 
 
 def llamacpp_options(min_hits: int | None, n_min: int | None, static: Path | None,

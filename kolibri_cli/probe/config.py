@@ -11,6 +11,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kolibri_cli.decode.pricing import parse_costs
 from kolibri_cli.decode.proposers import (
     DEFAULT_PROPOSER,
     LlamaCppOptions,
@@ -252,16 +253,7 @@ def select_goldens(config: ProbeConfig, most: int | None = None) -> list[Golden]
 def _costs(value) -> dict[int, float]:
     """"1,1.05,1.1" or [1, 1.05, 1.1] -> {1: 1.0, 2: 1.05, 3: 1.1}: c(n) for n = 1, 2, ..."""
     items = value.split(",") if isinstance(value, str) else _as_list(value, "costs", int | float)
-    try:
-        costs = [float(item) for item in items]
-    except (ValueError, OverflowError):
-        costs = []
-    if not costs or any(not math.isfinite(c) or c <= 0 for c in costs):
-        raise KolibriError(
-            f"costs must be finite positive numbers c(1),c(2),... (e.g. 1,1.05,1.1) or default, "
-            f"got {shown(value)}"
-        )
-    return {n: c for n, c in enumerate(costs, start=1)}
+    return parse_costs(items, shown(value))
 
 
 def _positive_int(value, key: str, low: int = 1) -> int:

@@ -1,0 +1,107 @@
+"""Which c(n) a model's forward passes are priced with, and where they came from: given
+(`--costs`), timed on this host by `kolibri bench` for the model (store/benchcosts.py), or a
+guess. One choice for `kolibri generate` / `chat` (the adaptive proposers draft by it) and
+`kolibri probe` (probe/pricing.py finds the goldens' model first), so a probe's simulation of
+adaptive describes what generate does.
+
+Scope: choosing the costs and saying why. The guess is only the fallback when nothing measured
+applies; the output says so and names the command that measures. Non-goal: the guard's costs
+while generating (it times its own, decode/costs.py CostTable).
+"""
+
+import math
+from dataclasses import dataclass
+
+from kolibri_cli.decode.costs import GUESSED_COSTS, cost_model
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.store import benchcosts
+from kolibri_cli.store.benchcosts import BenchCosts
+
+PRICED_PROPOSERS = ("adaptive", "adaptive-tree")  # draft by c(n) given as numbers
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """The c(n) a run used and their source: "given", "bench" or "guess"."""
+
+    source: str
+    costs: dict[int, float]
+    bench: BenchCosts | None = None  # source "bench": the measurement used
+    reason: str = ""  # source "guess": why nothing measured was used
+    note: str = ""  # for stderr: a guess where a bench could measure, a bench by another version
+
+    def source_text(self) -> str:
+        """"c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2)", "c(n) from --costs"
+        or "c(n) guessed (why)"."""
+        if self.source == "bench":
+            return f"c(n) from kolibri bench of {self.bench.date} (threads {self.bench.threads})"
+        if self.source == "given":
+            return "c(n) from --costs"
+        return f"c(n) guessed ({self.reason})"
+
+    def line(self) -> str:
+        """The source and the values, for the text output and the reports."""
+        c, top = cost_model(self.costs), 6 if self.source == "guess" else max(self.costs)
+        values = ", ".join(f"c({n})={c(n):.2f}" for n in range(2, top + 1))
+        return f"{self.source_text()}: {values}"
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "costs": {str(n): c for n, c in sorted(self.costs.items())},
+                "bench": None if self.bench is None else
+                {k: v for k, v in self.bench.to_json().items() if k != "costs"},
+                "reason": self.reason or None}
+
+
+def parse_costs(items: list, shown: str, what: str = "costs") -> dict[int, float]:
+    """["1", "1.05", "1.1"] (or numbers) -> {1: 1.0, 2: 1.05, 3: 1.1}: c(n) for n = 1, 2, ...;
+    anything else is a KolibriError naming `what` and showing the value as `shown`."""
+    try:
+        costs = [float(item) for item in items]
+    except (TypeError, ValueError, OverflowError):
+        costs = []
+    if not costs or any(not math.isfinite(c) or c <= 0 for c in costs):
+        raise KolibriError(f"{what} must be finite positive numbers c(1),c(2),... (e.g. "
+                           f"1,1.05,1.1) or default, got {shown}")
+    return {n: c for n, c in enumerate(costs, start=1)}
+
+
+def asked(given: dict[int, float] | None, use_bench: bool = True) -> Pricing | None:
+    """The costs the user chose: numbers (`--costs 1,1.3,...`) or the guess (`--costs default`,
+    `use_bench` False, without a note); None when nothing was asked and kolibri chooses."""
+    if given:
+        return Pricing("given", dict(given))
+    if not use_bench:
+        return Pricing("guess", GUESSED_COSTS, reason="--costs default")
+    return None
+
+
+def for_model(name: str, sha256: str, numerics: str, threads: int | None) -> Pricing:
+    """The latest bench of this model and numerics (with `threads` threads if given); else the
+    guess, with a note saying how to measure."""
+    try:
+        entries = benchcosts.load()
+    except KolibriError as e:
+        return guess("the stored bench costs are unreadable", f": ignoring them: {e}")
+    found = benchcosts.find(entries, sha256, numerics, threads)
+    if found is None:
+        with_threads = "" if threads is None else f" --threads {threads}"
+        quantize = "" if numerics == "float32" else f" --quantize {numerics}"
+        return guess(f"no kolibri bench of {name}{quantize}{with_threads} stored",
+                     f": `kolibri bench -m {name}{quantize}{with_threads}` measures this host")
+    return Pricing("bench", found.costs, bench=found, note=_stale(found, name))
+
+
+def _stale(found: BenchCosts, name: str) -> str:
+    """A note when the bench ran another kolibri version (its kernel may have changed since)."""
+    from kolibri_cli import __version__
+
+    if found.kolibri == __version__:
+        return ""
+    return (f"note: c(n) from a bench by kolibri {found.kolibri} ({found.date}); this is kolibri "
+            f"{__version__}: `kolibri bench -m {name}` measures its kernel")
+
+
+def guess(reason: str, hint: str) -> Pricing:
+    """The guess, with a note giving the reason (and `hint`, what would measure)."""
+    return Pricing("guess", GUESSED_COSTS, reason=reason, note="note: c(n) is a guess (the "
+                   f"default model's on a 2-core AVX-512 host): {reason}{hint}")

@@ -1,0 +1,151 @@
+"""c(n) that `kolibri generate` / `chat` give the adaptive proposers: `--costs`, else the c(n)
+`kolibri bench` stored for the loaded model at the threads and numerics it runs with, else the
+guess, chosen as the probe chooses (decode/pricing.py); speculative output stays plain output."""
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+import kolibri_cli
+from kolibri_cli.cli import app
+from kolibri_cli.decode.costs import GUESSED_COSTS
+from kolibri_cli.decode.pricing import for_model
+from kolibri_cli.decode.proposers import AdaptiveProposer
+from kolibri_cli.engine import loader
+from kolibri_cli.engine.jit import get_threads
+from kolibri_cli.store import benchcosts
+from kolibri_cli.store.benchcosts import BenchCosts
+
+FLAT = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 1.0}  # drafting is free: every match drafts
+STEEP = {1: 1.0, 2: 50.0, 3: 100.0}  # a draft costs 50 steps: no match pays for one
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def stored(sha: str, costs: dict, threads: int | None = None, numerics: str = "float32"):
+    benchcosts.save(BenchCosts("tiny", sha, threads or get_threads(), numerics, costs,
+                               benchcosts.now(), kolibri_cli.__version__, "", "a cpu"))
+
+
+def generate(folder, *args):
+    return CliRunner().invoke(app, ["generate", "--model", str(folder), "--raw", "-n", "60",
+                                    "--compare", "--proposer", "adaptive", *args, "--json",
+                                    "abcabcabcabc"])
+
+
+def spec_of(r) -> dict:
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["identical"] and doc["spec"]["output_ids"] == doc["plain"]["output_ids"]
+    return doc["spec"]
+
+
+@pytest.fixture
+def tiny(tiny_llama_folder):
+    folder = tiny_llama_folder()
+    return folder, loader.sha256_files(loader.safetensors_files(folder))
+
+
+def test_adaptive_drafts_by_the_stored_bench_of_the_loaded_model(kolibri_home, tiny):
+    folder, sha = tiny
+    drafted = {}
+    for name, costs in (("flat", FLAT), ("steep", STEEP)):
+        stored(sha, costs)  # replaces the entry of the same model, threads and numerics
+        spec = spec_of(r := generate(folder))
+        assert spec["pricing"]["source"] == "bench" and "note" not in r.stderr
+        assert spec["pricing"]["costs"] == {str(n): c for n, c in costs.items()}
+        assert spec["pricing"]["bench"]["threads"] == get_threads()
+        drafted[name] = spec["stats"]["drafts_proposed"]
+    assert drafted["flat"] > 10 and drafted["steep"] == 0  # the stored c(n) decided the drafts
+    given = spec_of(generate(folder, "--costs", ",".join(map(str, FLAT.values()))))
+    assert given["pricing"]["source"] == "given"  # --costs overrides the store...
+    assert given["stats"]["drafts_proposed"] == drafted["flat"]  # ...and reproduces its run
+
+
+@pytest.mark.parametrize("other", ["threads", "numerics", "model"])
+def test_a_bench_of_other_threads_numerics_or_model_is_not_used(kolibri_home, tiny, other):
+    folder, sha = tiny
+    stored("b" * 64 if other == "model" else sha, STEEP,
+           threads=get_threads() + 1 if other == "threads" else None,
+           numerics="q8_0" if other == "numerics" else "float32")
+    r = generate(folder)
+    spec = spec_of(r)
+    assert spec["pricing"]["source"] == "guess" and spec["stats"]["drafts_proposed"] > 0
+    assert spec["pricing"]["costs"] == {str(n): c for n, c in GUESSED_COSTS.items()}
+    assert r.stderr.count("note") == 1 and (
+        f"no kolibri bench of {folder} --threads {get_threads()} stored: `kolibri bench -m "
+        f"{folder} --threads {get_threads()}` measures this host\n") in r.stderr
+
+
+def test_costs_default_is_the_guess_without_a_note(kolibri_home, tiny):
+    folder, sha = tiny
+    stored(sha, STEEP)
+    r = generate(folder, "--costs", "default")
+    spec = spec_of(r)
+    assert (spec["pricing"]["source"], spec["pricing"]["reason"]) == ("guess", "--costs default")
+    assert "note" not in r.stderr and spec["stats"]["drafts_proposed"] > 0
+
+
+def test_proposers_without_costs_report_no_pricing(kolibri_home, tiny):
+    folder, _ = tiny
+    for args in (["--proposer", "vllm"], ["--proposer", "guard"]):  # the guard times its own
+        assert "pricing" not in spec_of(generate(folder, *args))
+    given = spec_of(generate(folder, "--proposer", "guard", "--costs", "1,1.5"))
+    assert given["pricing"]["source"] == "given"  # as the probe's --measure runs it
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("args, fragment", [
+    (["--costs", "1,x"], "--costs must be finite positive numbers c(1),c(2),... (e.g. "
+     "1,1.05,1.1) or default, got '1,x'"),
+    (["--costs", ""], "--costs must be finite positive numbers"),
+    (["--costs", "1,nan"], "got '1,nan'"),
+    (["--costs", "1,0"], "got '1,0'"),
+    (["--proposer", "vllm", "--costs", "1,2"],
+     "--costs prices adaptive, adaptive-tree and guard; --proposer vllm drafts without c(n)"),
+])
+def test_bad_costs_are_one_error_line_before_a_model_loads(kolibri_home, command, args,
+                                                           fragment):
+    prompt = ["hi"] if command == "generate" else []
+    r = CliRunner().invoke(app, [command, "--model", "/nonexistent", "--proposer", "adaptive",
+                                 *args, *prompt])
+    assert r.exit_code != 0 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ") and fragment in r.stderr
+
+
+def test_chat_drafts_adaptive_by_the_stored_bench(kolibri_home, tiny):
+    folder, sha = tiny
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+
+    def drafts() -> tuple[int, str]:
+        r = CliRunner().invoke(app, ["chat", "--model", str(folder), "--proposer", "adaptive",
+                                     "--spec", "-n", "60"], input="abcabcabcabc\n")
+        assert r.exit_code == 0, r.output
+        return int(re.search(r"/(\d+) drafts accepted", r.stderr)[1]), r.stderr
+
+    guessed, stderr = drafts()
+    assert "note: c(n) is a guess" in stderr
+    counts = {}
+    for name, costs in (("flat", FLAT), ("steep", STEEP)):
+        stored(sha, costs)
+        counts[name], stderr = drafts()
+        assert "note" not in stderr
+    assert counts["flat"] > guessed >= counts["steep"] and counts["flat"] > counts["steep"]
+
+
+def test_the_chooser_keys_on_numerics_and_threads(kolibri_home):
+    stored("a" * 64, FLAT, threads=2, numerics="q8_0")
+    assert for_model("m", "a" * 64, "q8_0", 2).costs == FLAT
+    assert for_model("m", "a" * 64, "q8_0", None).source == "bench"  # any threads
+    missed = for_model("m", "a" * 64, "float32", 2)
+    assert missed.source == "guess" and "`kolibri bench -m m --threads 2`" in missed.note
+    missed = for_model("m", "a" * 64, "q8_0", 1)
+    assert "`kolibri bench -m m --quantize q8_0 --threads 1`" in missed.note
+
+
+def test_stored_costs_flip_the_adaptive_decision():
+    """The two tables the CLI tests store do decide differently on the same statistics."""
+    flat, steep = AdaptiveProposer(5, 1, 4, costs=FLAT), AdaptiveProposer(5, 1, 4, costs=STEEP)
+    assert flat.best_length(1, 5) == 5 and steep.best_length(1, 5) == 0
