@@ -92,7 +92,7 @@ def bench(
 
 def _keep_costs(model, result) -> None:
     """Store c(n) in the kolibri home: `kolibri probe` prices the goldens of this model with
-    them (store/benchcosts.py)."""
+    them, `kolibri generate`'s adaptive proposers draft by them (store/benchcosts.py)."""
     from kolibri_cli import __version__
     from kolibri_cli.cli import render
     from kolibri_cli.store import benchcosts
@@ -102,7 +102,8 @@ def _keep_costs(model, result) -> None:
         numerics=model.numerics, costs=result.costs, measured_at=benchcosts.now(),
         kolibri=__version__, commit=benchcosts.source_commit(), cpu=benchcosts.cpu_model())
     where = benchcosts.save(entry, render.note)
-    render.note(f"kept c(n) in {where}: `kolibri probe` prices {model.name}'s goldens with them")
+    render.note(f"kept c(n) in {where}: `kolibri probe` prices {model.name}'s goldens and "
+                "`kolibri generate --proposer adaptive` drafts with them")
 
 
 def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_json) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 from kolibri_cli.errors import KolibriError
 
 DEFAULT_COST_SLOPE = 0.06  # c(n) = 1 + slope (n - 1) when nothing was measured: c(6) = 1.30
-# The probe's guess when no measured c(n) applies (probe/pricing.py; DEFAULT_COST_SLOPE keeps its
+# The guess when no measured c(n) applies (decode/pricing.py; DEFAULT_COST_SLOPE keeps its
 # role in CostTable): c(2) = 1.32, then +0.15 per row (cost_model carries the slope from c(2) to
 # c(3) on), c(6) = 1.92, c(16) = 3.42. Fitted to the medians of eight `kolibri bench` runs of the
 # default model (SmolLM2-135M Q4_1, block kernel, 2 threads, Xeon with AVX-512; three of them

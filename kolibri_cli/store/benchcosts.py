@@ -1,5 +1,6 @@
 """c(n) as `kolibri bench` measured it, kept in the kolibri home so `kolibri probe` prices forward
-passes with this host's kernel rather than a guess.
+passes, and `kolibri generate`'s adaptive proposers draft, with this host's kernel rather than a
+guess.
 
 One JSON file, `bench-costs.json`, holding the latest measurement per (model sha256, threads,
 numerics). The latest, not a history: c(n) belongs to the kernel and host that timed it, a newer
