@@ -1,7 +1,10 @@
 """The typer app factory and the one error boundary of the command line."""
 
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 import typer
 from typer.core import TyperGroup
@@ -15,11 +18,13 @@ except ImportError:  # pragma: no cover - older typer: click itself
 
 
 class _Group(TyperGroup):
-    """Turns a KolibriError into one line on stderr, Ctrl-C into exit 130 — in one place."""
+    """Turns a KolibriError into one line on stderr, Ctrl-C into exit 130 and SIGTERM into exit
+    143 (both after cleaning up) — in one place."""
 
     def main(self, *args, **kwargs):
         _reserve_closed_std_fds()
-        return super().main(*args, **kwargs)
+        with _sigterm_as_exit():
+            return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
         debug = os.environ.get("KOLIBRI_DEBUG") == "1"
@@ -33,6 +38,9 @@ class _Group(TyperGroup):
         except KeyboardInterrupt:
             typer.echo("\ninterrupted", err=True)
             raise typer.Exit(130) from None
+        except Terminated as e:
+            typer.echo("\nterminated", err=True)
+            raise typer.Exit(e.code) from None
         except click_errors.NoArgsIsHelpError:
             raise  # the help text, as asked for
         except click_errors.UsageError as e:  # an option's value: one line too, exit 2
@@ -52,6 +60,33 @@ class _Group(TyperGroup):
             _error_line(f"internal error ({type(e).__name__}: {e}); this is a kolibri bug — "
                         "KOLIBRI_DEBUG=1 shows the traceback")
             raise typer.Exit(1) from None
+
+
+class Terminated(SystemExit):
+    """SIGTERM, raised in the main thread: every `finally` and atomic write cleans up as on
+    Ctrl-C. A SystemExit, so no `except Exception` (nor chat's Ctrl-C handler) takes it."""
+
+
+@contextmanager
+def _sigterm_as_exit():
+    """SIGTERM raises Terminated (exit 143) while a command runs; a second one kills at once, and
+    a forked worker keeps the default (its parent cleans up)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread (a test runner's worker, say)
+        return
+    pid = os.getpid()
+
+    def terminate(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if os.getpid() != pid:
+            os.kill(os.getpid(), signum)
+        raise Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _error_line(message: str) -> None:
