@@ -2,11 +2,13 @@
 it may not read, SIGTERM mid-write, options with no explanation in --help."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import COMPILING
 
 from kolibri_cli.cli import app
@@ -62,3 +64,31 @@ def test_sigterm_handler_is_only_installed_while_a_command_runs():
     before = signal.getsignal(signal.SIGTERM)
     assert CliRunner().invoke(app, ["model", "list", "--help"]).exit_code == 0
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _without_read_override() -> list[str]:
+    """A prefix that makes root obey file permissions (tests often run as root in containers)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: file permissions cannot be tested")
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("what", ["weights", "folder"])
+def test_unreadable_model_files_are_one_line(tmp_path, tiny_llama_folder, what):
+    folder = tiny_llama_folder()
+    locked = folder / "model.safetensors" if what == "weights" else folder
+    locked.chmod(0)
+    try:
+        kolibri = [*_without_read_override(), sys.executable, "-m", "kolibri_cli"]
+        for args in (["model", "info", str(folder)], ["generate", "-m", str(folder), "hi"]):
+            p = subprocess.run([*kolibri, *args], capture_output=True, text=True,
+                               env=_kolibri_env(tmp_path / "home"), timeout=300)
+            lines = _stderr_lines(p.stderr)
+            assert p.returncode == 1 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+            assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
+            assert "internal error" not in lines[0] and "permission denied" in lines[0], lines[0]
+    finally:
+        locked.chmod(0o755)

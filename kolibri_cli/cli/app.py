@@ -49,6 +49,13 @@ class _Group(TyperGroup):
             raise typer.Exit(e.exit_code) from None
         except (click_errors.ClickException, typer.Exit, typer.Abort, BrokenPipeError):
             raise  # click's own handling (a reader that went away: exit 1, quietly)
+        except PermissionError as e:  # the user's files and folders: theirs to fix, not a bug
+            if debug:
+                raise
+            where = f"{e.filename}: " if e.filename else ""
+            _error_line(f"{where}permission denied; check the permissions of the file and its "
+                        "folders")
+            raise typer.Exit(1) from None
         except MemoryError:
             if debug:
                 raise
