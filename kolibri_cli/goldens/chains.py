@@ -159,7 +159,15 @@ def _read_text_prompts(path: Path) -> list[PromptSpec]:
 
 
 def _read_jsonl_prompts(path: Path) -> list[PromptSpec]:
-    return [_prompt_from(obj, f"{path}:{lineno}") for lineno, obj in _jsonl_objects(path)]
+    prompts, seen = [], set()
+    for lineno, obj in _jsonl_objects(path):
+        prompt = _prompt_from(obj, f"{path}:{lineno}")
+        if prompt.id in seen:  # a golden is named by its prompt's id: the probe refuses twins
+            raise KolibriError(f"{path}:{lineno}: duplicate prompt id {shown(prompt.id)}; make "
+                               "the ids unique")
+        seen.add(prompt.id)
+        prompts.append(prompt)
+    return prompts
 
 
 def _prompt_from(obj: dict, where: str) -> PromptSpec:
