@@ -1,6 +1,7 @@
 """The command line's one error boundary against what a hostile user or environment does: a file
 it may not read, SIGTERM mid-write, options with no explanation in --help."""
 
+import json
 import os
 import shutil
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import COMPILING
+from crafted import TEMPLATE
 
 from kolibri_cli.cli import app
 
@@ -92,3 +94,55 @@ def test_unreadable_model_files_are_one_line(tmp_path, tiny_llama_folder, what):
             assert "internal error" not in lines[0] and "permission denied" in lines[0], lines[0]
     finally:
         locked.chmod(0o755)
+
+
+# ---- goldens record / import: the output is never the input, every golden replays ----
+
+def _run(*args):
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _one_error(result, fragment: str) -> None:
+    lines = _stderr_lines(result.stderr)
+    assert result.exit_code == 1 and result.stdout == "", (result.exit_code, result.output)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+
+
+@pytest.mark.parametrize("command", ["record", "import"])
+def test_goldens_output_may_not_be_its_input(kolibri_home, tiny_llama_folder, tmp_path, command):
+    source = tmp_path / "in.jsonl"
+    text = ('{"id": "a", "category": "c", "prompt": "hello"}\n' if command == "record" else
+            '{"messages": [{"role": "user", "content": "hi"}, '
+            '{"role": "assistant", "content": "hello"}]}\n')
+    source.write_text(text)
+    folder = tiny_llama_folder()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    if command == "record":
+        args = ("goldens", "record", "--engine", "kolibri", "-m", folder, "-p", source)
+    else:
+        args = ("goldens", "import", source, "-m", folder)
+    _one_error(_run(*args, "-o", tmp_path / "." / "in.jsonl"), "is the")
+    assert source.read_text() == text
+
+
+def test_goldens_record_fits_every_chain_in_the_context(kolibri_home, tiny_llama_folder,
+                                                         tmp_path):
+    from conftest import TINY_LLAMA_CONFIG
+
+    from kolibri_cli.goldens.chains import load_goldens
+
+    context = TINY_LLAMA_CONFIG["max_position_embeddings"]
+    prompts, out = tmp_path / "p.txt", tmp_path / "g.jsonl"
+    record = ("goldens", "record", "--engine", "kolibri", "-m", tiny_llama_folder(), "--raw",
+              "-p", prompts, "-o", out, "-n", context)
+    prompts.write_text("abcd\n" + "x" * (context - 10) + "\n")  # byte-level: 1 token a byte
+    result = _run(*record)
+    assert result.exit_code == 0, result.output
+    assert "capped by the context" in result.stderr
+    goldens = load_goldens(out)
+    assert [len(g.prompt_ids) + len(g.output_ids) for g in goldens] == [context, context]
+    prompts.write_text("abcd\n" + "x" * (context + 5) + "\n")
+    _one_error(_run(*record), f"prompt 2 is {context + 5} tokens")
+    assert load_goldens(out) == goldens  # refused before any run: the old file stands

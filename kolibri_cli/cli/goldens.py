@@ -84,8 +84,7 @@ def record(
                            f"{servers.LOCAL} or a base URL (http://host:port)")
     given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
-    if output.is_dir():
-        raise KolibriError(f"cannot write {output}: it is a folder")
+    _check_output(output, prompts, "prompts")
     m = load_model(model, threads, weights=not remote, quantize=quantize)
     chat = not raw and m.tokenizer.chat_template is not None
     how = resolve_sampling(m, given)
@@ -94,7 +93,21 @@ def record(
             goldens = recorder.record(m, specs, runner, max_tokens, chat,
                                       lambda d, t: bar("", d, t), how, seeds)
     save_goldens(output, goldens)
+    capped = sum(g.reference.get("max_tokens", max_tokens) < max_tokens for g in goldens)
+    if capped:
+        render.note(f"note: --max-tokens capped by the context "
+                    f"({m.config.max_position_embeddings}) for {capped} of {len(goldens)} chains")
     render.note(f"wrote {len(goldens)} goldens to {output}")
+
+
+def _check_output(output: Path, source: Path, what: str) -> None:
+    """The goldens file may be neither a folder nor the input it is made from (that would be
+    lost)."""
+    if output.is_dir():
+        raise KolibriError(f"cannot write {output}: it is a folder")
+    if output.exists() and source.exists() and output.samefile(source):
+        raise KolibriError(f"--output {output} is the {what} file it is made from; name another "
+                           "file")
 
 
 def _engine(engine, model, api, gguf, threads, timeout, served_model):
@@ -124,8 +137,7 @@ def import_(
     from kolibri_cli.goldens.chains import save_goldens
     from kolibri_cli.goldens.traces import import_traces
 
-    if output.is_dir():
-        raise KolibriError(f"cannot write {output}: it is a folder")
+    _check_output(output, traces, "traces")
     goldens = import_traces(traces, load_model(model, weights=False), category)
     save_goldens(output, goldens)
     render.err.print(f"wrote {len(goldens)} goldens to {output} (re-tokenized from text)")

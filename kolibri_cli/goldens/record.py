@@ -74,17 +74,29 @@ def record(model, prompts: list[PromptSpec], engine: "str | ServerApi", max_toke
     sampling.seed, +1, ..., ids suffixed "/seed<N>". A server samples with its own rule, so
     its sampled chains repeat only on the same server and seed."""
     run = _server(engine) if isinstance(engine, ServerApi) else _engine(model, engine)
-    runs = [(p, s) for p in prompts for s in _seeded(sampling, seeds)]
+    encoded = [(p, _fitting_ids(model, p, chat)) for p in prompts]  # all checked before any run
+    runs = [(p, ids, s) for p, ids in encoded for s in _seeded(sampling, seeds)]
+    context = model.config.max_position_embeddings
     goldens = []
-    for i, (p, s) in enumerate(runs):
-        ids = model.tokenizer.encode_prompt(p.prompt, chat=chat)
-        output_ids, ref = run(ids, max_tokens, s)
+    for i, (p, ids, s) in enumerate(runs):
+        output_ids, ref = run(ids, min(max_tokens, context - len(ids)), s)
         gid = p.id if seeds == 1 else f"{p.id}/seed{s.seed}"
         goldens.append(Golden(gid, p.category, p.prompt, chat, ids, output_ids, model.name,
                               model.sha256, ref, list(model.eos_ids), s.to_dict()))
         if step:
             step(i + 1, len(runs))
     return goldens
+
+
+def _fitting_ids(model, prompt: PromptSpec, chat: bool) -> list[int]:
+    """The prompt's ids, leaving the context room for one new token (a golden must replay in
+    it; each chain's max_tokens is capped to the room left, as its reference records)."""
+    ids = model.tokenizer.encode_prompt(prompt.prompt, chat=chat)
+    context = model.config.max_position_embeddings
+    if len(ids) >= context:
+        raise KolibriError(f"prompt {shown(prompt.id)} is {len(ids)} tokens; the context of "
+                           f"{model.name} is {context}: shorten it or leave it out")
+    return ids
 
 
 def _seeded(sampling: Sampling, seeds: int) -> list[Sampling]:
