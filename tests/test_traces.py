@@ -85,5 +85,21 @@ def test_duplicate_ids_and_empty_files(tmp_path, model):
         import_traces(write(tmp_path, [pair("a", "b", id="x"), pair("c", "d", id="x")]), model)
     with pytest.raises(KolibriError, match="no traces"):
         import_traces(write(tmp_path, [""]), model)
-    with pytest.raises(KolibriError, match="no such traces file"):
+    with pytest.raises(KolibriError, match="traces file not found"):
         import_traces(tmp_path / "missing.jsonl", model)
+
+
+def test_devices_are_refused_not_read(model):
+    # /dev/zero was read until memory ran out; /dev/null has the same kind and ends at once
+    with pytest.raises(KolibriError, match="is a device or socket, expected a traces file"):
+        import_traces("/dev/null", model)
+
+
+def test_a_model_without_chat_template_is_named_not_told_to_use_raw(tmp_path, model):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    write_tiny_tokenizer(folder)
+    plain = SimpleNamespace(tokenizer=Tokenizer(folder), eos_ids=(2,), name="plain", sha256="0")
+    with pytest.raises(KolibriError, match="plain has no chat template") as e:
+        import_traces(write(tmp_path, [pair("a", "b")]), plain)
+    assert "--raw" not in str(e.value)  # goldens import has no --raw

@@ -15,17 +15,16 @@ from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.text import read_text_file
 
 
 def import_traces(path: str | Path, model, category: str = "traces") -> list[Golden]:
     """Every trace in the JSONL file `path` as a golden of `model` (its tokenizer and template)."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise KolibriError(f"{path}: no such traces file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise KolibriError(f"{path}: cannot read the traces ({e})") from None
+    if model.tokenizer.chat_template is None:  # the tokenizer's own message advises --raw
+        raise KolibriError(f"{model.name} has no chat template: traces are rendered with it; "
+                           "import them with a chat model")
+    lines = read_text_file(path, "traces file").splitlines()  # /dev/zero: refused, not read
     goldens, seen = [], set()
     for lineno, line in enumerate(lines, start=1):
         if line.strip():
