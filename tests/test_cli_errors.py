@@ -146,3 +146,24 @@ def test_goldens_record_fits_every_chain_in_the_context(kolibri_home, tiny_llama
     prompts.write_text("abcd\n" + "x" * (context + 5) + "\n")
     _one_error(_run(*record), f"prompt 2 is {context + 5} tokens")
     assert load_goldens(out) == goldens  # refused before any run: the old file stands
+
+
+# ---- --help explains every option and argument ----
+
+def _leaf_commands(command, path):
+    subcommands = getattr(command, "commands", None)
+    if not subcommands:
+        yield " ".join(path), command
+        return
+    for name, sub in subcommands.items():
+        yield from _leaf_commands(sub, [*path, name])
+
+
+def test_help_explains_every_option_and_argument():
+    import typer
+
+    unexplained = [f"{path} {param.name}"
+                   for path, command in _leaf_commands(typer.main.get_command(app), ["kolibri"])
+                   for param in command.params
+                   if param.name != "help" and not (getattr(param, "help", None) or "").strip()]
+    assert unexplained == []

