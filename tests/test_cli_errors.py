@@ -167,3 +167,16 @@ def test_help_explains_every_option_and_argument():
                    for param in command.params
                    if param.name != "help" and not (getattr(param, "help", None) or "").strip()]
     assert unexplained == []
+
+
+# ---- sampling options: the message names the option and the value given ----
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["bench"]])
+@pytest.mark.parametrize("option, value", [
+    ("--temperature", "nan"), ("--temperature", "-1"), ("--top-k", "-3"), ("--top-p", "2"),
+    ("--min-p", "-0.5"), ("--repetition-penalty", "inf"), ("--seed", str(2**64)),
+])
+def test_bad_sampling_options_name_the_option(kolibri_home, command, option, value):
+    result = _run(*command, option, value)
+    _one_error(result, f"{option} must be")
+    assert "Sampling(" not in result.stderr  # was the whole settings object

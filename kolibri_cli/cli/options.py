@@ -234,7 +234,7 @@ def sampling_options(temperature: float | None = None, top_k: int | None = None,
     given = {"temperature": 0.0 if greedy else temperature, "top_k": top_k, "top_p": top_p,
              "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed}
     given = {key: value for key, value in given.items() if value is not None}
-    Sampling(**given).check()
+    Sampling(**given).check(prefix="--")
     return given
 
 

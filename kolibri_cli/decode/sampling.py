@@ -47,19 +47,22 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def check(self) -> "Sampling":
-        """Self, or a KolibriError naming the bad setting."""
+    def check(self, prefix: str = "sampling ") -> "Sampling":
+        """Self, or a KolibriError naming the bad setting and its value (`prefix` "--": as the
+        command line's option)."""
         bad = [
-            (self.temperature < 0 or not math.isfinite(self.temperature), "temperature >= 0"),
-            (self.top_k < 0, "top-k >= 0"),
-            (not 0 < self.top_p <= 1, "top-p in (0, 1]"),
-            (not 0 <= self.min_p <= 1, "min-p in [0, 1]"),
-            (not 0 < self.repetition_penalty < math.inf, "repetition-penalty > 0"),
-            (not 0 <= self.seed < 2**64, "seed in 0..2^64-1"),
+            (self.temperature < 0 or not math.isfinite(self.temperature), "temperature",
+             self.temperature, "a finite number >= 0 (0 = greedy)"),
+            (self.top_k < 0, "top-k", self.top_k, "a whole number >= 0 (0 = off)"),
+            (not 0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1] (1 = off)"),
+            (not 0 <= self.min_p <= 1, "min-p", self.min_p, "in [0, 1] (0 = off)"),
+            (not 0 < self.repetition_penalty < math.inf, "repetition-penalty",
+             self.repetition_penalty, "a finite number > 0 (1 = off)"),
+            (not 0 <= self.seed < 2**64, "seed", self.seed, "in 0..2^64-1"),
         ]
-        for wrong, want in bad:
+        for wrong, name, value, want in bad:
             if wrong:
-                raise KolibriError(f"sampling: need {want} (got {self})")
+                raise KolibriError(f"{prefix}{name} must be {want}, got {value}")
         return self
 
     def to_dict(self) -> dict:
