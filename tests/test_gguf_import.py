@@ -298,9 +298,21 @@ def test_bad_names_and_missing_file(kolibri_home, tmp_path):
     with pytest.raises(KolibriError, match="no such file"):
         store.import_gguf(tmp_path / "absent.gguf")
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf at all")
-    with pytest.raises(KolibriError, match="not a readable GGUF"):
+    with pytest.raises(KolibriError, match=r"not a GGUF file \(it starts with b'not '"):
         store.import_gguf(tmp_path / "junk.gguf")
     assert_cache_clean("x")
+
+
+@pytest.mark.parametrize("keep", [4, 8, 24, 100, 1000, 0.5, -10])
+def test_a_truncated_gguf_is_named_truncated(kolibri_home, tmp_path, keep):
+    from crafted import write_gguf
+
+    data = write_gguf(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep) if isinstance(keep, float) else keep])
+    with pytest.raises(KolibriError, match="truncated or damaged"):
+        store.import_gguf(cut, name="cut")  # was numpy's words alone ("index 0 is out of bounds")
+    assert_cache_clean("cut")
 
 
 # ---------------------------------------------------------------- caches of an older kolibri

@@ -454,13 +454,18 @@ def _open_gguf(path: Path):
     try:
         if path.exists() and not path.is_file():
             raise KolibriError(f"{path}: not a regular file, expected a GGUF file")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise KolibriError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
         return gguf.GGUFReader(str(path))
     except FileNotFoundError:
         raise KolibriError(f"{path}: no such file") from None
     except KolibriError:
         raise
-    except Exception as e:  # the gguf library raises ValueError/struct errors on a bad file
-        raise KolibriError(f"{path}: not a readable GGUF file ({printable(str(e), 120)})") from None
+    except Exception as e:  # the gguf library raises numpy/struct errors on a cut or bad file
+        raise KolibriError(f"{path}: not a readable GGUF file: truncated or damaged "
+                           f"({printable(str(e), 120)})") from None
 
 
 def _import_name(gguf_path: Path, name: str | None) -> str:
