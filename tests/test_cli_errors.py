@@ -180,3 +180,26 @@ def test_bad_sampling_options_name_the_option(kolibri_home, command, option, val
     result = _run(*command, option, value)
     _one_error(result, f"{option} must be")
     assert "Sampling(" not in result.stderr  # was the whole settings object
+
+
+# ---- an output path that can never be written fails before the work, not after it ----
+
+def test_probe_refuses_an_unwritable_report_before_simulating(kolibri_home, tmp_path):
+    from crafted import write_goldens
+
+    goldens = write_goldens(tmp_path / "g.jsonl")
+    (tmp_path / "a-file").write_text("x")
+    rows = tmp_path / "rows.jsonl"
+    result = _run("probe", "-g", goldens, "--rows", rows,
+                  "--markdown", tmp_path / "a-file" / "r.md")
+    _one_error(result, "cannot write")
+    assert not rows.exists()  # the run did not happen (it wrote the rows, then failed)
+
+
+def test_goldens_record_refuses_an_unwritable_output_before_loading(kolibri_home, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    (tmp_path / "a-file").write_text("x")
+    result = _run("goldens", "record", "-m", "no-such-model", "-p", prompts,
+                  "-o", tmp_path / "a-file" / "g.jsonl")
+    _one_error(result, "cannot write")  # not the model's error: the output is checked first

@@ -103,10 +103,11 @@ def record(
 
 
 def _check_output(output: Path, source: Path, what: str) -> None:
-    """The goldens file may be neither a folder nor the input it is made from (that would be
-    lost)."""
-    if output.is_dir():
-        raise KolibriError(f"cannot write {output}: it is a folder")
+    """The goldens file must be writable (checked before the run) and not the input it is made
+    from (that would be lost)."""
+    from kolibri_cli.store.atomic import check_writable
+
+    check_writable(output)
     if output.exists() and source.exists() and output.samefile(source):
         raise KolibriError(f"--output {output} is the {what} file it is made from; name another "
                            "file")

@@ -237,10 +237,14 @@ def run_probe(cfg) -> None:
     from kolibri_cli.cli.render import note
     from kolibri_cli.cli.render_probe import render_probe, require_matplotlib, write_plot
     from kolibri_cli.probe.report import build_report, check_gates, render_markdown
+    from kolibri_cli.store.atomic import check_writable
 
     _refuse_unavailable(cfg)
     if cfg.plot:
         require_matplotlib()
+    for path in (cfg.markdown, cfg.rows, cfg.plot):  # fail now, not after the run
+        if path:
+            check_writable(path)
     cfg.pricing = _pricing(cfg)
     model = (_load_model(cfg, weights=cfg.bench or _in_process(cfg))
              if cfg.measure or cfg.bench else None)

@@ -56,6 +56,22 @@ def atomic_path(path: str | os.PathLike):
         yield tmp
 
 
+def check_writable(path: str | os.PathLike) -> None:
+    """A KolibriError now, before the long work whose result goes to `path`, if it could never be
+    written there: a folder, a path under a file, a folder that refuses writes."""
+    path = Path(path)
+    if _stream_fd(path) is not None:
+        return
+    _kind(path)
+    folder = Path(os.path.realpath(path)).parent
+    while not os.path.lexists(folder):  # atomic_path makes the missing folders
+        folder = folder.parent
+    if not folder.is_dir():
+        raise KolibriError(f"cannot write {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise KolibriError(f"cannot write {path}: the folder {folder} is not writable")
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
