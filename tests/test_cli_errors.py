@@ -203,3 +203,14 @@ def test_goldens_record_refuses_an_unwritable_output_before_loading(kolibri_home
     result = _run("goldens", "record", "-m", "no-such-model", "-p", prompts,
                   "-o", tmp_path / "a-file" / "g.jsonl")
     _one_error(result, "cannot write")  # not the model's error: the output is checked first
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_a_kolibri_home_that_is_a_file_is_named_not_listed_as_empty(tmp_path, monkeypatch, under,
+                                                                    as_json):
+    home = tmp_path / "a-file"
+    home.write_text("x")
+    monkeypatch.setenv("KOLIBRI_HOME", str(home / under))
+    monkeypatch.delenv("KOLIBRI_DEBUG", raising=False)
+    _one_error(_run("model", "list", *as_json), f"{home} is a file")

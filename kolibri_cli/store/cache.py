@@ -68,10 +68,21 @@ def is_complete(folder: Path) -> bool:
 
 def installed_models() -> list[str]:
     models = cache_root() / "models"
+    _check_not_under_a_file(models)
     if not models.is_dir():
         return []
     # Dot-names are temporaries of atomic_dir (a killed pull may leave one): never models.
     return sorted(p.name for p in models.iterdir() if not p.name.startswith(".") and is_complete(p))
+
+
+def _check_not_under_a_file(folder: Path) -> None:
+    """Else "no models" would hide a KOLIBRI_HOME that names a file (or a path under one)."""
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise KolibriError(f"the model cache {cache_root()} cannot be a folder: {existing} is a "
+                           "file; point KOLIBRI_HOME at a folder")
 
 
 def offline() -> bool:
