@@ -214,3 +214,32 @@ def test_a_kolibri_home_that_is_a_file_is_named_not_listed_as_empty(tmp_path, mo
     monkeypatch.setenv("KOLIBRI_HOME", str(home / under))
     monkeypatch.delenv("KOLIBRI_DEBUG", raising=False)
     _one_error(_run("model", "list", *as_json), f"{home} is a file")
+
+
+# ---- a server timeout a socket cannot hold ----
+
+@pytest.mark.parametrize("value", ["inf", "1e300"])
+def test_timeouts_a_socket_cannot_hold_are_refused(kolibri_home, tiny_llama_folder, tmp_path,
+                                                   monkeypatch, value):
+    from crafted import write_goldens
+
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
+    folder = tiny_llama_folder()
+    result = _run("bench", "-m", folder, "--engine", "http://127.0.0.1:1",
+                  "--timeout", value)  # was an internal error (OverflowError) from the socket
+    lines = _stderr_lines(result.stderr)
+    assert result.exit_code == 2 and len(lines) == 1 and "--timeout" in lines[0], result.stderr
+    _one_error(_run("probe", "-g", write_goldens(tmp_path / "g.jsonl"), "--measure", "-m", folder,
+                    "--allow-model-mismatch", "--engine", "http://127.0.0.1:1",
+                    "--baseline", "http://127.0.0.1:2", "--timeout", value), "timeout must be")
+
+
+def test_the_timeout_options_bound_is_the_transports():
+    import typer
+
+    from kolibri_cli.servers.transport import MAX_TIMEOUT
+
+    bounds = [getattr(param, "max", None)
+              for _, command in _leaf_commands(typer.main.get_command(app), ["kolibri"])
+              for param in command.params if param.name == "timeout"]
+    assert set(bounds) - {None} == {MAX_TIMEOUT}  # None: probe's, checked in its config

@@ -56,8 +56,8 @@ EngineApiOpt = Annotated[str | None, typer.Option(
     "only: answers are re-tokenized). [default: detected]")]
 GgufOpt = Annotated[Path | None, typer.Option(
     "--gguf", help="GGUF for --engine llama-server. [default: the model's own]")]
-TimeoutOpt = Annotated[float, typer.Option(
-    "--timeout", min=1, help="Seconds to wait for one server answer.")]
+TimeoutOpt = Annotated[float, typer.Option(  # max: servers.transport.MAX_TIMEOUT (a test checks)
+    "--timeout", min=1, max=1e6, help="Seconds to wait for one server answer.")]
 ServedModelOpt = Annotated[str | None, typer.Option(
     "--served-model", help="Model id to request from an OpenAI-style server. [default: its "
     "first]")]

@@ -199,7 +199,7 @@ def _parse(key: str, value):
     if key in ("model", "engine", "baseline", "engine_api"):
         return str(_expect(value, key, str | Path))
     if key == "timeout":
-        return _positive_number(value, key)
+        return _timeout(value)
     if key == "ray":  # true: a local instance; a string: the cluster's address
         if isinstance(value, bool):
             return "local" if value else None
@@ -270,6 +270,17 @@ def _positive_number(value, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise KolibriError(f"{key} must be a number > 0, got {value!r}")
     return float(value)
+
+
+def _timeout(value) -> float:
+    """Checked before the run: inf or 1e300 overflows a socket's timeout, and only then."""
+    from kolibri_cli.servers.transport import MAX_TIMEOUT
+
+    timeout = _positive_number(value, "timeout")
+    if not timeout <= MAX_TIMEOUT:
+        raise KolibriError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got "
+                           f"{value!r}")
+    return timeout
 
 
 def _threshold(value, key: str) -> float:

@@ -49,6 +49,9 @@ def masked(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+MAX_TIMEOUT = 1e6  # seconds (11 days); a socket's timeout overflows past ~1e11 (inf included)
+
+
 @dataclass(frozen=True)
 class Http:
     """One server's base URL and how patiently to talk to it."""
@@ -57,6 +60,11 @@ class Http:
     timeout: float = 600.0  # seconds for one request (a long generation on a big model)
     retries: int = 3  # extra attempts after a retryable failure
     backoff: float = 0.5  # seconds before the first retry; doubles each time
+
+    def __post_init__(self):
+        if not 0 < self.timeout <= MAX_TIMEOUT:  # a socket's timeout overflows (inf, 1e300)
+            raise KolibriError(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], "
+                               f"got {self.timeout:g}")
 
     def get(self, path: str, timeout: float | None = None):
         return self.request("GET", path, None, timeout)
