@@ -243,3 +243,37 @@ def test_the_timeout_options_bound_is_the_transports():
               for _, command in _leaf_commands(typer.main.get_command(app), ["kolibri"])
               for param in command.params if param.name == "timeout"]
     assert set(bounds) - {None} == {MAX_TIMEOUT}  # None: probe's, checked in its config
+
+
+# ---- --json on every command that reports (chat is a conversation, not a report) ----
+
+def test_every_reporting_command_has_json():
+    import typer
+
+    without = [path for path, command in _leaf_commands(typer.main.get_command(app), ["kolibri"])
+               if path != "kolibri chat"
+               and not any("--json" in getattr(p, "opts", []) for p in command.params)]
+    assert without == []
+
+
+def test_writing_commands_report_as_json(kolibri_home, tiny_llama_folder, tmp_path, monkeypatch):
+    from crafted import write_gguf
+
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
+    imported = _run("model", "import", write_gguf(tmp_path / "t.gguf"), "--name", "t", "--json")
+    assert imported.exit_code == 0, imported.output
+    assert json.loads(imported.stdout) == {"name": "t", "path": str(kolibri_home / "models" / "t")}
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    out = tmp_path / "g.jsonl"
+    recorded = _run("goldens", "record", "--engine", "kolibri", "-m", "t", "-p", prompts,
+                    "-o", out, "-n", 2, "--json")
+    assert recorded.exit_code == 0, recorded.output
+    assert json.loads(recorded.stdout) | {"model": "t"} == {
+        "output": str(out), "goldens": 1, "capped": 0, "model": "t", "engine": "kolibri"}
+    traces = tmp_path / "t.jsonl"
+    traces.write_text('{"messages": [{"role": "user", "content": "hi"}, '
+                      '{"role": "assistant", "content": "hello"}]}\n')
+    result = _run("goldens", "import", traces, "-m", "t", "-o", out, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"output": str(out), "goldens": 1, "model": "t"}

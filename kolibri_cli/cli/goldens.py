@@ -70,6 +70,7 @@ def record(
     timeout: TimeoutOpt = 600.0,
     served_model: ServedModelOpt = None,
     quantize: QuantizeOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Record chains for a prompt file, greedy or sampled (written atomically when all are
     done); a sampled chain records its sampling parameters and seed."""
@@ -99,6 +100,9 @@ def record(
     if capped:
         render.note(f"note: --max-tokens capped by the context "
                     f"({m.config.max_position_embeddings}) for {capped} of {len(goldens)} chains")
+    if as_json:
+        return print_json({"output": str(output), "goldens": len(goldens), "capped": capped,
+                           "model": m.name, "engine": engine})
     render.note(f"wrote {len(goldens)} goldens to {output}")
 
 
@@ -134,6 +138,7 @@ def import_(
     category: Annotated[str, typer.Option(
         help="Category for traces that do not name one.")] = "traces",
     model: ModelOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Turn logged chat traffic into golden chains with the model's tokenizer and template."""
     from kolibri_cli.cli import render
@@ -141,8 +146,11 @@ def import_(
     from kolibri_cli.goldens.traces import import_traces
 
     _check_output(output, traces, "traces")
-    goldens = import_traces(traces, load_model(model, weights=False), category)
+    m = load_model(model, weights=False)
+    goldens = import_traces(traces, m, category)
     save_goldens(output, goldens)
+    if as_json:
+        return print_json({"output": str(output), "goldens": len(goldens), "model": m.name})
     render.err.print(f"wrote {len(goldens)} goldens to {output} (re-tokenized from text)")
 
 

