@@ -277,3 +277,23 @@ def test_writing_commands_report_as_json(kolibri_home, tiny_llama_folder, tmp_pa
     result = _run("goldens", "import", traces, "-m", "t", "-o", out, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"output": str(out), "goldens": 1, "model": "t"}
+
+
+# ---- options that would do nothing are named on stderr, not silently dropped ----
+
+@pytest.mark.parametrize("args, note", [
+    (["--k", "3"], "note: --k only take effect with --spec"),
+    (["--window", "2-3", "--proposer", "vllm"], "note: --window, --proposer only take effect"),
+    (["--seed", "5"], "note: --seed has no effect: decoding is greedy"),
+])
+def test_generate_names_options_that_do_nothing(kolibri_home, tiny_llama_folder, args, note):
+    result = _run("generate", "-m", tiny_llama_folder(), "hi", "-n", 2, *args)
+    assert result.exit_code == 0, result.output
+    assert note in result.stderr
+
+
+def test_generate_notes_nothing_when_every_option_is_used(kolibri_home, tiny_llama_folder):
+    result = _run("generate", "-m", tiny_llama_folder(), "hi", "-n", 2, "--spec", "--k", 3,
+                  "--temperature", 1, "--seed", 5)
+    assert result.exit_code == 0, result.output
+    assert "note:" not in result.stderr

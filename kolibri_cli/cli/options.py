@@ -247,6 +247,9 @@ def resolve_sampling(model, given: dict):
 
     settings = generation_defaults(model.path) | given
     chosen = Sampling(**settings).check()
+    if chosen.greedy and "seed" in given:
+        render.note("note: --seed has no effect: decoding is greedy (sampling needs "
+                    "--temperature > 0)")
     if not chosen.greedy and "seed" not in given:
         chosen = Sampling(**(settings | {"seed": new_seed()}))
         render.err.print(f"seed {chosen.seed} (pass --seed {chosen.seed} to repeat this run)",
