@@ -297,3 +297,15 @@ def test_generate_notes_nothing_when_every_option_is_used(kolibri_home, tiny_lla
                   "--temperature", 1, "--seed", 5)
     assert result.exit_code == 0, result.output
     assert "note:" not in result.stderr
+
+
+# ---- one new token: prefill made it, there is no decode speed to divide by ----
+
+def test_compare_of_a_single_token_has_no_ratio_not_a_crash(kolibri_home, tiny_llama_folder):
+    folder = tiny_llama_folder()
+    result = _run("generate", "-m", folder, "hi", "-n", 1, "--compare", "--json")
+    assert result.exit_code == 0, result.output  # was ZeroDivisionError, an internal error
+    assert json.loads(result.stdout)["speedup"] is None
+    result = _run("generate", "-m", folder, "hi", "-n", 1, "--compare")
+    assert result.exit_code == 0, result.output
+    assert "spec / plain decode speed: n/a" in result.stderr and "0.0 tok/s" not in result.stderr

@@ -111,8 +111,10 @@ def _prompt_ids(model, text: str, raw: bool, max_tokens: int,
 
 def stats_line(result) -> str:
     """The one stats line on stderr after a generation (chat prints one per turn)."""
+    speed = (f"{result.decode_tokens_per_s:.1f} tok/s" if result.new_tokens > 1 else
+             "n/a (prefill made the one token)")
     s = (f"prompt {len(result.prompt_ids)} tokens, prefill {result.prefill_s * 1e3:.0f} ms, "
-         f"{result.new_tokens} new tokens, decode {result.decode_tokens_per_s:.1f} tok/s")
+         f"{result.new_tokens} new tokens, decode {speed}")
     if result.mode == "spec":
         st = result.spec_stats()
         s += (f", {st['verify_passes']} verify passes, "
@@ -139,7 +141,9 @@ def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None
     plain = generate_plain(m, ids, max_tokens, **how)
     spec = generate_spec(m, ids, max_tokens, drafter, **how)
     same = plain.output_ids == spec.output_ids
-    ratio = spec.decode_tokens_per_s / plain.decode_tokens_per_s if plain.decode_s else 0.0
+    # one new token (-n 1, or eos at once) is prefill's: no decode speed, no ratio
+    ratio = (spec.decode_tokens_per_s / plain.decode_tokens_per_s
+             if plain.decode_tokens_per_s > 0 else None)
     if as_json:
         opt.print_json({"identical": same, "speedup": ratio, "plain": plain.to_dict(m.name),
                     "spec": _with_proposer(spec.to_dict(m.name), drafter, pricing)})
@@ -147,6 +151,7 @@ def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None
         sys.stdout.write(plain.text + "\n")  # model text: never read as rich markup
         render.err.print(f"plain: {stats_line(plain)}", highlight=False)
         render.err.print(f"spec:  {stats_line(spec)}", highlight=False)
-        render.err.print(f"spec / plain decode speed: {ratio:.2f}x; ids identical: {same}")
+        speed = "n/a (nothing decoded after prefill)" if ratio is None else f"{ratio:.2f}x"
+        render.err.print(f"spec / plain decode speed: {speed}; ids identical: {same}")
     if not same:
         raise KolibriError("speculative output differs from plain output (a kernel or sampler bug)")
