@@ -311,3 +311,11 @@ def test_compare_of_a_single_token_has_no_ratio_not_a_crash(kolibri_home, tiny_l
     result = _run("generate", "-m", folder, "hi", "-n", 1, "--compare")
     assert result.exit_code == 0, result.output
     assert "spec / plain decode speed: n/a" in result.stderr and "0.0 tok/s" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["", ",", " , "])
+def test_probe_category_that_names_nothing_is_refused(kolibri_home, tmp_path, value):
+    from crafted import write_goldens
+
+    _one_error(_run("probe", "-g", write_goldens(tmp_path / "g.jsonl"), "--category", value),
+               "names no category")  # it chose every golden

@@ -123,6 +123,9 @@ def test_read_prompts_errors(tmp_path):
     ok = write_lines(tmp_path / "ok.jsonl", [{"id": 1, "category": "c", "prompt": "x"}])
     with pytest.raises(KolibriError, match=r"no prompts of category 'zzz'; it has \['c'\]"):
         read_prompts(ok, category="zzz")
+    for nothing in ("", " , "):  # an empty filter chose every prompt
+        with pytest.raises(KolibriError, match=r"names no category; .*ok.jsonl has \['c'\]"):
+            read_prompts(ok, category=nothing)
     twins = write_lines(tmp_path / "d.jsonl", [{"id": "a", "category": "c", "prompt": "x"},
                                                 {"id": "a", "category": "c", "prompt": "y"}])
     with pytest.raises(KolibriError, match=r"d.jsonl:2: duplicate prompt id 'a'"):

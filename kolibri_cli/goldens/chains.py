@@ -125,9 +125,12 @@ def read_prompts(
 
 
 def _select_prompts(prompts, category, limit, per_category, path) -> list[PromptSpec]:
-    if category:
-        wanted = {c.strip() for c in category.split(",")}
+    if category is not None:
+        wanted = {c.strip() for c in category.split(",")} - {""}
         known = sorted({p.category for p in prompts})
+        if not wanted:  # '' chose everything: a filter that names nothing is a mistake
+            raise KolibriError(f"category {shown(category)} names no category; {path} has "
+                               f"{shown(known, 200)}")
         prompts = [p for p in prompts if p.category in wanted]
         if not prompts:
             raise KolibriError(f"{path}: no prompts of category {shown(category)}; it has "

@@ -195,7 +195,11 @@ def _parse(key: str, value):
         return _costs(value)
     if key == "category":
         items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
-        return [c.strip() for c in items if c.strip()]
+        categories = [c.strip() for c in items if c.strip()]
+        if not categories:  # an empty filter chose every golden
+            raise KolibriError(f"category {shown(value)} names no category; leave it out for "
+                               "all goldens")
+        return categories
     if key in ("model", "engine", "baseline", "engine_api"):
         return str(_expect(value, key, str | Path))
     if key == "timeout":
