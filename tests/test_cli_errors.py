@@ -319,3 +319,21 @@ def test_probe_category_that_names_nothing_is_refused(kolibri_home, tmp_path, va
 
     _one_error(_run("probe", "-g", write_goldens(tmp_path / "g.jsonl"), "--category", value),
                "names no category")  # it chose every golden
+
+
+@pytest.mark.parametrize("option", ["--markdown", "--rows"])
+def test_probe_never_writes_over_its_goldens(kolibri_home, tmp_path, option):
+    from crafted import write_goldens
+
+    goldens = write_goldens(tmp_path / "g.jsonl")
+    text = goldens.read_text()
+    _one_error(_run("probe", "-g", goldens, option, tmp_path / "." / "g.jsonl"), "is an input")
+    assert goldens.read_text() == text  # the report had replaced the goldens
+
+
+def test_probe_refuses_one_file_for_two_outputs(kolibri_home, tmp_path):
+    from crafted import write_goldens
+
+    out = tmp_path / "out"
+    _one_error(_run("probe", "-g", write_goldens(tmp_path / "g.jsonl"), "--rows", out,
+                    "--markdown", out), "name the same file")

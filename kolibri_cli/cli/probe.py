@@ -237,14 +237,11 @@ def run_probe(cfg) -> None:
     from kolibri_cli.cli.render import note
     from kolibri_cli.cli.render_probe import render_probe, require_matplotlib, write_plot
     from kolibri_cli.probe.report import build_report, check_gates, render_markdown
-    from kolibri_cli.store.atomic import check_writable
 
     _refuse_unavailable(cfg)
     if cfg.plot:
         require_matplotlib()
-    for path in (cfg.markdown, cfg.rows, cfg.plot):  # fail now, not after the run
-        if path:
-            check_writable(path)
+    _check_outputs(cfg)
     cfg.pricing = _pricing(cfg)
     model = (_load_model(cfg, weights=cfg.bench or _in_process(cfg))
              if cfg.measure or cfg.bench else None)
@@ -297,6 +294,24 @@ def _refuse_unavailable(cfg) -> None:
         raise KolibriError("--baseline goes with --engine URL (a server you started)")
     if cfg.measure and cfg.ray is not None:
         raise KolibriError("--measure runs the model here, on a few goldens: drop --ray")
+
+
+def _check_outputs(cfg) -> None:
+    """Every file the run writes can be written (checked now, not after the run), none twice,
+    and none is an input: a report over the goldens or PROBE.toml destroyed them."""
+    from kolibri_cli.store.atomic import check_writable
+
+    inputs = [Path(p) for p in (*cfg.goldens, cfg.source, cfg.lookup_cache_static,
+                                cfg.lookup_cache_dynamic) if p and Path(p).is_file()]
+    outputs = [(o, p) for o, p in (("--markdown", cfg.markdown), ("--rows", cfg.rows),
+                                   ("--plot", cfg.plot)) if p]
+    for option, path in outputs:
+        check_writable(path)
+        if path.is_file() and any(path.samefile(i) for i in inputs):
+            raise KolibriError(f"{option} {path} is an input of this run; name another file")
+    targets = [os.path.realpath(p) for _, p in outputs]
+    if len(set(targets)) < len(targets):
+        raise KolibriError("--markdown, --rows and --plot name the same file; name one each")
 
 
 def _planned_tasks(cfg, extra: list) -> list:
