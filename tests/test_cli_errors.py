@@ -337,3 +337,17 @@ def test_probe_refuses_one_file_for_two_outputs(kolibri_home, tmp_path):
     out = tmp_path / "out"
     _one_error(_run("probe", "-g", write_goldens(tmp_path / "g.jsonl"), "--rows", out,
                     "--markdown", out), "name the same file")
+
+
+def test_a_reader_that_goes_away_from_dev_stdout_is_a_quiet_exit(tmp_path):
+    """`--rows /dev/stdout | head -c1` is the reader's choice, as on stdout itself: exit 1 and no
+    error line (it was 'error: cannot write /dev/stdout: Broken pipe')."""
+    from crafted import write_goldens
+
+    goldens = write_goldens(tmp_path / "g.jsonl")
+    proc = subprocess.Popen([sys.executable, "-m", "kolibri_cli", "probe", "-g", str(goldens),
+                             "--rows", "/dev/stdout"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_kolibri_env(tmp_path / "home"))
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and "error:" not in err and "Traceback" not in err, err
