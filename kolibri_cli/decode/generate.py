@@ -90,7 +90,8 @@ class GenerationResult:
             "new_tokens": self.new_tokens,
             "prefill_s": self.prefill_s,
             "decode_s": self.decode_s,
-            "decode_tokens_per_s": self.decode_tokens_per_s,
+            # one new token is prefill's: no decode speed (null, as the text says n/a)
+            "decode_tokens_per_s": self.decode_tokens_per_s if self.new_tokens > 1 else None,
             "forward_passes": self.forward_passes,
         }
         if self.mode == "spec":
