@@ -284,7 +284,7 @@ def test_writing_commands_report_as_json(kolibri_home, tiny_llama_folder, tmp_pa
 # ---- options that would do nothing are named on stderr, not silently dropped ----
 
 @pytest.mark.parametrize("args, note", [
-    (["--k", "3"], "note: --k only take effect with --spec"),
+    (["--k", "3"], "note: --k only takes effect with --spec"),
     (["--window", "2-3", "--proposer", "vllm"], "note: --window, --proposer only take effect"),
     (["--seed", "5"], "note: --seed has no effect: decoding is greedy"),
 ])
@@ -353,3 +353,14 @@ def test_a_reader_that_goes_away_from_dev_stdout_is_a_quiet_exit(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait() == 1 and "error:" not in err and "Traceback" not in err, err
+
+
+def test_goldens_record_names_server_options_an_in_process_engine_ignores(
+        kolibri_home, tiny_llama_folder, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    result = _run("goldens", "record", "--engine", "kolibri", "-m", tiny_llama_folder(),
+                  "-p", prompts, "-o", tmp_path / "g.jsonl", "-n", 2, "--gguf", tmp_path / "x.gguf",
+                  "--served-model", "x")
+    assert result.exit_code == 0, result.output
+    assert "note: --gguf, --served-model only take effect with a server engine" in result.stderr

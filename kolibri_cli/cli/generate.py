@@ -53,10 +53,11 @@ def generate(
     drafter = drafter if (spec or compare) else None
     given_costs = opt.asked_costs(costs, proposer_name)
     if drafter is None:
-        _note_unused({"--k": k, "--window": window, "--min-hits": min_hits, "--n-min": n_min,
-                      "--lookup-cache-static": lookup_cache_static,
-                      "--lookup-cache-dynamic": lookup_cache_dynamic, "--costs": costs,
-                      "--proposer": None if proposer_name == DEFAULT_SPEC_PROPOSER else 1})
+        opt.note_unused({"--k": k, "--window": window, "--min-hits": min_hits, "--n-min": n_min,
+                         "--lookup-cache-static": lookup_cache_static,
+                         "--lookup-cache-dynamic": lookup_cache_dynamic, "--costs": costs,
+                         "--proposer": None if proposer_name == DEFAULT_SPEC_PROPOSER else 1},
+                        "--spec or --compare")
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)
     pricing = opt.pricing(proposer_name, given_costs, m) if drafter else None
@@ -80,15 +81,6 @@ def generate(
     if as_json:
         return opt.print_json(_with_proposer(result.to_dict(m.name), drafter, pricing))
     render.err.print(stats_line(result), highlight=False)
-
-
-def _note_unused(drafting: dict) -> None:
-    """Drafting options without --spec or --compare do nothing: say so, the user likely forgot."""
-    from kolibri_cli.cli import render
-
-    given = [name for name, value in drafting.items() if value is not None]
-    if given:
-        render.note(f"note: {', '.join(given)} only take effect with --spec or --compare")
 
 
 def _prompt_ids(model, text: str, raw: bool, max_tokens: int,

@@ -24,6 +24,7 @@ from kolibri_cli.cli.options import (
     TopKOpt,
     TopPOpt,
     load_model,
+    note_unused,
     print_json,
     resolve_sampling,
     sampling_options,
@@ -86,6 +87,9 @@ def record(
         raise KolibriError(f"unknown engine {engine!r}: {', '.join(recorder.ENGINES)}, "
                            f"{servers.LOCAL} or a base URL (http://host:port)")
     given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
+    if not remote:
+        note_unused({"--engine-api": engine_api, "--gguf": gguf, "--served-model": served_model},
+                    f"a server engine ({servers.LOCAL} or a URL)")
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
     _check_output(output, prompts, "prompts")
     m = load_model(model, threads, weights=not remote, quantize=quantize)

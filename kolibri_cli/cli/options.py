@@ -89,6 +89,17 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
                           numerics=quantize or "float32")
 
 
+def note_unused(options: dict, needs: str) -> None:
+    """Options given (not None) that do nothing without `needs`: a note, the user likely forgot
+    it."""
+    from kolibri_cli.cli import render
+
+    given = [name for name, value in options.items() if value is not None]
+    if given:
+        verb = "takes" if len(given) == 1 else "take"
+        render.note(f"note: {', '.join(given)} only {verb} effect with {needs}")
+
+
 def read_prompt(prompt: str) -> str:
     """The prompt argument, or stdin for "-", as valid UTF-8 text (checked before any model
     loads: the tokenizer cannot encode anything else)."""
