@@ -364,3 +364,13 @@ def test_goldens_record_names_server_options_an_in_process_engine_ignores(
                   "--served-model", "x")
     assert result.exit_code == 0, result.output
     assert "note: --gguf, --served-model only take effect with a server engine" in result.stderr
+
+
+@pytest.mark.parametrize("value, traceback", [("1", True), ("true", True), ("on", True),
+                                              ("0", False), ("", False)])
+def test_kolibri_debug_reads_yes_words(kolibri_home, monkeypatch, value, traceback):
+    from kolibri_cli.errors import KolibriError
+
+    monkeypatch.setenv("KOLIBRI_DEBUG", value)
+    result = _run("generate", "hi", "-n", 0)
+    assert isinstance(result.exception, KolibriError) is traceback, result.exception

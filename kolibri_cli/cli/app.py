@@ -27,7 +27,7 @@ class _Group(TyperGroup):
             return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
-        debug = os.environ.get("KOLIBRI_DEBUG") == "1"
+        debug = os.environ.get("KOLIBRI_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
         try:
             return super().invoke(ctx)
         except KolibriError as e:
