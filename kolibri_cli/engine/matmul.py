@@ -118,7 +118,7 @@ def _row_offsets(o, stride, n):
     return o, o + min(1, n - 1) * stride, o + min(2, n - 1) * stride, o + min(3, n - 1) * stride
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def _decode_unit(d, unit, x, out):
     """out[r0 + i] = row i . x for the unit's rows   x [Kp], out [N]"""
     r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
@@ -223,11 +223,14 @@ def _tiles_unit(d, unit, x, t0, t1, out, w):
 
 
 @njit(cache=True)
-def _unit(d, units, u, x, t0, t1, out, w):
+def _units(d, units, u0, u1, x, t0, t1, out, w):
+    """Units u0..u1-1 in one compiled loop (no call per unit when decoding)   w [4*Kp] scratch"""
     if x.shape[0] == 1:
-        _decode_unit(d, units[u], x[0], out[0])
+        for u in range(u0, u1):
+            _decode_unit(d, units[u], x[0], out[0])
     else:
-        _tiles_unit(d, units[u], x, t0, t1, out, w)
+        for u in range(u0, u1):
+            _tiles_unit(d, units[u], x, t0, t1, out, w)
 
 
 # ---------------------------------------------------------------- parallel drivers
@@ -235,7 +238,7 @@ def _unit(d, units, u, x, t0, t1, out, w):
 # into one parallel region (numba re-optimizes callees inside every caller).
 
 PLAIN, ADD, GATE_UP = 0, 1, 2
-CHUNKS = 16  # L > 1: contiguous runs of units per call, each with its own L1 scratch
+CHUNKS = 16  # contiguous runs of units per call, each with its own L1 scratch when L > 1
 
 
 @njit(cache=True)
@@ -255,39 +258,32 @@ def _silu(g):
 
 
 @njit(cache=True)
-def _epilogue(kind, units, u, t0, t1, out, dest):
-    """ADD: dest += out on the unit's rows; GATE_UP: dest = silu(gate) * up"""
-    r0, n = units[u, 0], units[u, 1]
-    if kind == ADD:
+def _epilogue(kind, units, u0, u1, t0, t1, out, dest):
+    """On the rows of units u0..u1-1, ADD: dest += out; GATE_UP: dest = silu(gate) * up"""
+    n_ff = dest.shape[1]
+    for u in range(u0, u1):
+        r0, n = units[u, 0], units[u, 1]
         for j in range(t0, t1):
             for r in range(r0, r0 + n):
-                dest[j, r] += out[j, r]
-    elif kind == GATE_UP:
-        n_ff = dest.shape[1]
-        for j in range(t0, t1):
-            for r in range(r0, r0 + n):
-                dest[j, r] = _silu(out[j, r]) * out[j, n_ff + r]
-
-
-@njit(cache=True)
-def _work(kind, d, units, u, x, t0, t1, out, dest, w):
-    """Unit u (and for GATE_UP its up unit), then the epilogue"""
-    _unit(d, units, u, x, t0, t1, out, w)
-    if kind == GATE_UP:
-        _unit(d, units, units.shape[0] // 2 + u, x, t0, t1, out, w)
-    _epilogue(kind, units, u, t0, t1, out, dest)
+                if kind == ADD:
+                    dest[j, r] += out[j, r]
+                elif kind == GATE_UP:
+                    dest[j, r] = _silu(out[j, r]) * out[j, n_ff + r]
 
 
 @njit(parallel=True, cache=True)
 def _parallel(kind, x, d, units, t0, t1, out, dest, scratch):
-    """Chunk c of the units (one prange loop: each loop is a function numba compiles whole)
-    scratch [chunks, 4*Kp]: chunk c's L1 scratch; [units, 0] when decoding, a unit a chunk"""
+    """Run c of the units (and for GATE_UP its up units), then the epilogue over the run
+    scratch [chunks, 4*Kp]: run c's L1 scratch ([chunks, 0] when decoding)"""
     n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
     chunks = scratch.shape[0]
     for c in prange(chunks):
         i = np.int64(c)  # prange indices may be unsigned: keep the callees' signatures int64
-        for u in range(i * n // chunks, (i + 1) * n // chunks):
-            _work(kind, d, units, u, x, t0, t1, out, dest, scratch[i])
+        u0, u1 = i * n // chunks, (i + 1) * n // chunks
+        _units(d, units, u0, u1, x, t0, t1, out, scratch[i])
+        if kind == GATE_UP:
+            _units(d, units, n + u0, n + u1, x, t0, t1, out, scratch[i])
+        _epilogue(kind, units, u0, u1, t0, t1, out, dest)
 
 
 @njit(cache=True)
@@ -310,8 +306,7 @@ def _int8_parallel(kind, xs, d, units, t0, t1, out, dest):
         _int8_units(d, units, u0, u1, xs, t0, t1, out)
         if kind == GATE_UP:
             _int8_units(d, units, n + u0, n + u1, xs, t0, t1, out)
-        for u in range(u0, u1):
-            _epilogue(kind, units, u, t0, t1, out, dest)
+        _epilogue(kind, units, u0, u1, t0, t1, out, dest)
 
 
 @njit(cache=True)
@@ -323,9 +318,7 @@ def _run(kind, x, w, out, dest):
             _int8_parallel(kind, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest)
         return
     n = w[1].shape[0] // 2 if kind == GATE_UP else w[1].shape[0]
-    decode = x.shape[0] == 1
-    scratch = np.empty((n if decode else min(n, CHUNKS), 0 if decode else R * x.shape[1]),
-                       np.float32)
+    scratch = np.empty((min(n, CHUNKS), 0 if x.shape[0] == 1 else R * x.shape[1]), np.float32)
     for t0 in range(0, x.shape[0], TB):
         _parallel(kind, x, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch)
 
