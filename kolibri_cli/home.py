@@ -7,6 +7,8 @@ neither layer has to import the other for the path.
 import os
 from pathlib import Path
 
+YES_WORDS = ("1", "true", "yes", "on")  # what KOLIBRI_OFFLINE and KOLIBRI_DEBUG read as set
+
 
 def cache_root() -> Path:
     """`KOLIBRI_HOME`, else `$XDG_CACHE_HOME/kolibri`, else `~/.cache/kolibri`."""

@@ -27,7 +27,9 @@ class _Group(TyperGroup):
             return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
-        debug = os.environ.get("KOLIBRI_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+        from kolibri_cli.home import YES_WORDS
+
+        debug = os.environ.get("KOLIBRI_DEBUG", "").strip().lower() in YES_WORDS
         try:
             return super().invoke(ctx)
         except KolibriError as e:

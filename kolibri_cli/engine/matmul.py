@@ -271,56 +271,42 @@ def _epilogue(kind, units, u0, u1, t0, t1, out, dest):
                     dest[j, r] = _silu(out[j, r]) * out[j, n_ff + r]
 
 
-@njit(parallel=True, cache=True)
-def _parallel(kind, x, d, units, t0, t1, out, dest, scratch):
-    """Run c of the units (and for GATE_UP its up units), then the epilogue over the run
-    scratch [chunks, 4*Kp]: run c's L1 scratch ([chunks, 0] when decoding)"""
-    n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
-    chunks = scratch.shape[0]
-    for c in prange(chunks):
-        i = np.int64(c)  # prange indices may be unsigned: keep the callees' signatures int64
-        u0, u1 = i * n // chunks, (i + 1) * n // chunks
-        _units(d, units, u0, u1, x, t0, t1, out, scratch[i])
-        if kind == GATE_UP:
-            _units(d, units, n + u0, n + u1, x, t0, t1, out, scratch[i])
-        _epilogue(kind, units, u0, u1, t0, t1, out, dest)
-
-
 @njit(cache=True)
-def _int8_units(d, units, u0, u1, xs, t0, t1, out):
-    if out.shape[0] == 1:
+def _any_units(d, units, u0, u1, x, xs, t0, t1, out, w):
+    """Units u0..u1-1 of either numeric path: the int8 path's (x quantized as xs) or the exact"""
+    if units[u0, 2] < int8.Q4_1X:
+        _units(d, units, u0, u1, x, t0, t1, out, w)
+    elif out.shape[0] == 1:
         int8.units_one_token(d, units, u0, u1, xs, out[0])
     else:
         int8.units_tokens(d, units, u0, u1, xs, t0, t1, out)
 
 
 @njit(parallel=True, cache=True)
-def _int8_parallel(kind, xs, d, units, t0, t1, out, dest):
-    """The int8 path's driver: CHUNKS runs of units, each run one compiled loop (no call per
-    unit), then the epilogue over the run"""
+def _parallel(kind, x, xs, d, units, t0, t1, out, dest, scratch):
+    """Run c of the units (and for GATE_UP its up units), then the epilogue over the run
+    scratch [chunks, 4*Kp]: run c's L1 scratch ([chunks, 0] when decoding or on the int8 path)"""
     n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
-    chunks = min(n, CHUNKS)
+    chunks = scratch.shape[0]
     for c in prange(chunks):
-        i = np.int64(c)
+        i = np.int64(c)  # prange indices may be unsigned: keep the callees' signatures int64
         u0, u1 = i * n // chunks, (i + 1) * n // chunks
-        _int8_units(d, units, u0, u1, xs, t0, t1, out)
+        _any_units(d, units, u0, u1, x, xs, t0, t1, out, scratch[i])
         if kind == GATE_UP:
-            _int8_units(d, units, n + u0, n + u1, xs, t0, t1, out)
+            _any_units(d, units, n + u0, n + u1, x, xs, t0, t1, out, scratch[i])
         _epilogue(kind, units, u0, u1, t0, t1, out, dest)
 
 
 @njit(cache=True)
 def _run(kind, x, w, out, dest):
     x = _padded(x)
-    if w[1][0, 2] >= int8.Q4_1X:  # a matrix of the int8 path (all its units are)
-        xs = int8.quantize(x)
-        for t0 in range(0, x.shape[0], TB):
-            _int8_parallel(kind, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest)
-        return
     n = w[1].shape[0] // 2 if kind == GATE_UP else w[1].shape[0]
-    scratch = np.empty((min(n, CHUNKS), 0 if x.shape[0] == 1 else R * x.shape[1]), np.float32)
+    exact = w[1][0, 2] < int8.Q4_1X  # else a matrix of the int8 path (all its units are)
+    xs = int8.quantize(x[:0] if exact else x)  # the int8 path's activations (none if exact)
+    tile = exact and x.shape[0] > 1
+    scratch = np.empty((min(n, CHUNKS), R * x.shape[1] if tile else 0), np.float32)
     for t0 in range(0, x.shape[0], TB):
-        _parallel(kind, x, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch)
+        _parallel(kind, x, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch)
 
 
 @njit(cache=True)

@@ -31,7 +31,7 @@ from kolibri_cli.callbacks import Notify, Progress
 from kolibri_cli.engine import blockfile
 from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
-from kolibri_cli.home import cache_root
+from kolibri_cli.home import YES_WORDS, cache_root
 from kolibri_cli.store import integrity
 from kolibri_cli.store.atomic import atomic_dir, is_temp_of, make_temp_dir
 from kolibri_cli.text import printable, shown
@@ -89,7 +89,7 @@ def offline() -> bool:
     """KOLIBRI_OFFLINE=1 (or true/yes/on); a value that is neither yes nor no is an error, never
     a silent download."""
     value = os.environ.get("KOLIBRI_OFFLINE", "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
+    if value in YES_WORDS:
         return True
     if value in ("", "0", "false", "no", "off"):
         return False
