@@ -2,6 +2,7 @@
 the goldens of that model with it (and says so), nothing else uses it, and a damaged store is a
 note, never a traceback."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -114,8 +115,9 @@ def test_save_keeps_one_entry_per_key_and_writes_atomically(kolibri_home, monkey
     """A save that fails halfway leaves the previous file whole and no temporary behind."""
     benchcosts.save(entry())
     benchcosts.save(entry(threads=1))
-    newer = entry(costs={1: 1.0, 2: 1.2}, at="2026-12-01T00:00:00+00:00")
-    benchcosts.save(newer)
+    newer = BenchCosts("m", SHA, 2, "float32", {1: 1.0, 2: 1.2}, "2026-12-01T00:00:00+00:00",
+                       kolibri_cli.__version__, "def", "a cpu")  # another commit's kernel
+    assert benchcosts.save(newer) is newer
     assert benchcosts.load() == [entry(threads=1), newer]
     before = benchcosts.path().read_bytes()
     write_text = pathlib.Path.write_text
@@ -129,6 +131,18 @@ def test_save_keeps_one_entry_per_key_and_writes_atomically(kolibri_home, monkey
         benchcosts.save(entry(sha="c" * 64))
     assert benchcosts.path().read_bytes() == before  # the old file whole, no half of the new
     assert sorted(p.name for p in kolibri_home.iterdir()) == ["bench-costs.json", "locks"]
+
+
+def test_a_narrower_bench_of_the_same_kernel_keeps_the_wider_one(kolibri_home):
+    """`kolibri bench --k 1` after `--k 3` on the same kolibri and CPU keeps c(1..4): the new run
+    measured nothing the stored one lacks; a wider run, another commit or another CPU replaces."""
+    wide = entry()
+    benchcosts.save(wide)
+    narrow = entry(costs={1: 1.0, 2: 1.7}, at="2026-12-01T00:00:00+00:00")
+    assert benchcosts.save(narrow) == wide and benchcosts.load() == [wide]
+    for other in (entry(costs={**wide.costs, 5: 2.8}, at="2026-12-01T01:00:00+00:00"),
+                  dataclasses.replace(entry(costs={1: 1.0, 2: 1.1}), cpu="b cpu")):
+        assert benchcosts.save(other) is other and benchcosts.load() == [other]
 
 
 def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
@@ -150,6 +164,11 @@ def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
         "1", "2", "3"]
     assert stored.kolibri and stored.cpu and stored.measured_at.startswith("20")
     assert f"kept c(n) in {benchcosts.path()}" in r.stderr
+    r = CliRunner().invoke(app, ["bench", "-m", "tiny", "--repeats", "1", "--k", "1",
+                                 "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert benchcosts.load() == [stored]  # a narrower run of the same kernel keeps c(1..3)
+    assert "kept the stored c(1..3)" in r.stderr and "not this run's c(1..2)" in r.stderr
 
 
 def test_measure_lets_the_guard_time_its_own_costs_unless_given(goldens):

@@ -101,9 +101,15 @@ def _keep_costs(model, result) -> None:
         model=model.name, model_sha256=model.sha256, threads=result.threads,
         numerics=model.numerics, costs=result.costs, measured_at=benchcosts.now(),
         kolibri=__version__, commit=benchcosts.source_commit(), cpu=benchcosts.cpu_model())
-    where = benchcosts.save(entry, render.note)
-    render.note(f"kept c(n) in {where}: `kolibri probe` prices {model.name}'s goldens and "
-                "`kolibri generate --proposer adaptive` drafts with them")
+    kept = benchcosts.save(entry, render.note)
+    if kept is not entry:
+        top = max(entry.costs)
+        render.note(f"kept the stored c(1..{max(kept.costs)}) of {kept.date} in "
+                    f"{benchcosts.path()}, not this run's c(1..{top}): same kolibri and CPU, more "
+                    f"rows (`kolibri bench --k {max(kept.costs) - 1}` replaces it)")
+        return
+    render.note(f"kept c(n) in {benchcosts.path()}: `kolibri probe` prices {model.name}'s goldens "
+                "and `kolibri generate --proposer adaptive` drafts with them")
 
 
 def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_json) -> None:

@@ -109,22 +109,36 @@ def load() -> list[BenchCosts]:
                            "`kolibri bench` writes a new one") from None
 
 
-def save(entry: BenchCosts, notify=None) -> Path:
-    """Keep `entry`, replacing the stored one of its key; an unreadable file is replaced (said
-    through `notify`): it only ever held measurements bench can take again."""
+def save(entry: BenchCosts, notify=None) -> BenchCosts:
+    """Keep `entry`, replacing the stored one of its key, and return what is kept for the key:
+    `entry`, or the stored one when that covers more rows and the same kernel and CPU timed it
+    (a narrow `kolibri bench --k 1` does not throw away c(2..9) that still hold). An unreadable
+    file is replaced (said through `notify`): it only ever held measurements bench can take
+    again."""
     from filelock import FileLock
 
     (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache_root() / "locks" / f"{FILE}.lock")):
         try:
-            kept = [e for e in load() if e.key != entry.key]
+            entries = load()
         except KolibriError as e:
             if notify:
                 notify(f"note: {str(e).split('; ')[0]}: replacing it")
-            kept = []
+            entries = []
+        stored = next((e for e in entries if e.key == entry.key), None)
+        if stored is not None and _wider_same_kernel(stored, entry):
+            return stored
+        kept = [e for e in entries if e.key != entry.key]
         doc = {"format": FORMAT, "entries": [e.to_json() for e in [*kept, entry]]}
         write_text_atomic(path(), json.dumps(doc, indent=1) + "\n")
-    return path()
+    return entry
+
+
+def _wider_same_kernel(stored: BenchCosts, new: BenchCosts) -> bool:
+    """The stored entry prices more rows than `new`, timed by the same kolibri (version and
+    commit) on the same CPU: its extra rows are as valid as the new ones."""
+    same = (stored.kolibri, stored.commit, stored.cpu) == (new.kolibri, new.commit, new.cpu)
+    return same and max(stored.costs) > max(new.costs)
 
 
 def find(entries: list[BenchCosts], model_sha256: str, numerics: str,
