@@ -2,6 +2,7 @@
 `kolibri bench` stored for the loaded model at the threads and numerics it runs with, else the
 guess, chosen as the probe chooses (decode/pricing.py); speculative output stays plain output."""
 
+import itertools
 import json
 import re
 
@@ -24,9 +25,15 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+COMMITS = itertools.count()
+
+
 def stored(sha: str, costs: dict, threads: int | None = None, numerics: str = "float32"):
+    """A bench entry as a new kernel's bench stores it (its own commit): it replaces the entry
+    of the same key even when it times fewer rows."""
     benchcosts.save(BenchCosts("tiny", sha, threads or get_threads(), numerics, costs,
-                               benchcosts.now(), kolibri_cli.__version__, "", "a cpu"))
+                               benchcosts.now(), kolibri_cli.__version__, f"c{next(COMMITS)}",
+                               "a cpu"))
 
 
 def generate(folder, *args):
