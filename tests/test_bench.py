@@ -92,3 +92,52 @@ def test_bench_peer_needs_a_known_peer_and_a_binary(kolibri_home, tmp_path):
     result = CliRunner().invoke(app, ["bench", "--peer", "llama.cpp", "--peer-bin",
                                       str(tmp_path / "absent")])
     assert result.exit_code == 1 and "no such file" in result.stderr
+
+
+@pytest.mark.parametrize("proposer", ["adaptive", "adaptive-tree"])
+def test_bench_adaptive_drafts_by_the_costs_this_run_measured(kolibri_home, tiny_llama_folder,
+                                                             monkeypatch, proposer):
+    """c(n) is timed before the generations, and adaptive drafts by it: costs where no draft
+    pays for itself mean no drafts but adaptive's one-token re-tests (one per `explore` + 1
+    matches; the old line c(n) = 1 + 0.06 (n - 1) drafted on most of the bench chain's cycle),
+    free costs mean drafts; --json and the table say which c(n) priced it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kolibri_cli.bench import run
+    from kolibri_cli.bench.chain import BENCH_NEW_TOKENS
+    from kolibri_cli.cli import app
+    from kolibri_cli.decode.proposers import AdaptiveProposer
+
+    folder = tiny_llama_folder()
+    drafted = {}
+    for name, per_row in (("steep", 50.0), ("free", 0.0)):
+        monkeypatch.setattr(run, "forward_times", lambda model, max_n, *args, s=per_row: {
+            n: 0.001 * (1 + s * (n - 1)) for n in range(1, max_n + 1)})
+        r = CliRunner().invoke(app, ["bench", "-m", str(folder), "--proposer", proposer,
+                                     "--repeats", "1", "--threads", "1", "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        assert doc["identical"]
+        assert doc["pricing"]["source"] == "run" and doc["pricing"]["costs"] == doc["costs"]
+        assert doc["costs"]["2"] == pytest.approx(1 + per_row)
+        drafted[name] = doc["drafts_proposed"]
+    assert drafted["steep"] <= BENCH_NEW_TOKENS // (AdaptiveProposer.explore + 1)
+    assert drafted["free"] > 10
+    table = CliRunner().invoke(app, ["bench", "-m", str(folder), "--proposer", proposer,
+                                     "--repeats", "1", "--threads", "1"])
+    assert table.exit_code == 0 and "c(n) measured in this run: c(2)=1.00" in table.stdout
+
+
+def test_bench_of_a_proposer_without_costs_says_so(kolibri_home, tiny_llama_folder):
+    import json
+
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "-m", str(tiny_llama_folder()), "--repeats", "1",
+                                 "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["pricing"] is None

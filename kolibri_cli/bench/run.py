@@ -10,6 +10,7 @@ from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.peers import PeerResult
 from kolibri_cli.bench.timing import costs, forward_times, measure_read_bandwidth, prefill_time
 from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.pricing import Pricing
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 
 COST_CONTEXT = 100  # tokens in the cache when c(n) is timed (a short chat prompt)
@@ -47,6 +48,7 @@ class BenchResult:
     prefill_tokens_per_s: float
     peak_rss_bytes: int  # of this process, the whole run
     peer: PeerResult | None = None
+    pricing: Pricing | None = None  # the c(n) the proposer drafted by; None: it takes none
 
     def peer_ratios(self) -> dict[str, float]:
         """kolibri / peer for every figure both measured (decode per repack variant, prefill
@@ -72,28 +74,32 @@ class BenchResult:
         d["forward_ms"] = {str(n): t for n, t in self.forward_ms.items()}
         d["costs"] = {str(n): c for n, c in self.costs.items()}
         d["peer"] = self.peer.to_dict() if self.peer else None
+        d["pricing"] = self.pricing.to_json() if self.pricing else None
         return d
 
 
 def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
               sampling: Sampling = GREEDY, prefill: int = 0, peer=None) -> BenchResult:
-    """`new_proposer()` gives a fresh proposer per repeat: stateful ones (suffix, adaptive) then
-    repeat the same run. The sampling cost is the plain run's time in the sampler over its
-    decode time, taken in the same run. `prefill` > 0 also times a prompt of that many tokens;
-    `peer(max_n)` runs the peer (after kolibri, in the same run) and returns its PeerResult."""
+    """`new_proposer(costs)` gives a fresh proposer per repeat (stateful ones, suffix and
+    adaptive, then repeat the same run), drafting by `costs` if it drafts by c(n): c(n) is timed
+    first, so adaptive drafts by this run's c(n) rather than a guess. The sampling cost is the
+    plain run's time in the sampler over its decode time, taken in the same run. `prefill` > 0
+    also times a prompt of that many tokens; `peer(max_n)` runs the peer (after kolibri, in the
+    same run) and returns its PeerResult."""
     prompt = bench_prompt(model)
     bandwidth = measure_read_bandwidth()
+    k = new_proposer(None).k
+    times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats)
+    measured = costs(times)
     plain_tps, spec_tps, identical, sample_s = [], [], True, []
     for _ in range(repeats):  # alternate, so machine noise hits both modes alike
-        proposer = new_proposer()
+        proposer = new_proposer(measured)
         plain = generate_plain(model, prompt, BENCH_NEW_TOKENS, sampling=sampling)
         spec = generate_spec(model, prompt, BENCH_NEW_TOKENS, proposer, sampling=sampling)
         plain_tps.append(plain.decode_tokens_per_s)
         spec_tps.append(spec.decode_tokens_per_s)
         sample_s.append((plain.sample_s, plain.decode_s, plain.new_tokens - 1))
         identical &= spec.output_ids == plain.output_ids
-    k = proposer.k
-    times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats)
     prefill_s = prefill_time(model.transformer, prefill, min(repeats, 3)) if prefill else 0.0
     stats, nbytes = spec.spec_stats(), model.weights.nbytes_per_token()
     p, s = statistics.median(plain_tps), statistics.median(spec_tps)
@@ -103,7 +109,7 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         repeats=repeats, bandwidth_gb_s=bandwidth / 1e9, bytes_per_token=nbytes,
         bound_tokens_per_s=bandwidth / nbytes, plain_tokens_per_s=p, spec_tokens_per_s=s,
         spec_speedup=s / p if p else 0.0, fraction_of_bound=p / (bandwidth / nbytes),
-        forward_ms={n: 1e3 * t for n, t in times.items()}, costs=costs(times),
+        forward_ms={n: 1e3 * t for n, t in times.items()}, costs=measured,
         chain_seed=BENCH_SEED, chain_tokens=len(plain.output_ids),
         plain_steps=len(plain.output_ids) - 1, verify_passes=stats["verify_passes"],
         drafts_proposed=stats["drafts_proposed"], drafts_accepted=stats["drafts_accepted"],
@@ -115,4 +121,5 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         storage=model.weights.storage(),
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         peer=peer(k + 1) if peer else None,
+        pricing=Pricing("run", measured) if getattr(proposer, "costs", None) is measured else None,
     )

@@ -61,8 +61,8 @@ def bench(
     from kolibri_cli.engine.jit import get_threads
 
     llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
-    new_proposer = lambda: opt.proposer(k, window, proposer_name, llamacpp)  # noqa: E731
-    drafter = new_proposer()  # bad settings fail before the model loads
+    new_proposer = _new_proposer(k, window, proposer_name, llamacpp)
+    drafter = new_proposer(None)  # bad settings fail before the model loads
     if engine not in (None, "kolibri"):
         return _bench_servers(engine, model, drafter.k, repeats, threads, engine_api, gguf,
                               timeout, as_json)
@@ -88,6 +88,16 @@ def bench(
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.bench_table(result))
+
+
+def _new_proposer(k, window, name: str, llamacpp):
+    """proposer(costs): adaptive and adaptive-tree draft by the c(n) the run measured (`costs`),
+    as generate drafts by the stored bench; the guard times its own, as in generate."""
+    from kolibri_cli.decode.pricing import PRICED_PROPOSERS
+    from kolibri_cli.decode.proposers import canonical_proposer
+
+    priced = canonical_proposer(name) in PRICED_PROPOSERS
+    return lambda costs: opt.proposer(k, window, name, llamacpp, costs if priced else None)
 
 
 def _keep_costs(model, result) -> None:

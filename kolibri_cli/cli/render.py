@@ -163,6 +163,8 @@ def bench_table(r) -> Table:
         ("spec decode", f"{r.spec_tokens_per_s:.1f} tok/s ({r.proposer}, k={r.k}, window "
                         f"{r.window[0]}-{r.window[1]})"),
         ("spec / plain", f"{r.spec_speedup:.2f}x"),
+        ("spec drafted by", r.pricing.line() if r.pricing else "no c(n)" if r.proposer != "guard"
+         else "c(n) the guard timed as it ran"),
         ("bench chain", f"seed {r.chain_seed}: {r.plain_steps} plain steps, {r.verify_passes} "
                         f"verify passes (ratio {r.pass_ratio:.2f}), {r.drafts_accepted}/"
                         f"{r.drafts_proposed} drafts accepted, ids identical: {r.identical}"),

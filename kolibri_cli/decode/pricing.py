@@ -1,8 +1,8 @@
 """Which c(n) a model's forward passes are priced with, and where they came from: given
-(`--costs`), timed on this host by `kolibri bench` for the model (store/benchcosts.py), or a
-guess. One choice for `kolibri generate` / `chat` (the adaptive proposers draft by it) and
-`kolibri probe` (probe/pricing.py finds the goldens' model first), so a probe's simulation of
-adaptive describes what generate does.
+(`--costs`), timed on this host by `kolibri bench` for the model (store/benchcosts.py), timed by
+the running bench itself, or a guess. One choice for `kolibri generate` / `chat` (the adaptive
+proposers draft by it) and `kolibri probe` (probe/pricing.py finds the goldens' model first), so
+a probe's simulation of adaptive describes what generate does.
 
 Scope: choosing the costs and saying why. The guess is only the fallback when nothing measured
 applies; the output says so and names the command that measures. Non-goal: the guard's costs
@@ -22,7 +22,8 @@ PRICED_PROPOSERS = ("adaptive", "adaptive-tree")  # draft by c(n) given as numbe
 
 @dataclass(frozen=True)
 class Pricing:
-    """The c(n) a run used and their source: "given", "bench" or "guess"."""
+    """The c(n) a run used and their source: "given", "bench", "run" (timed by the same
+    `kolibri bench` run) or "guess"."""
 
     source: str
     costs: dict[int, float]
@@ -37,6 +38,8 @@ class Pricing:
             return f"c(n) from kolibri bench of {self.bench.date} (threads {self.bench.threads})"
         if self.source == "given":
             return "c(n) from --costs"
+        if self.source == "run":
+            return "c(n) measured in this run"
         return f"c(n) guessed ({self.reason})"
 
     def line(self) -> str:
