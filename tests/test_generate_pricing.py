@@ -156,3 +156,26 @@ def test_stored_costs_flip_the_adaptive_decision():
     """The two tables the CLI tests store do decide differently on the same statistics."""
     flat, steep = AdaptiveProposer(5, 1, 4, costs=FLAT), AdaptiveProposer(5, 1, 4, costs=STEEP)
     assert flat.best_length(1, 5) == 5 and steep.best_length(1, 5) == 0
+
+
+def test_a_folder_models_weights_are_hashed_once_until_a_file_changes(kolibri_home, tiny,
+                                                                     monkeypatch):
+    """Finding the stored bench of a user's folder needs its sha256: the first run reads the
+    weights, later runs take the digest remembered by (path, size, mtime, inode); a changed
+    file is read again, and its new digest used."""
+    folder, sha = tiny
+    reads = []
+    real = loader.sha256_files
+    monkeypatch.setattr(loader, "sha256_files", lambda paths: reads.append(paths) or real(paths))
+    stored(sha, STEEP)
+    for _ in range(2):
+        spec = spec_of(generate(folder))
+        assert spec["pricing"]["source"] == "bench"
+    assert len(reads) == 1
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor: the same size, other weights
+    weights.write_bytes(bytes(data))
+    spec = spec_of(generate(folder))
+    assert len(reads) == 2 and spec["pricing"]["source"] == "guess"  # no bench of new weights
+    assert "no kolibri bench" in spec["pricing"]["reason"]

@@ -1,6 +1,7 @@
 """A loaded model: config + tokenizer + the forward kernel, and what identifies it."""
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -22,6 +23,8 @@ class Model:
     numerics: str = "float32"  # "float32": the float32 path on the stored values (GGUF blocks
     # decode to them exactly); "q8_0": the float32 weights quantized to Q8_0 at load; "int8":
     # Q4_1/Q8_0 blocks times int8-quantized activations, integer dots (weights.int8_weights)
+    digest: Callable[[list[Path]], str] = field(default=loader.sha256_files, repr=False)
+    # sha256 over weight files; the store gives one that remembers digests (store/digests.py)
 
     @cached_property
     def sha256(self) -> str:
@@ -29,7 +32,7 @@ class Model:
         the sha256 over the folder's weight files (read once, on demand)."""
         blocks = self.path / blockfile.NAME
         files = [blocks] if blocks.is_file() else loader.safetensors_files(self.path)
-        return self.source_sha256 or loader.sha256_files(files)
+        return self.source_sha256 or self.digest(files)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:

@@ -5,11 +5,17 @@ from dataclasses import dataclass
 
 from kolibri_cli.engine.model import Model, load_model
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.store import cache, integrity
+from kolibri_cli.store import cache, digests, integrity
 
 
 def open_model(spec: str | None = None, notify=None, progress=None, weights: bool = True,
                numerics: str = "float32") -> Model:
+    model = _open(spec, notify, progress, weights, numerics)
+    model.digest = digests.files_sha256  # a user's folder is not read whole on every run
+    return model
+
+
+def _open(spec, notify, progress, weights: bool, numerics: str) -> Model:
     path = cache.resolve(spec, notify, progress)
     meta = cache.provenance(path)
     name = cache.display_name(spec, meta)
