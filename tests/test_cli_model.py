@@ -116,7 +116,7 @@ def test_generate_default_model_offline_says_so(run):
 def test_generate_bad_folders(run, tmp_path, tiny_llama_folder):
     (tmp_path / "file.txt").write_text("x")
     result = run("generate", "hi", "--model", str(tmp_path / "file.txt"))
-    assert_one_error_line(result, "not a folder")
+    assert_one_error_line(result, "is a file, not a model folder nor a .gguf file")
     gpt2 = tiny_llama_folder(name="gpt2", config_changes={"architectures": ["GPT2LMHeadModel"],
                                                           "model_type": "gpt2"})
     assert_one_error_line(run("generate", "hi", "--model", str(gpt2)), "'GPT2LMHeadModel'")

@@ -370,3 +370,35 @@ def test_float32_cache_without_its_gguf_keeps_working(kolibri_home, tmp_path):
     assert "kolibri model import" in notes[0] and "--name old --force" in notes[0]
     assert set(model.weights.storage()) == {"F32"} and store.is_float32_cache(folder)
     assert np.array_equal(logits_of(model), want)
+
+
+def test_a_gguf_file_as_model_is_imported_once(kolibri_home, tmp_path):
+    """`-m FILE.gguf` on generate imports the file as `kolibri model import` would (said on
+    stderr), reuses that import while the file is unchanged, imports again when it changed, and
+    refuses a cached model of the same name imported from another file."""
+    path = tmp_path / "mine.gguf"
+    write_gguf(path, hf_model("llama"), "llama")
+
+    def generate(model):
+        return CliRunner().invoke(app, ["generate", "-m", str(model), "--raw", "-n", "2",
+                                        "--json", "hello"])
+
+    first = generate(path)
+    assert first.exit_code == 0, first.output
+    assert f"importing {path} into the cache as mine" in first.stderr
+    assert store.installed_models() == ["mine"]
+    assert store.provenance(store.model_dir("mine"))["gguf"] == str(path.resolve())
+    again = generate(path)
+    assert again.exit_code == 0 and "importing" not in again.stderr
+    assert json.loads(again.stdout)["output_ids"] == json.loads(first.stdout)["output_ids"]
+    write_gguf(path, hf_model("llama"), "llama", quant=Q.Q8_0)  # other bytes, the same name
+    changed = generate(path)
+    assert changed.exit_code == 0 and "again: it changed since" in changed.stderr
+    other = tmp_path / "elsewhere" / "mine.gguf"
+    other.parent.mkdir()
+    other.write_bytes(path.read_bytes())
+    refused = generate(other)
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert refused.stderr.strip() == (
+        f"error: the cached model mine was not imported from {other}; import it under another "
+        f"name: kolibri model import {other} --name NAME")

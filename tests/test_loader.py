@@ -188,7 +188,7 @@ def test_folder_errors(tmp_path, tiny_llama_folder):
     (no_weights / "model.safetensors").unlink()
     cases = {
         tmp_path / "missing": "does not exist",
-        tmp_path / "file": "is not a folder",
+        tmp_path / "file": "is a file, not a model folder nor a .gguf file",
         tmp_path / "empty": "has no config.json",
         no_tok: "has no tokenizer.json",
         no_weights: r"has no \*\.safetensors weights",

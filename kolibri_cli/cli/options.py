@@ -17,8 +17,9 @@ from kolibri_cli.decode.proposers import (
 from kolibri_cli.errors import KolibriError
 
 ModelOpt = Annotated[str | None, typer.Option(
-    "--model", "-m", help="Model name from the cache or a Hugging Face-layout folder "
-    "(default: smollm2-135m-instruct, pulled on first use).")]
+    "--model", "-m", help="Model name from the cache, a Hugging Face-layout folder, or a GGUF "
+    "file (imported into the cache on first use, as `kolibri model import` does) (default: "
+    "smollm2-135m-instruct, pulled on first use).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", "-t", min=1, help="Kernel threads (default: all cores).")]

