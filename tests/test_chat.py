@@ -101,3 +101,30 @@ def test_conversation_reuses_the_cache_and_matches_a_fresh_generation(chat_folde
     assert second.prompt_ids == ids and 0 < reused < len(ids)
     assert second.output_ids == generate_plain(model, ids, 10, sampling=s).output_ids
     assert [m["role"] for m in conversation.messages] == ["user", "assistant"] * 2
+
+
+def test_a_template_error_in_chat_names_no_option_chat_lacks(tiny_llama_folder, tmp_path,
+                                                            monkeypatch):
+    """chat has no --raw: a template that does not parse stops it before the session with one
+    line naming what works instead; one that fails on a later turn is said the same way, and
+    the session goes on."""
+    monkeypatch.setenv("KOLIBRI_HOME", str(tmp_path / "home"))
+    broken = tiny_llama_folder(name="broken")
+    (broken / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}{{ m.content }"}))
+    r = CliRunner().invoke(app, ["chat", "--model", str(broken)], input="hi\n")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.startswith("error: the chat template does not parse (")
+    assert r.stderr.rstrip().endswith("): kolibri chat needs the model's chat template "
+                                      "(`kolibri generate --raw` prompts without one)")
+    assert "--raw" not in r.stderr.replace("kolibri generate --raw", "")
+    picky = tiny_llama_folder(name="picky")  # renders "hello", fails on a turn of 20+ chars
+    (picky / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}{{ m.content }}{{ 1 // (20 - m.content | length) if "
+        "m.content | length == 20 else '' }}{% endfor %}")}))
+    r = CliRunner().invoke(app, ["chat", "--model", str(picky), "-n", "2"],
+                           input="twenty characters!!!\n/exit\n")
+    assert r.exit_code == 0, r.output
+    assert "error: the chat template failed to render (ZeroDivisionError" in r.stderr
+    assert "kolibri chat needs the model's chat template" in r.stderr
+    assert "use --raw" not in r.stderr

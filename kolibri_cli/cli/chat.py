@@ -40,6 +40,7 @@ def chat(
     given_costs = opt.asked_costs(costs, proposer_name)
     m = opt.load_model(model, threads)
     conversation = Conversation(m, system)
+    _check_template(conversation)
     pricing = opt.pricing(proposer_name, given_costs, m)
     priced = pricing.costs if pricing else None
     settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop or [],
@@ -52,6 +53,24 @@ def chat(
                 break
         elif line.strip():
             _turn(conversation, line, max_tokens, settings)
+
+
+def _check_template(conversation) -> None:
+    """A template that cannot render a first turn fails before the session starts, not at every
+    turn."""
+    from kolibri_cli.engine.template import ChatTemplateError
+    from kolibri_cli.errors import KolibriError
+
+    try:
+        conversation.prompt_ids("hello")
+    except ChatTemplateError as e:
+        raise KolibriError(_template_text(e)) from None
+
+
+def _template_text(e) -> str:
+    """A ChatTemplateError as chat says it: generate's way out (--raw) is not chat's."""
+    return (f"{e.reason}: kolibri chat needs the model's chat template (`kolibri generate --raw` "
+            "prompts without one)")
 
 
 def _read_line() -> str | None:
@@ -94,6 +113,7 @@ def _command(line: str, conversation, settings: dict) -> bool:
 def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
     from kolibri_cli.cli import render
     from kolibri_cli.cli.generate import stats_line
+    from kolibri_cli.engine.template import ChatTemplateError
     from kolibri_cli.errors import KolibriError
 
     streamer = render.TextStreamer(conversation.model.tokenizer, settings["stop"])
@@ -107,7 +127,7 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
         return
     except KolibriError as e:
         streamer.finish()
-        _say(f"error: {e}")
+        _say(f"error: {_template_text(e) if isinstance(e, ChatTemplateError) else e}")
         return
     streamer.finish()
     _say(stats_line(result))

@@ -31,6 +31,15 @@ class TemplateLimit(Exception):
     """The render ran past one of the bounds."""
 
 
+class ChatTemplateError(KolibriError):
+    """The chat template cannot render a prompt: `reason`, then what to do, which the command
+    knows (generate: --raw; chat needs the template: cli/chat.py says so)."""
+
+    def __init__(self, reason: str, hint: str = "use --raw"):
+        super().__init__(f"{reason}; {hint}")
+        self.reason = reason
+
+
 def compile_template(source: str):
     """The jinja2 Template, or a KolibriError if it does not parse."""
     from jinja2 import TemplateError
@@ -41,7 +50,7 @@ def compile_template(source: str):
     except KolibriError:
         raise
     except (TemplateError, TemplateLimit, RecursionError, MemoryError, ValueError) as e:
-        raise KolibriError(f"the chat template does not parse ({_what(e)}); use --raw") from None
+        raise ChatTemplateError(f"the chat template does not parse ({_what(e)})") from None
 
 
 def render(template, **variables) -> str:
@@ -58,9 +67,9 @@ def render(template, **variables) -> str:
     except KolibriError:
         raise
     except Exception as e:  # the template is code from the model's files: any failure is its own
-        raise KolibriError(f"the chat template failed to render ({_what(e)}); use --raw") from None
+        raise ChatTemplateError(f"the chat template failed to render ({_what(e)})") from None
     if any("\ud800" <= ch <= "\udfff" for ch in text):
-        raise KolibriError("the chat template produced invalid text (a lone surrogate); use --raw")
+        raise ChatTemplateError("the chat template produced invalid text (a lone surrogate)")
     return text
 
 

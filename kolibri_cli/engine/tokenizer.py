@@ -86,7 +86,7 @@ class Tokenizer:
         """A conversation [{"role", "content"}, ...] + generation prompt, as transformers'
         apply_chat_template renders it (a system message replaces the template's default)."""
         if not self.chat_template:
-            raise KolibriError("this model has no chat template; use --raw")
+            raise template.ChatTemplateError("this model has no chat template")
         return template.render(
             self._template,
             messages=messages,
