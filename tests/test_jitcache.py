@@ -175,3 +175,18 @@ def test_package_folder_gets_no_cache_files(runs):
     assert set(PACKAGE.rglob("*.nb[ic]")) == before
     assert list((home / "numba").glob("engine-*/kernel._forward-*.nbi"))
     assert list((home / "numba").glob("nrt-*.pkl"))
+
+
+def test_a_read_only_command_writes_nothing_in_a_new_home(tmp_path):
+    """Importing compiled code does not make its cache folder (numba makes it when it saves a
+    compile): `kolibri model list` on a new KOLIBRI_HOME leaves no folder behind, and the first
+    compile still caches under the home."""
+    home = tmp_path / "home"
+    env = {"KOLIBRI_HOME": str(home), "NUMBA_CACHE_DIR": ""}
+    out = run_python("from kolibri_cli.cli import app; app(['model', 'list'])", env=env)
+    assert "no models in" in out.stdout + out.stderr, out.stderr[-2000:]
+    assert not home.exists(), sorted(home.rglob("*"))
+    saved = run_python("from kolibri_cli.decode.proposers import ngram; ngram.warm_up(); "
+                       "print(ngram.longest_match._cache.cache_path)", env=env)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    assert list(Path(saved.stdout.strip()).glob("*.nbi"))

@@ -63,9 +63,20 @@ class _KolibriCacheLocator(caching._SourceFileBackedLocatorMixin, caching._Cache
 
     @classmethod
     def from_function(cls, py_func, py_file):
+        """Without making the folder (numba's locators make it at import): numba makes it when it
+        saves a compile, so importing kolibri — a read-only command — writes nothing."""
         if numba.config.CACHE_DIR or not Path(py_file).resolve().is_relative_to(PACKAGE):
             return None  # NUMBA_CACHE_DIR set by the user wins; other code keeps numba's rules
-        return super().from_function(py_func, py_file)  # None if the folder is not writable
+        self = cls(py_func, py_file)
+        return self if _could_make(Path(self._cache_path)) else None
+
+
+def _could_make(folder: Path) -> bool:
+    """Whether `folder` exists writable or could be made: its nearest existing ancestor is a
+    writable folder."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
 
 def _use_kolibri_cache() -> None:

@@ -313,10 +313,10 @@ def _refresh_cache() -> None:
             return
     except OSError:
         pass
-    for kernel in kernels:
-        kernel._cache.flush()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # numba makes it only when it saves
+        for kernel in kernels:
+            kernel._cache.flush()
         stamp.write_text(digest)
     except OSError:
         pass  # a read-only install: compiled in memory each run
