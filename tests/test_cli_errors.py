@@ -283,15 +283,38 @@ def test_writing_commands_report_as_json(kolibri_home, tiny_llama_folder, tmp_pa
 
 # ---- options that would do nothing are named on stderr, not silently dropped ----
 
-@pytest.mark.parametrize("args, note", [
-    (["--k", "3"], "note: --k only takes effect with --spec"),
-    (["--window", "2-3", "--proposer", "vllm"], "note: --window, --proposer only take effect"),
-    (["--seed", "5"], "note: --seed has no effect: decoding is greedy"),
+@pytest.mark.parametrize("args, error", [
+    (["generate", "hi", "--k", "3"], "--k needs --spec or --compare"),
+    (["generate", "hi", "--window", "2-3", "--proposer", "vllm"],
+     "--window, --proposer need --spec or --compare"),
+    (["bench", "--peer-gguf", "x.gguf"], "--peer-gguf needs --peer"),
+    (["bench", "--peer-bin", "x", "--peer-gguf", "x.gguf"], "--peer-bin, --peer-gguf need --peer"),
+    (["bench", "--timeout", "5"], "--timeout needs --engine (--engine llama-server or a "
+     "server's URL)"),
+    (["bench", "--gguf", "x.gguf"], "--gguf needs --engine"),
+    (["bench", "--engine", "llama-server", "--prefill", "64", "--temperature", "0.5"],
+     "--temperature, --prefill do not apply with --engine: it times a server's c(n)"),
+    (["bench", "--engine", "http://127.0.0.1:9", "--threads", "2"],
+     "--threads needs --engine llama-server"),
+    (["bench", "--engine", "llama-server", "--engine-api", "vllm"],
+     "--engine-api needs --engine URL"),
+    (["probe", "--repeats", "3"], "--repeats needs --measure"),
+    (["probe", "--seed", "3", "--allow-model-mismatch"],
+     "--allow-model-mismatch, --seed need --measure"),
+    (["probe", "--model", "x"], "--model needs --measure or --bench"),
+    (["probe", "--measure", "--timeout", "5"], "--timeout needs --measure on a server"),
+    (["probe", "--measure", "--engine", "llama-server", "--engine-api", "vllm"],
+     "--engine-api needs --engine URL"),
 ])
-def test_generate_names_options_that_do_nothing(kolibri_home, tiny_llama_folder, args, note):
-    result = _run("generate", "-m", tiny_llama_folder(), "hi", "-n", 2, *args)
+def test_options_that_would_do_nothing_are_refused(kolibri_home, args, error):
+    """Before any model loads or any simulation runs: one line, exit 1."""
+    _one_error(_run(*args), error)
+
+
+def test_a_greedy_seed_is_a_note(kolibri_home, tiny_llama_folder):
+    result = _run("generate", "-m", tiny_llama_folder(), "hi", "-n", 2, "--seed", "5")
     assert result.exit_code == 0, result.output
-    assert note in result.stderr
+    assert "note: --seed has no effect: decoding is greedy" in result.stderr
 
 
 def test_generate_notes_nothing_when_every_option_is_used(kolibri_home, tiny_llama_folder):
@@ -355,15 +378,16 @@ def test_a_reader_that_goes_away_from_dev_stdout_is_a_quiet_exit(tmp_path):
     assert proc.wait() == 1 and "error:" not in err and "Traceback" not in err, err
 
 
-def test_goldens_record_names_server_options_an_in_process_engine_ignores(
+def test_goldens_record_refuses_server_options_an_in_process_engine_ignores(
         kolibri_home, tiny_llama_folder, tmp_path):
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n")
     result = _run("goldens", "record", "--engine", "kolibri", "-m", tiny_llama_folder(),
                   "-p", prompts, "-o", tmp_path / "g.jsonl", "-n", 2, "--gguf", tmp_path / "x.gguf",
                   "--served-model", "x")
-    assert result.exit_code == 0, result.output
-    assert "note: --gguf, --served-model only take effect with a server engine" in result.stderr
+    _one_error(result, "--gguf, --served-model need a server engine (--engine llama-server or "
+                       "a URL)")
+    assert not (tmp_path / "g.jsonl").exists()
 
 
 @pytest.mark.parametrize("value, traceback", [("1", True), ("true", True), ("on", True),

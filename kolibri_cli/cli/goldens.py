@@ -24,8 +24,8 @@ from kolibri_cli.cli.options import (
     TopKOpt,
     TopPOpt,
     load_model,
-    note_unused,
     print_json,
+    refuse_unused,
     resolve_sampling,
     sampling_options,
     verify_hint,
@@ -88,8 +88,10 @@ def record(
                            f"{servers.LOCAL} or a base URL (http://host:port)")
     given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     if not remote:
-        note_unused({"--engine-api": engine_api, "--gguf": gguf, "--served-model": served_model},
-                    f"a server engine ({servers.LOCAL} or a URL)")
+        refuse_unused({"--engine-api": engine_api, "--gguf": gguf, "--served-model": served_model},
+                      f"a server engine (--engine {servers.LOCAL} or a URL)")
+    if engine != "kolibri":
+        refuse_unused({"--quantize": quantize}, "--engine kolibri (the numeric path it runs)")
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
     _check_output(output, prompts, "prompts")
     m = load_model(model, threads, weights=not remote, quantize=quantize)

@@ -90,15 +90,18 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
                           numerics=quantize or "float32")
 
 
-def note_unused(options: dict, needs: str) -> None:
-    """Options given (not None) that do nothing without `needs`: a note, the user likely forgot
-    it."""
-    from kolibri_cli.cli import render
+def refuse_unused(options: dict, needs: str) -> None:
+    """Options given (not None) that mean nothing without `needs`: one error line naming them,
+    not a run that silently drops them (the user likely forgot `needs`, or misread an option)."""
+    if given := [name for name, value in options.items() if value is not None]:
+        raise KolibriError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} {needs}")
 
-    given = [name for name, value in options.items() if value is not None]
-    if given:
-        verb = "takes" if len(given) == 1 else "take"
-        render.note(f"note: {', '.join(given)} only {verb} effect with {needs}")
+
+def refuse_with(options: dict, other: str, why: str) -> None:
+    """Options given (not None) that mean nothing together with `other`: one error line."""
+    if given := [name for name, value in options.items() if value is not None]:
+        verb = "does" if len(given) == 1 else "do"
+        raise KolibriError(f"{', '.join(given)} {verb} not apply with {other}: {why}")
 
 
 def read_prompt(prompt: str) -> str:

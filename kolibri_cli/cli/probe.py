@@ -181,8 +181,8 @@ def probe(
         "[default: 600]"
     ),
     model: str | None = typer.Option(
-        None, "--model", "-m", metavar="NAME|PATH", help="Model for --measure (its tokenizer "
-        "only, for a server engine). [default: smollm2-135m-instruct]"
+        None, "--model", "-m", metavar="NAME|PATH", help="Model for --measure or --bench (its "
+        "tokenizer only, for a server engine). [default: smollm2-135m-instruct]"
     ),
     threads: int | None = typer.Option(
         None, "--threads", "-t", metavar="N", help="Kernel (or started llama-servers') threads "
@@ -294,6 +294,31 @@ def _refuse_unavailable(cfg) -> None:
         raise KolibriError("--baseline goes with --engine URL (a server you started)")
     if cfg.measure and cfg.ray is not None:
         raise KolibriError("--measure runs the model here, on a few goldens: drop --ray")
+    _refuse_unused(cfg)
+
+
+def _refuse_unused(cfg) -> None:
+    """Options (or PROBE.toml keys) that mean nothing in this run: one error line."""
+    from kolibri_cli.cli.options import refuse_unused
+    from kolibri_cli.probe.config import ProbeConfig
+    from kolibri_cli.servers import LOCAL
+
+    if not (cfg.measure or cfg.bench):
+        refuse_unused({"--model": cfg.model},
+                      "--measure or --bench (the simulation alone needs no model)")
+    if not cfg.measure:
+        refuse_unused({"--repeats": cfg.repeats,
+                       "--allow-model-mismatch": cfg.allow_model_mismatch or None,
+                       **{f"--{key.replace('_', '-')}": value
+                          for key, value in cfg.sampling_overrides().items()}}, "--measure")
+    if _in_process(cfg):
+        timeout = None if cfg.timeout == ProbeConfig.timeout else cfg.timeout
+        refuse_unused({"--engine-api": cfg.engine_api, "--gguf": cfg.gguf, "--timeout": timeout},
+                      f"--measure on a server (--engine {LOCAL} or a URL)")
+    elif cfg.engine == LOCAL:
+        refuse_unused({"--engine-api": cfg.engine_api}, "--engine URL")
+    else:
+        refuse_unused({"--gguf": cfg.gguf}, f"--engine {LOCAL}")
 
 
 def _check_outputs(cfg) -> None:
