@@ -271,6 +271,41 @@ def test_guard_and_fixed_measured_in_one_run_agree_with_their_simulations():
         assert m.worst.speedup == min(g.speedup for g in m.goldens)
 
 
+def test_goldens_too_short_to_time_are_marked_and_left_out_of_overall_and_worst():
+    """A chain of 1-3 decode steps lasts a few ms: its measured speedup is timing noise. It is
+    marked (JSON, tables, Markdown) and the overall figures and the worst are the other
+    goldens'."""
+    from tiny_models import MODELS
+
+    from kolibri_cli.cli.render_probe import guard_table, measured_table
+    from kolibri_cli.decode.generate import generate_plain
+    from kolibri_cli.goldens.chains import Golden
+    from kolibri_cli.probe.measure import measure_runs
+    from kolibri_cli.probe.report import MIN_TIMED_STEPS, guard_json
+    from kolibri_cli.probe.shard import simulate
+
+    model = MODELS[0]
+    lengths = {"long": 30, "short": 2, "edge": MIN_TIMED_STEPS + 1}  # edge: exactly 4 steps
+    goldens = [Golden(name, "c", "p", False, [5, 6, 7] * 4,
+                      generate_plain(model, [5, 6, 7] * 4, n).output_ids, "m", "0" * 64)
+               for name, n in lengths.items()]
+    measured = measure_runs(model, goldens, [simulate(goldens, 3, (1, 4), "vllm")])
+    [m] = measured.values()
+    assert [g.too_short for g in m.goldens] == [False, True, False]
+    assert m.left_out == 1 and m.worst.id != "short"
+    timed = [g for g in m.goldens if not g.too_short]
+    steps = sum(n - 1 for n in (30, MIN_TIMED_STEPS + 1))
+    assert m.plain_tokens_per_s == pytest.approx(
+        steps / sum((n - 1) / g.plain_tokens_per_s for n, g in zip((30, 5), timed, strict=True)))
+    doc = m.to_json()
+    assert doc["left_out"] == 1 and doc["goldens"][1]["too_short"] is True
+    assert doc["worst"]["id"] != "short"
+    guard = guard_json(measured)
+    assert guard["goldens"]["short"] == [None] and guard["left_out"] == [1]
+    assert "1 golden(s) too short to time" in measured_table(m, "x").caption
+    assert any("too short" in str(c) for row in guard_table(measured).rows for c in row)
+
+
 def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
     from kolibri_cli.cli.render_probe import guard_table
     from kolibri_cli.goldens.chains import load_goldens
@@ -289,7 +324,8 @@ def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
     }
     doc = guard_json(measured)
     assert doc == {"configurations": ["guard k=16 window=1-4", "vllm k=5 window=1-4"],
-                   "goldens": {"a": [1.5, 1.7], "b": [0.98, 0.9]}, "overall": [1.2, 1.1],
+                   "goldens": {"a": [1.5, 1.7], "b": [0.98, 0.9]}, "left_out": [0, 0],
+                   "overall": [1.2, 1.1],
                    "worst": [{"id": "b", "speedup": 0.98}, {"id": "b", "speedup": 0.9}]}
     assert measured[("vllm", 5, (1, 4))].to_json()["worst"] == {"id": "b", "speedup": 0.9}
     run_ = simulate(load_goldens(goldens), 5, (1, 4))

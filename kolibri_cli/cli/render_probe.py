@@ -20,6 +20,7 @@ from kolibri_cli.probe.pricing import source_text
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
     MEASURED_COLUMNS,
+    MIN_TIMED_STEPS,
     SEED_COLUMNS,
     category_cell,
     comparison_cells,
@@ -280,6 +281,9 @@ def measured_table(m, label: str) -> FitTable:
     else:
         title = f"measured with the model ({label})"
         caption = f"c(n): {costs}; proposer {m.proposer_s_per_pass * 1e6:.0f} us/pass"
+    if m.left_out:
+        caption += (f"; {m.left_out} golden(s) too short to time (under {MIN_TIMED_STEPS} "
+                    "decode steps) left out of the total")
     return FitTable(title, cols, rows, title_justify="left", caption=caption)
 
 
@@ -291,7 +295,8 @@ def _measured_row(g, server: bool) -> list[str]:
     counters = [f"{g.drafts_proposed}/{g.simulated_proposed}",
                 f"{g.drafts_accepted}/{g.simulated_accepted}"] if server else []
     return [cell(g.id), f"{g.plain_tokens_per_s:.1f}", f"{g.spec_tokens_per_s:.1f}",
-            fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup), _yes(g.spec_equals_plain),
+            fmt_ratio(g.speedup) + (" (too short)" if g.too_short else ""),
+            fmt_ratio(g.predicted_speedup), _yes(g.spec_equals_plain),
             *counters, _yes(g.counts_match_simulation),
             "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]
 

@@ -23,6 +23,10 @@ def run_key(run: SimRun) -> RunKey:
     return run.proposer, run.k, run.window
 
 
+MIN_TIMED_STEPS = 4  # decode steps: 1-3 last a few ms, where scheduling noise alone gave
+# "speedups" of 1.29x-1.43x on 1-2 token chains
+
+
 @dataclass
 class MeasuredGolden:
     """One golden run with the model, plain and speculative (filled by the measuring probe)."""
@@ -40,6 +44,8 @@ class MeasuredGolden:
     drafts_accepted: int
     simulated_proposed: int | None = None  # a server's run: kolibri's simulated counts, which
     simulated_accepted: int | None = None  # must equal the server's own counters above
+    too_short: bool = False  # under MIN_TIMED_STEPS decode steps: its speedup is timing noise,
+    # left out of the overall figures and the worst (kolibri's own measurement)
 
 
 @dataclass
@@ -64,11 +70,14 @@ class Measured:
     cost_slope: float | None = None
     # ms per n-token pass in each c(n) round (a server kolibri timed): the spread behind c(n)
     cost_ms_rounds: dict[int, list[float]] = field(default_factory=dict)
+    left_out: int = 0  # goldens too short to time, not in the overall figures nor the worst
 
     @property
     def worst(self) -> MeasuredGolden | None:
-        """The golden where speculation fared worst against plain (the guard's figure)."""
-        return min(self.goldens, key=lambda g: g.speedup, default=None)
+        """The golden where speculation fared worst against plain (the guard's figure), of those
+        long enough to time."""
+        return min((g for g in self.goldens if not g.too_short), key=lambda g: g.speedup,
+                   default=None)
 
     @property
     def prediction_error(self) -> float | None:
@@ -88,13 +97,19 @@ class Measured:
         return doc
 
 
+TOO_SHORT = "too short"  # a golden's cell in the guard report: not timed (MIN_TIMED_STEPS)
+LEFT_OUT = "left out (too short)"
+
+
 def guard_rows(measured: dict[RunKey, Measured]) -> tuple[list[str], list[list]]:
     """The guard report: measured spec/plain per golden for every measured configuration side by
     side, then overall and the worst golden: ([configuration names], rows [label, x, ...])."""
     names = [f"{p} k={k} window={format_window(w)}" for p, k, w in measured]
     ms = list(measured.values())
     ids = [g.id for g in ms[0].goldens] if ms else []
-    rows = [[str(i), *[m.goldens[j].speedup for m in ms]] for j, i in enumerate(ids)]
+    rows = [[str(i), *[TOO_SHORT if m.goldens[j].too_short else m.goldens[j].speedup
+                       for m in ms]] for j, i in enumerate(ids)]
+    rows.append([LEFT_OUT, *[str(m.left_out) for m in ms]])
     rows.append(["overall", *[m.speedup for m in ms]])
     rows.append(["worst", *[m.worst.speedup if m.worst else None for m in ms]])
     rows.append(["worst golden", *[str(m.worst.id) if m.worst else "" for m in ms]])
@@ -106,10 +121,12 @@ def guard_json(measured: dict[RunKey, Measured]) -> dict | None:
     if not measured:
         return None
     names, rows = guard_rows(measured)
-    per, (overall, worst, worst_id) = rows[:-3], rows[-3:]
+    per, (left_out, overall, worst, worst_id) = rows[:-4], rows[-4:]
     pairs = zip(worst_id[1:], worst[1:], strict=True)
-    return {"configurations": names, "goldens": {r[0]: r[1:] for r in per},
-            "overall": overall[1:], "worst": [{"id": i, "speedup": x} for i, x in pairs]}
+    return {"configurations": names,
+            "goldens": {r[0]: [None if x == TOO_SHORT else x for x in r[1:]] for r in per},
+            "left_out": [int(n) for n in left_out[1:]], "overall": overall[1:],
+            "worst": [{"id": i, "speedup": x} for i, x in pairs]}
 
 
 # ---- JSON ---------------------------------------------------------------------------------
@@ -448,7 +465,9 @@ def _md_measured(m: Measured, name: str = "") -> str:
         ["engine", m.engine + (f" (medians of {m.repeats} runs per golden)" if server else "")],
         ["plain tok/s", fmt_num(m.plain_tokens_per_s)],
         ["spec tok/s", fmt_num(m.spec_tokens_per_s)],
-        ["measured speedup", fmt_ratio(m.speedup)],
+        ["measured speedup", fmt_ratio(m.speedup) + (
+            f" ({m.left_out} golden(s) under {MIN_TIMED_STEPS} decode steps, too short to time, "
+            "left out)" if m.left_out else "")],
         ["predicted speedup", fmt_ratio(m.predicted_speedup)],
         ["prediction error", fmt_pct(m.prediction_error)],
         ["spec ids == plain ids", "yes" if m.spec_equals_plain else "NO"],
@@ -478,7 +497,8 @@ def _md_measured_row(g: MeasuredGolden, server: bool) -> list[str]:
     counters = [f"{g.drafts_proposed}/{g.simulated_proposed}",
                 f"{g.drafts_accepted}/{g.simulated_accepted}"] if server else []
     return [str(g.id), fmt_num(g.plain_tokens_per_s, 1), fmt_num(g.spec_tokens_per_s, 1),
-            fmt_ratio(g.speedup), fmt_ratio(g.predicted_speedup),
+            fmt_ratio(g.speedup) + (" (too short)" if g.too_short else ""),
+            fmt_ratio(g.predicted_speedup),
             "yes" if g.spec_equals_plain else "NO", *counters,
             "yes" if g.counts_match_simulation else "NO",
             "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]
