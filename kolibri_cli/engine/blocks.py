@@ -75,8 +75,8 @@ TYPES = {t.code: t for t in [
     BlockType("Q4_K", Q4_K, 256, 144, 144), BlockType("Q5_K", Q5_K, 256, 176, 176),
     BlockType("Q6_K", Q6_K, 256, 210, 210),
     # the int8 path's layouts of Q4_1 and Q8_0 rows (never in a file: built at load)
-    BlockType("Q4_1x8", int8.Q4_1X, int8.SB, 96, 96),
-    BlockType("Q8_0x8", int8.Q8_0X, int8.SB, 144, 144),
+    BlockType("Q4_1x8", int8.Q4_1X, 32, 24, 24),
+    BlockType("Q8_0x8", int8.Q8_0X, 32, 36, 36),
 ]}
 BY_NAME = {t.name: t for t in TYPES.values()}
 _HALVES = {Q4_0: 1, Q4_1: 2, Q5_0: 1, Q5_1: 2, Q8_0: 1}  # leading float16 scales to widen

@@ -7,13 +7,15 @@ token's activations are quantized alone, integer sums are exact in any order, an
 (row, token) result is finished by the same float operations in one fixed order, whatever L is
 or which tile computes it. The portable integer code gives the same bits as VNNI.
 
-Layout. Four 32-weight blocks make a super-block of 128 weights; rows are zero-padded to whole
-super-blocks (a zero block adds exact zeros). A token's activations x are stored per
-super-block as 128 int8 codes in the order the weight bytes unpack: bytes 16j..16j+15 hold
-block j's values 0..15, bytes 64+16j.. its values 16..31, so int32 lanes 4j..4j+3 of a
-`vdpbusd` hold block j. Per super-block and token, `xf` holds 16 lanes of d_x (block j in
-lanes 4j..4j+3) then 16 lanes of s_x = d_x * sum(q_x) (block j in lane 4j, zeros elsewhere);
-`xc` holds 128 * (the sum of each lane's 8 codes), which undoes Q8_0's +128 bias.
+Layout. Four 32-weight blocks make a super-block of 128 weights; a row's last 1..3 blocks, when
+its width is not a multiple of 128, make a tail in the same layout with only those blocks (a
+576-wide row is 4 super-blocks and a tail of 2: no padding bytes). The tail is computed as a
+super-block whose missing blocks are zeros (loaded masked), so it adds exact zeros. A token's
+activations x are stored per super-block as 128 int8 codes in the order the weight bytes unpack:
+bytes 16j..16j+15 hold block j's values 0..15, bytes 64+16j.. its values 16..31, so int32 lanes
+4j..4j+3 of a `vdpbusd` hold block j. Per super-block and token, `xf` holds 16 lanes of d_x
+(block j in lanes 4j..4j+3) then 16 lanes of s_x = d_x * sum(q_x) (block j in lane 4j, zeros
+elsewhere); `xc` holds 128 * (the sum of each lane's 8 codes), which undoes Q8_0's +128 bias.
 
 Per super-block of a row, token by token, in block order:
     Q4_1: acc = fma(m_w, s_x, fma(float(isum), d_w * d_x, acc))   (isum of the 4-bit codes)
@@ -38,10 +40,12 @@ from kolibri_cli.engine.simd import (
     vlane,
     vload,
     vload_b64,
+    vload_b64_head,
     vload_i32,
     vlow4,
     vmul,
     vquads,
+    vquads_head,
     vround_store,
     vstore_i32,
     vsub,
@@ -51,40 +55,49 @@ from kolibri_cli.engine.simd import (
 
 Q4_1X, Q8_0X = 103, 108  # kernel storage codes of the int8 layouts (no GGML type uses them)
 SB = 128  # weights per super-block
-SB_BYTES = {Q4_1X: 96, Q8_0X: 144}  # per super-block: Q4_1 d[4] m[4] qs[64]; Q8_0 d[4] lo hi
+BLOCK_BYTES = {Q4_1X: 24, Q8_0X: 36}  # per 32 weights: Q4_1 d m qs[16]; Q8_0 d lo[16] hi[16]
 
 
 # ---------------------------------------------------------------- weights: repacked at load
 
 
-def _super_blocks(rows: np.ndarray, block_bytes: int) -> np.ndarray:
-    """Kernel storage rows [N, nb * block_bytes] -> [N, S, 4, block_bytes], zero blocks added"""
+def _super_blocks(rows: np.ndarray, block_bytes: int, layout) -> np.ndarray:
+    """Kernel storage rows [N, nb * block_bytes] -> [N, nb * block_bytes]: each run of 4 blocks
+    (and the last 1..3) laid out by layout([N, S, j, block_bytes]) -> [N, S, j * block_bytes]"""
     n = rows.shape[0]
     blocks = rows.reshape(n, -1, block_bytes)
-    pad = -blocks.shape[1] % 4
-    if pad:
-        blocks = np.concatenate([blocks, np.zeros((n, pad, block_bytes), np.uint8)], axis=1)
-    return blocks.reshape(n, -1, 4, block_bytes)
+    full = blocks.shape[1] // 4 * 4
+    parts = [layout(blocks[:, :full].reshape(n, -1, 4, block_bytes)).reshape(n, -1)]
+    if full < blocks.shape[1]:
+        parts.append(layout(blocks[:, None, full:]).reshape(n, -1))
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def _q4_1_layout(sb: np.ndarray) -> np.ndarray:
+    """d[j], m[j], then the j blocks' 16 code bytes"""
+    n, s, j = sb.shape[:3]
+    return np.concatenate([sb[..., 0:4].reshape(n, s, 4 * j), sb[..., 4:8].reshape(n, s, 4 * j),
+                           sb[..., 8:24].reshape(n, s, 16 * j)], axis=2)
+
+
+def _q8_0_layout(sb: np.ndarray) -> np.ndarray:
+    """d[j], codes 0..15 of each block, then codes 16..31, each code + 128 (unsigned)"""
+    n, s, j = sb.shape[:3]
+    codes = sb[..., 4:36] ^ np.uint8(0x80)
+    return np.concatenate([sb[..., 0:4].reshape(n, s, 4 * j), codes[..., :16].reshape(n, s, 16 * j),
+                           codes[..., 16:].reshape(n, s, 16 * j)], axis=2)
 
 
 def repack_q4_1(rows: np.ndarray) -> np.ndarray:
-    """Q4_1 kernel rows (blocks of float32 d, m, 16 code bytes) -> int8-path rows [N, S*96]"""
-    sb = _super_blocks(rows, 24)
-    n, s = sb.shape[:2]
-    parts = [sb[..., 0:4].reshape(n, s, 16), sb[..., 4:8].reshape(n, s, 16),
-             sb[..., 8:24].reshape(n, s, 64)]
-    return np.ascontiguousarray(np.concatenate(parts, axis=2).reshape(n, -1))
+    """Q4_1 kernel rows (blocks of float32 d, m, 16 code bytes) -> int8-path rows (same size):
+    per super-block d[4] m[4] qs[64]"""
+    return _super_blocks(rows, 24, _q4_1_layout)
 
 
 def repack_q8_0(rows: np.ndarray) -> np.ndarray:
-    """Q8_0 kernel rows (blocks of float32 d, 32 int8 codes) -> int8-path rows [N, S*144]:
-    d[4], then codes 0..15 of each block, then codes 16..31, each code + 128 (unsigned)"""
-    sb = _super_blocks(rows, 36)
-    n, s = sb.shape[:2]
-    codes = sb[..., 4:36] ^ np.uint8(0x80)
-    parts = [sb[..., 0:4].reshape(n, s, 16), codes[..., :16].reshape(n, s, 64),
-             codes[..., 16:].reshape(n, s, 64)]
-    return np.ascontiguousarray(np.concatenate(parts, axis=2).reshape(n, -1))
+    """Q8_0 kernel rows (blocks of float32 d, 32 int8 codes) -> int8-path rows (same size):
+    per super-block d[4], then codes 0..15 of each block, then codes 16..31, each + 128"""
+    return _super_blocks(rows, 36, _q8_0_layout)
 
 
 # ---------------------------------------------------------------- activations: one token at a time
@@ -120,7 +133,7 @@ def _quantize_row(x, xq, xf, xc):
 @njit(cache=True)
 def quantize(x):
     """x [L, Kp] float32 (Kp a multiple of 32) -> (xq int8 [L, S*128], xf float32 [L, S*32],
-    xc int32 [L, S*16]), each token alone"""
+    xc int32 [L, S*16], Kp // 32), each token alone (S = Kp / 128 rounded up: zeros after Kp)"""
     n, k = x.shape
     s_n = -(-k // SB)
     xq = np.zeros((n, s_n * SB), np.int8)
@@ -128,18 +141,22 @@ def quantize(x):
     xc = np.zeros((n, s_n * 16), np.int32)
     for t in range(n):
         _quantize_row(x[t], xq[t], xf[t], xc[t])
-    return xq, xf, xc
+    return xq, xf, xc, k // 32
 
 
 # ---------------------------------------------------------------- one super-block, one token
-# w_T(d, o) -> the row's super-block at byte o in registers; t_T(w, x, t, s, acc) -> acc after
-# super-block s of token t (x = (xq, xf, xc)). Token work never depends on other tokens.
+# w_T(d, o, j) -> the row's super-block (j = 4) or tail of j < 4 blocks at byte o in registers;
+# t_T(w, x, t, s, acc) -> acc after super-block s of token t (x = `quantize`'s tuple). Token work
+# never depends on other tokens.
 
 
 @njit(inline="always", cache=True)
-def w_q4_1x(d, o):
-    q = vload_b64(d, o + 32)
-    return vquads(d, o), vquads(d, o + 16), vlow4(q), vhigh4(q)
+def w_q4_1x(d, o, j):
+    if j == 4:
+        q = vload_b64(d, o + 32)
+        return vquads(d, o), vquads(d, o + 16), vlow4(q), vhigh4(q)
+    q = vload_b64_head(d, o + 8 * j, 16 * j)
+    return vquads_head(d, o, j), vquads_head(d, o + 4 * j, j), vlow4(q), vhigh4(q)
 
 
 @njit(inline="always", cache=True)
@@ -159,8 +176,11 @@ def t_q4_1x(w, x, t, s, acc):
 
 
 @njit(inline="always", cache=True)
-def w_q8_0x(d, o):
-    return vquads(d, o), vzero(), vload_b64(d, o + 16), vload_b64(d, o + 80)
+def w_q8_0x(d, o, j):
+    if j == 4:
+        return vquads(d, o), vzero(), vload_b64(d, o + 16), vload_b64(d, o + 80)
+    return (vquads_head(d, o, j), vzero(), vload_b64_head(d, o + 4 * j, 16 * j),
+            vload_b64_head(d, o + 20 * j, 16 * j))
 
 
 @njit(inline="always", cache=True)
@@ -178,12 +198,12 @@ def _rows4_of(w_of, t_of, step, a):
     """Lanes 0..3 = rows at o0..o3 . token t"""
     d, o0, o1, o2, o3, x, t = a
     a0 = a1 = a2 = a3 = vzero()
-    for s in range(x[0].shape[1] // SB):
-        ob = step * s
-        a0 = t_of(w_of(d, o0 + ob), x, t, s, a0)
-        a1 = t_of(w_of(d, o1 + ob), x, t, s, a1)
-        a2 = t_of(w_of(d, o2 + ob), x, t, s, a2)
-        a3 = t_of(w_of(d, o3 + ob), x, t, s, a3)
+    for s in range(-(-x[3] // 4)):
+        ob, j = 4 * step * s, min(4, x[3] - 4 * s)
+        a0 = t_of(w_of(d, o0 + ob, j), x, t, s, a0)
+        a1 = t_of(w_of(d, o1 + ob, j), x, t, s, a1)
+        a2 = t_of(w_of(d, o2 + ob, j), x, t, s, a2)
+        a3 = t_of(w_of(d, o3 + ob, j), x, t, s, a3)
     z = vzero()
     return vsum16(a0, a1, a2, a3, z, z, z, z, z, z, z, z, z, z, z, z)
 
@@ -194,8 +214,9 @@ def _pair3_of(w_of, t_of, step, a):
     three tokens, each token's codes loaded once for two rows"""
     d, oa, ob, x, t0, t1, t2 = a
     a0 = a1 = a2 = b0 = b1 = b2 = vzero()
-    for s in range(x[0].shape[1] // SB):
-        wa, wb = w_of(d, oa + step * s), w_of(d, ob + step * s)
+    for s in range(-(-x[3] // 4)):
+        j = min(4, x[3] - 4 * s)
+        wa, wb = w_of(d, oa + 4 * step * s, j), w_of(d, ob + 4 * step * s, j)
         a0, b0 = t_of(wa, x, t0, s, a0), t_of(wb, x, t0, s, b0)
         a1, b1 = t_of(wa, x, t1, s, a1), t_of(wb, x, t1, s, b1)
         a2, b2 = t_of(wa, x, t2, s, a2), t_of(wb, x, t2, s, b2)
@@ -205,9 +226,10 @@ def _pair3_of(w_of, t_of, step, a):
 
 @njit(inline="always", cache=True)
 def _typed(t, op, a):
+    """op(weights loader, token step, bytes per block, a)"""
     if t == Q4_1X:
-        return op(w_q4_1x, t_q4_1x, 96, a)
-    return op(w_q8_0x, t_q8_0x, 144, a)
+        return op(w_q4_1x, t_q4_1x, 24, a)
+    return op(w_q8_0x, t_q8_0x, 36, a)
 
 
 @njit(inline="always", cache=True)

@@ -388,6 +388,49 @@ def vquads(typingctx, arr, i):
     return sig, codegen
 
 
+def _head_mask(builder, n, lanes):
+    """<lanes x i1>: lane i < n"""
+    idx = ir.Constant(ir.VectorType(_I32, lanes), list(range(lanes)))
+    v = builder.insert_element(ir.Constant(ir.VectorType(_I32, lanes), ir.Undefined),
+                               builder.trunc(n, _I32), ir.Constant(_I32, 0))
+    splat = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+    return builder.icmp_unsigned("<", idx, splat)
+
+
+def _masked_load(builder, ptr, vt, n, name):
+    """The first n elements of vt at ptr, zeros after; only those n are read (a row's tail may
+    end the buffer)"""
+    return _call(builder, name, vt, [ptr, ir.Constant(_I32, 1), _head_mask(builder, n, vt.count),
+                                     ir.Constant(vt, None)])
+
+
+@intrinsic
+def vload_b64_head(typingctx, arr, i, n):
+    """The first n (<= 64) bytes at byte i of a uint8 array, then zero bytes up to 64"""
+    sig = i8x64(arr, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p = _ptr(context, builder, arr, args[0], args[1], _VB)
+        return _masked_load(builder, p, _VB, args[2], "llvm.masked.load.v64i8.p0")
+
+    return sig, codegen
+
+
+@intrinsic
+def vquads_head(typingctx, arr, i, n):
+    """`vquads` of the first n (<= 4) float32 at byte i, zeros in the lanes of the others"""
+    sig = f32x16(arr, types.intp, types.intp)
+    v4 = ir.VectorType(ir.FloatType(), 4)
+    spread = ir.Constant(_VI, [lane // 4 for lane in range(N)])
+
+    def codegen(context, builder, signature, args):
+        p = _ptr(context, builder, arr, args[0], args[1], v4)
+        v = _masked_load(builder, p, v4, args[2], "llvm.masked.load.v4f32.p0")
+        return builder.shuffle_vector(v, v, spread)
+
+    return sig, codegen
+
+
 def _byte_op(make, doc):
     @intrinsic
     def f(typingctx, v):
