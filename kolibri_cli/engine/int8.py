@@ -241,31 +241,39 @@ def _unit_offsets(unit):
 
 
 @njit(cache=True)
+def _one_token(d, unit, x, t, out):
+    """out[t, r] = row r . token t for the unit's rows"""
+    r0, n = unit[0], unit[1]
+    o0, o1, o2, o3 = _unit_offsets(unit)
+    s = _typed(unit[2], _rows4_of, (d, o0, o1, o2, o3, x, t))
+    for i in range(n):
+        out[t, r0 + i] = vlane(s, i)
+
+
+@njit(cache=True)
 def units_one_token(d, units, u0, u1, x, out):
     """out[r] = row r . token 0 for the rows of units u0..u1-1   out [N]"""
     for u in range(u0, u1):
-        r0, n = units[u, 0], units[u, 1]
-        o0, o1, o2, o3 = _unit_offsets(units[u])
-        s = _typed(units[u, 2], _rows4_of, (d, o0, o1, o2, o3, x, 0))
-        for i in range(n):
-            out[r0 + i] = vlane(s, i)
+        _one_token(d, units[u], x, 0, out.reshape(1, -1))
 
 
 @njit(cache=True)
 def units_tokens(d, units, u0, u1, x, t0, t1, out):
     """out[t, r] = row r . token t for the rows of units u0..u1-1, t0 <= t < t1, in tiles of
-    2 rows x 3 tokens (short tiles repeat their last token; extra results discarded)"""
+    2 rows x 3 tokens (a short tile repeats its last token; extra results discarded), a last
+    lone token in the 4-row tile of one token"""
     for u in range(u0, u1):
         r0, n = units[u, 0], units[u, 1]
         offs = _unit_offsets(units[u])
+        t3 = t1 - 1 if (t1 - t0) % 3 == 1 else t1
         for p in range(0, n, 2):
-            j = t0
-            while j < t1:
-                jn = min(3, t1 - j)
+            for j in range(t0, t3, 3):
+                jn = min(3, t3 - j)
                 last = j + jn - 1
                 s = _typed(units[u, 2], _pair3_of, (d, offs[p], offs[p + 1], x, j,
                                                     min(j + 1, last), last))
                 for i in range(min(2, n - p)):
                     for q in range(jn):
                         out[j + q, r0 + p + i] = vlane(s, 3 * i + q)
-                j += jn
+        if t3 < t1:
+            _one_token(d, units[u], x, t3, out)
