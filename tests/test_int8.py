@@ -74,6 +74,10 @@ def test_int8_matmul_is_the_quantized_dot(name, k):
     bound = (np.repeat(d, 32, axis=1) / 2) @ np.abs(w).T
     assert np.all(np.abs(out8 - out) <= bound + 1e-5 * magnitude + 1e-30)
     assert not np.array_equal(out8, out)  # a different numeric path, really
+    for n in range(1, 5):  # fewer tokens (a lone one, 2 + a lone one, ...): the same bits
+        part = np.empty((n, 37), np.float32)
+        matmul(x[5 - n:], m8.arrays(), part)
+        assert np.array_equal(part, out8[5 - n:]), n
 
 
 def test_quantize_is_per_token_and_rounds_half_to_even():
