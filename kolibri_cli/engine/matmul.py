@@ -11,9 +11,10 @@ stride). A unit's rows sit at offset + i*stride; a fused QKV or gate/up matrix i
 parts one after another (parts may differ in block type, as in Q4_K_M files).
 
 Decode (L = 1) decodes each part of 32 weights into registers and multiplies it at once (four
-rows share each load of x). Verify and prefill (L > 1) decode a unit's rows once into a float32
-scratch in L1, then run register tiles of 4 rows x 4 tokens over token blocks of TB, so the
-weights are read from memory once per TB tokens and decoded once per block.
+rows share each load of x). Verify passes (1 < L <= FEW) do the same for up to 4 tokens at a
+time: each part decoded once per 4 tokens, never stored. Prefill (L > FEW) decodes a unit's rows
+once into a float32 scratch in L1, then runs register tiles of 4 rows x 4 tokens over token
+blocks of TB, so the weights are read from memory once per TB tokens and decoded once per block.
 """
 
 import numpy as np
@@ -50,7 +51,8 @@ from kolibri_cli.engine.jit import ONE
 from kolibri_cli.engine.simd import vfma, vlane, vload, vstore, vsum16, vzero
 
 R = 4  # weight rows per unit
-TB = 64  # tokens per block when L > 1: the block [TB, K] of x stays in L2
+TB = 64  # tokens per block when L > FEW: the block [TB, K] of x stays in L2
+FEW = 16  # up to this many tokens (verify passes), each part is decoded once per 4 tokens
 
 
 # ---------------------------------------------------------------- decode: one token, 4 rows
@@ -126,6 +128,74 @@ def _decode_unit(d, unit, x, out):
     s = _dot4(t, d, o0, o1, o2, o3, x, x.shape[0])
     for i in range(n):
         out[r0 + i] = vlane(s, i)
+
+
+# ---------------------------------------------------------------- a few tokens (verify)
+
+
+@njit(inline="always", cache=True)
+def _fma32(lo, hi, x, e, acc):
+    """acc after the part lo, hi times x[e : e+32]: the two FMAs of every tile, in their order"""
+    return vfma(hi, vload(x, e + 16), vfma(lo, vload(x, e), acc))
+
+
+@njit(inline="always", cache=True)
+def _dot4xg_of(part, scales, per_block, parts, nbytes, a):
+    """Lane 4i + q = row at o_i . token at element j_q of x (q < jn, 2 <= jn <= 4): each part
+    decoded in registers once for the jn tokens   a = (d, o0..o3, x, j0..j3, jn, kp)"""
+    d, o0, o1, o2, o3, x, j0, j1, j2, j3, jn, kp = a
+    z = vzero()
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = z
+    a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = z
+    for b in range(kp // per_block):
+        ob = nbytes * b
+        v0, v1 = scales(d, o0 + ob), scales(d, o1 + ob)
+        v2, v3 = scales(d, o2 + ob), scales(d, o3 + ob)
+        for p in range(parts):
+            e = per_block * b + 32 * p
+            lo0, hi0 = part(d, o0 + ob, p, v0)
+            lo1, hi1 = part(d, o1 + ob, p, v1)
+            lo2, hi2 = part(d, o2 + ob, p, v2)
+            lo3, hi3 = part(d, o3 + ob, p, v3)
+            a00, a10 = _fma32(lo0, hi0, x, j0 + e, a00), _fma32(lo1, hi1, x, j0 + e, a10)
+            a20, a30 = _fma32(lo2, hi2, x, j0 + e, a20), _fma32(lo3, hi3, x, j0 + e, a30)
+            a01, a11 = _fma32(lo0, hi0, x, j1 + e, a01), _fma32(lo1, hi1, x, j1 + e, a11)
+            a21, a31 = _fma32(lo2, hi2, x, j1 + e, a21), _fma32(lo3, hi3, x, j1 + e, a31)
+            if jn > 2:
+                a02, a12 = _fma32(lo0, hi0, x, j2 + e, a02), _fma32(lo1, hi1, x, j2 + e, a12)
+                a22, a32 = _fma32(lo2, hi2, x, j2 + e, a22), _fma32(lo3, hi3, x, j2 + e, a32)
+            if jn > 3:
+                a03, a13 = _fma32(lo0, hi0, x, j3 + e, a03), _fma32(lo1, hi1, x, j3 + e, a13)
+                a23, a33 = _fma32(lo2, hi2, x, j3 + e, a23), _fma32(lo3, hi3, x, j3 + e, a33)
+    return vsum16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33)
+
+
+@njit(cache=True)
+def _dot4xg(t, d, o0, o1, o2, o3, x, j, jn, kp):
+    """_dot4xg_of for tokens j..j+jn-1 of x [L*kp] (flat)"""
+    j1, j2, j3 = (j + 1) * kp, (j + 2) * kp, (j + 3) * kp
+    return _typed(t, _dot4xg_of, (d, o0, o1, o2, o3, x, j * kp, j1, j2, j3, jn, kp))
+
+
+@njit(inline="always", cache=True)
+def _few_unit(d, unit, x, t0, t1, out):
+    """out[t, r0 + i] = row i . x[t] for t0 <= t < t1, in groups of <= 4 tokens   x [L, Kp]"""
+    r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
+    o0, o1, o2, o3 = _row_offsets(o, stride, n)
+    kp = x.shape[1]
+    j = t0
+    while j < t1:
+        jn = min(4, t1 - j)
+        if jn == 1:
+            s = _dot4(t, d, o0, o1, o2, o3, x[j], kp)
+            for i in range(n):
+                out[j, r0 + i] = vlane(s, i)
+        else:
+            s = _dot4xg(t, d, o0, o1, o2, o3, x.reshape(-1), j, jn, kp)
+            for i in range(n):
+                for q in range(jn):
+                    out[j + q, r0 + i] = vlane(s, 4 * i + q)
+        j += jn
 
 
 # ---------------------------------------------------------------- many tokens: decode once, tile
@@ -228,6 +298,9 @@ def _units(d, units, u0, u1, x, t0, t1, out, w):
     if x.shape[0] == 1:
         for u in range(u0, u1):
             _decode_unit(d, units[u], x[0], out[0])
+    elif x.shape[0] <= FEW:
+        for u in range(u0, u1):
+            _few_unit(d, units[u], x, t0, t1, out)
     else:
         for u in range(u0, u1):
             _tiles_unit(d, units[u], x, t0, t1, out, w)
@@ -303,7 +376,7 @@ def _run(kind, x, w, out, dest):
     n = w[1].shape[0] // 2 if kind == GATE_UP else w[1].shape[0]
     exact = w[1][0, 2] < int8.Q4_1X  # else a matrix of the int8 path (all its units are)
     xs = int8.quantize(x[:0] if exact else x)  # the int8 path's activations (none if exact)
-    tile = exact and x.shape[0] > 1
+    tile = exact and x.shape[0] > FEW
     scratch = np.empty((min(n, CHUNKS), R * x.shape[1] if tile else 0), np.float32)
     for t0 in range(0, x.shape[0], TB):
         _parallel(kind, x, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch)
