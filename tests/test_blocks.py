@@ -70,7 +70,7 @@ def test_decoded_rows_are_gguf_floats(name):
 
 @pytest.mark.parametrize("name", QUANT + FLOAT)
 def test_matmul_equals_float32_path_for_every_l(name):
-    """x @ w.T over blocks == over the decoded float32 rows, bitwise, for L = 1..16 and a
+    """x @ w.T over blocks == over the decoded float32 rows, bitwise, for L = 1..16, 31..33 and a
     long call split at random points; every row of an L-row call == the 1-row call."""
     rng = np.random.default_rng(ord(name[-1]))
     n, k = 42, 512  # 42 rows: units of 4 and a short one
@@ -81,7 +81,7 @@ def test_matmul_equals_float32_path_for_every_l(name):
     alone = np.empty((150, n), np.float32)
     for j in range(150):
         matmul(x[j:j + 1], f.arrays(), alone[j:j + 1])
-    for L in [*range(1, 17), 64, 65, 150]:
+    for L in [*range(1, 17), 31, 32, 33, 64, 65, 150]:  # verify sizes, then tiles
         out = np.empty((L, n), np.float32)
         matmul(x[:L], m.arrays(), out)
         assert np.array_equal(out.view(np.uint32), alone[:L].view(np.uint32)), L

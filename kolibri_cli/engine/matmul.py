@@ -52,7 +52,7 @@ from kolibri_cli.engine.simd import vfma, vlane, vload, vstore, vsum16, vzero
 
 R = 4  # weight rows per unit
 TB = 64  # tokens per block when L > FEW: the block [TB, K] of x stays in L2
-FEW = 16  # up to this many tokens (verify passes), each part is decoded once per 4 tokens
+FEW = 32  # up to this many tokens (verify passes), each part is decoded once per 4 tokens
 
 
 # ---------------------------------------------------------------- decode: one token, 4 rows
