@@ -128,7 +128,7 @@ def bench_section(stored: dict) -> str:
     storage = ", ".join(f"{t} x{n}" for t, n in b["storage"].items())
     return "\n".join([
         f"`{stored['command']}`, measured {stored['when']} when it started; the same run's "
-        "c(n) prices the sections below.\n",
+        "c(n) prices every section regenerated after it (each section names the c(n) it used).\n",
         f"- read bandwidth {b['bandwidth_gb_s']:.1f} GB/s; {b['bytes_per_token'] / 1e6:.0f} MB of "
         f"weights per token as stored ({storage}): bound {b['bound_tokens_per_s']:.1f} tok/s",
         f"- plain decode {b['plain_tokens_per_s']:.1f} tok/s = "
