@@ -30,6 +30,7 @@ from kolibri_cli.probe.report import (
     guard_rows,
     run_key,
     seed_cells,
+    speedup_cell,
     sweep_grid,
 )
 from kolibri_cli.probe.seeds import seed_spread
@@ -295,8 +296,7 @@ def _measured_row(g, server: bool) -> list[str]:
     counters = [f"{g.drafts_proposed}/{g.simulated_proposed}",
                 f"{g.drafts_accepted}/{g.simulated_accepted}"] if server else []
     return [cell(g.id), f"{g.plain_tokens_per_s:.1f}", f"{g.spec_tokens_per_s:.1f}",
-            fmt_ratio(g.speedup) + (" (too short)" if g.too_short else ""),
-            fmt_ratio(g.predicted_speedup), _yes(g.spec_equals_plain),
+            speedup_cell(g), fmt_ratio(g.predicted_speedup), _yes(g.spec_equals_plain),
             *counters, _yes(g.counts_match_simulation),
             "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]
 

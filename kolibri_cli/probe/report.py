@@ -98,6 +98,11 @@ class Measured:
 
 
 TOO_SHORT = "too short"  # a golden's cell in the guard report: not timed (MIN_TIMED_STEPS)
+
+
+def speedup_cell(g: MeasuredGolden) -> str:
+    """A golden's measured speedup as the tables show it, marked when too short to time."""
+    return fmt_ratio(g.speedup) + (f" ({TOO_SHORT})" if g.too_short else "")
 LEFT_OUT = "left out (too short)"
 
 
@@ -497,8 +502,7 @@ def _md_measured_row(g: MeasuredGolden, server: bool) -> list[str]:
     counters = [f"{g.drafts_proposed}/{g.simulated_proposed}",
                 f"{g.drafts_accepted}/{g.simulated_accepted}"] if server else []
     return [str(g.id), fmt_num(g.plain_tokens_per_s, 1), fmt_num(g.spec_tokens_per_s, 1),
-            fmt_ratio(g.speedup) + (" (too short)" if g.too_short else ""),
-            fmt_ratio(g.predicted_speedup),
+            speedup_cell(g), fmt_ratio(g.predicted_speedup),
             "yes" if g.spec_equals_plain else "NO", *counters,
             "yes" if g.counts_match_simulation else "NO",
             "same" if g.first_divergence is None else f"differs at {g.first_divergence}"]
