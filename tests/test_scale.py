@@ -324,8 +324,10 @@ def test_cli_ray_without_ray_installed_is_one_line(traces, monkeypatch):
     assert result.stderr == "error: --ray needs Ray: pip install 'kolibri[ray]'\n"
 
 
-def test_cli_small_input_keeps_rows_and_one_process():
-    result = probe("--json")
+def test_cli_small_input_keeps_rows_and_one_process(kolibri_home):
+    # the guess asked for: without it, pricing notes (on stderr) depend on what benches the
+    # home holds
+    result = probe("--json", "--costs", "default")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["throughput"]["executor"] == "local" and len(doc["runs"][0]["goldens"]) == 18
