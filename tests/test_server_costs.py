@@ -136,3 +136,48 @@ def test_measured_probe_predicts_with_raw_costs_and_on_their_line(ms, on_line):
     assert m.cost_slope == pytest.approx(line_slope(ms))
     assert (m.predicted_on_line == pytest.approx(m.predicted_speedup)) is on_line
     assert m.to_json()["predicted_on_line"] == m.predicted_on_line
+
+
+class StepTimedServer(ChainServer):
+    """ChainServer whose decode time is `ms` per step, except `short_ms` on chains under
+    MIN_TIMED_STEPS steps: the few-ms noise that gave 1-3 token chains their 'speedups'."""
+
+    def __init__(self, goldens, ms: float, short_ms: float, proposer=None, k: int = 0):
+        super().__init__(goldens, proposer, k)
+        self.ms, self.short_ms = ms, short_ms
+
+    def complete(self, prompt_ids, n, how=None):
+        from kolibri_cli.probe.report import MIN_TIMED_STEPS
+
+        answer = super().complete(prompt_ids, n, how)
+        steps = len(answer.output_ids) - 1
+        answer.decode_s = steps * (self.short_ms if steps < MIN_TIMED_STEPS else self.ms) / 1e3
+        return answer
+
+
+def test_measured_server_marks_goldens_too_short_to_time_and_leaves_them_out():
+    """probe --measure on a server: a golden of 1-3 decode steps is marked too short, as with
+    kolibri's own measurement, and the overall figures, the per-repeat range and the worst are
+    the other goldens'."""
+    from dataclasses import replace
+
+    from kolibri_cli.cli.render_probe import measured_table
+    from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+    from kolibri_cli.probe.measure_server import measure_on_server
+    from kolibri_cli.probe.report import MIN_TIMED_STEPS
+    from kolibri_cli.probe.shard import simulate
+
+    lengths = {0: None, 1: 3, 2: MIN_TIMED_STEPS + 1}  # full, 2 steps, exactly 4 steps
+    goldens = [replace(g, output_ids=g.output_ids[:lengths[i]])
+               for i, g in enumerate(load_goldens(DEFAULT_CHAT)[:3])]
+    run = simulate(goldens, 3, (2, 2), "llamacpp-simple")
+    spec = StepTimedServer(goldens, 8.0, 30.0, run.new_proposer(), 3)
+    m = measure_on_server(StepTimedServer(goldens, 10.0, 10.0), spec, goldens, run, repeats=2,
+                          costs=lambda: {1: 10, 2: 15, 3: 20, 4: 25}, engine="fake")
+    assert [g.too_short for g in m.goldens] == [False, True, False]
+    assert m.goldens[1].speedup == pytest.approx(1 / 3)  # its noise, shown but not counted
+    assert m.speedup == pytest.approx(1.25) and m.speedup_range == pytest.approx((1.25, 1.25))
+    assert m.left_out == 1 and m.worst.id != goldens[1].id
+    doc = m.to_json()
+    assert doc["left_out"] == 1 and doc["goldens"][1]["too_short"] is True
+    assert "1 golden(s) too short to time" in measured_table(m, "x").caption

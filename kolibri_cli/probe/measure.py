@@ -28,7 +28,14 @@ from kolibri_cli.decode.generate import GenerationResult, generate_plain, genera
 from kolibri_cli.decode.proposers import make_proposer, shares_state
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.goldens.chains import Golden, first_divergence
-from kolibri_cli.probe.report import MIN_TIMED_STEPS, Measured, MeasuredGolden, RunKey, run_key
+from kolibri_cli.probe.report import (
+    Measured,
+    MeasuredGolden,
+    RunKey,
+    run_key,
+    timed_only,
+    too_short_to_time,
+)
 from kolibri_cli.probe.simulate import (
     SimRun,
     div_or_none,
@@ -145,10 +152,9 @@ def _golden_figures(golden: Golden, index: int, arm: _Arm, plains: list[Generati
         verify_passes=stats["verify_passes"],
         drafts_proposed=stats["drafts_proposed"],
         drafts_accepted=stats["drafts_accepted"],
-        too_short=plains[0].new_tokens - 1 < MIN_TIMED_STEPS,
+        too_short=too_short_to_time(plains[0].new_tokens - 1),
     )
-    totals = {"too_short": measured.too_short, "plain_s": plain_s, "spec_s": spec_s,
-              "tokens": steps,
+    totals = {"plain_s": plain_s, "spec_s": spec_s, "tokens": steps,
               "predicted_plain_s": sim_counts.plain_steps * costs[1],
               "predicted_spec_s": spec_time(lengths, costs, per_pass),
               "rel_costs": rel, "proposer_s": per_pass * len(specs[0].passes),
@@ -170,7 +176,7 @@ def _counts_match(golden: Golden, plain: GenerationResult, spec: GenerationResul
 
 def _summary(arm: _Arm) -> Measured:
     """Overall figures over the goldens long enough to time (over all when none is)."""
-    timed = [t for t in arm.totals if not t["too_short"]] or arm.totals
+    timed = timed_only(arm.totals, arm.goldens)
     total = lambda key: sum(t[key] for t in timed)  # noqa: E731
     plain_s, spec_s = total("plain_s"), total("spec_s")
     return Measured(

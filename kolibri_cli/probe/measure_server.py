@@ -20,7 +20,7 @@ from kolibri_cli.decode.proposers import shares_state
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, first_divergence
-from kolibri_cli.probe.report import Measured, MeasuredGolden
+from kolibri_cli.probe.report import Measured, MeasuredGolden, timed_only, too_short_to_time
 from kolibri_cli.probe.simulate import ServerCounting, SimRun, div_or_none, simulate_chain
 from kolibri_cli.servers import Completion, ServerApi
 
@@ -99,32 +99,38 @@ def _golden(golden: Golden, runs: _Runs, run: SimRun, c,
         drafts_accepted=spec.accepted or 0,
         simulated_proposed=sim.drafts_proposed,
         simulated_accepted=sim.drafts_accepted,
+        too_short=too_short_to_time(steps),
     ), sim.draft_lengths
 
 
 def _overall(per, goldens, runs: dict, c, engine: str, repeats: int,
              slope: float | None = None) -> Measured:
+    """Overall figures over the goldens long enough to time (over all when none is)."""
     measured = [m for m, _ in per]
-    steps = sum(len(runs[g.id].plain[0].output_ids) - 1 for g in goldens)
-    plain_s = sum(statistics.median(a.decode_s for a in runs[g.id].plain) for g in goldens)
-    spec_s = sum(statistics.median(a.decode_s for a in runs[g.id].spec) for g in goldens)
-    lengths = [d for _, lengths in per for d in lengths]
+    timed = timed_only(list(zip(goldens, per, strict=True)), measured)
+    kept = [g for g, _ in timed]
+    steps = sum(len(runs[g.id].plain[0].output_ids) - 1 for g in kept)
+    plain_s = sum(statistics.median(a.decode_s for a in runs[g.id].plain) for g in kept)
+    spec_s = sum(statistics.median(a.decode_s for a in runs[g.id].spec) for g in kept)
+    lengths = [d for _, (_, lengths) in timed for d in lengths]
+    longest = max((d for _, lengths in per for d in lengths), default=0)
     predicted = None if c is None else div_or_none(steps, sum(c(1 + d) for d in lengths))
     on_line = None if slope is None else div_or_none(steps, sum(1 + slope * d for d in lengths))
-    by_repeat = [sum(runs[g.id].plain[r].decode_s for g in goldens)
-                 / sum(runs[g.id].spec[r].decode_s for g in goldens) for r in range(repeats)]
+    by_repeat = [sum(runs[g.id].plain[r].decode_s for g in kept)
+                 / sum(runs[g.id].spec[r].decode_s for g in kept) for r in range(repeats)]
     return Measured(
         plain_tokens_per_s=steps / plain_s if plain_s else 0.0,
         spec_tokens_per_s=steps / spec_s if spec_s else 0.0,
         speedup=plain_s / spec_s if spec_s else 0.0,
         predicted_speedup=predicted,
         predicted_on_line=on_line, cost_slope=slope,
-        costs={} if c is None else {n: c(n) for n in range(1, max(lengths, default=0) + 2)},
+        costs={} if c is None else {n: c(n) for n in range(1, longest + 2)},
         proposer_s_per_pass=0.0,  # inside the server's pass time
         spec_equals_plain=all(m.spec_equals_plain for m in measured),
         counts_match_simulation=all(m.counts_match_simulation for m in measured),
         goldens=measured, engine=engine, repeats=repeats,
         speedup_range=(min(by_repeat), max(by_repeat)),
+        left_out=len(measured) - len(timed),
     )
 
 

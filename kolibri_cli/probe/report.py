@@ -27,6 +27,17 @@ MIN_TIMED_STEPS = 4  # decode steps: 1-3 last a few ms, where scheduling noise a
 # "speedups" of 1.29x-1.43x on 1-2 token chains
 
 
+def too_short_to_time(decode_steps: int) -> bool:
+    """A golden of so few decode steps that its measured speedup is timing noise."""
+    return decode_steps < MIN_TIMED_STEPS
+
+
+def timed_only(items: list, goldens: list["MeasuredGolden"]) -> list:
+    """Of `items` (one per golden), those of the goldens long enough to time, or all of them
+    when none is: what the overall figures are taken over."""
+    return [x for x, g in zip(items, goldens, strict=True) if not g.too_short] or items
+
+
 @dataclass
 class MeasuredGolden:
     """One golden run with the model, plain and speculative (filled by the measuring probe)."""
@@ -45,7 +56,7 @@ class MeasuredGolden:
     simulated_proposed: int | None = None  # a server's run: kolibri's simulated counts, which
     simulated_accepted: int | None = None  # must equal the server's own counters above
     too_short: bool = False  # under MIN_TIMED_STEPS decode steps: its speedup is timing noise,
-    # left out of the overall figures and the worst (kolibri's own measurement)
+    # left out of the overall figures and the worst (kolibri's measurement and a server's)
 
 
 @dataclass
