@@ -22,8 +22,9 @@ def bench(
     n_min: opt.NMinOpt = None,
     lookup_cache_static: opt.StaticCacheOpt = None,
     lookup_cache_dynamic: opt.DynamicCacheOpt = None,
-    repeats: Annotated[int, typer.Option("--repeats", "-r", min=1,
-                                         help="Repeats; medians are reported.")] = 5,
+    repeats: Annotated[int, typer.Option(
+        "--repeats", "-r", min=1, help="Repeats (of prefill and the peer: at most 3); medians "
+        "are reported.")] = 5,
     temperature: opt.TemperatureOpt = None,
     top_k: opt.TopKOpt = None,
     top_p: opt.TopPOpt = None,
@@ -49,7 +50,10 @@ def bench(
         "--engine", help="Time c(1..k+1) of an inference server instead: llama-server (started "
         "here on the model's GGUF; timed in its decode loop with synthetic acceptance), or a "
         "llama.cpp server's base URL (timed by prompt evaluation). [default: kolibri]")] = None,
-    engine_api: opt.EngineApiOpt = None,
+    engine_api: Annotated[str | None, typer.Option(
+        "--engine-api", help="API of the server at --engine URL: llama.cpp only (c(n) needs its "
+        "per-request timings; for other servers give the probe --costs). [default: llama.cpp]")
+    ] = None,
     gguf: opt.GgufOpt = None,
     timeout: opt.TimeoutOpt = TIMEOUT,
     quantize: opt.QuantizeOpt = None,

@@ -48,9 +48,9 @@ ProposerOpt = Annotated[str, typer.Option(
     "--proposer", help=f"Draft rule: {', '.join(PROPOSERS)}. See docs/probe.md.")]
 CostsOpt = Annotated[str | None, typer.Option(
     "--costs", metavar="C1,C2,...|default", help="Forward costs c(1),c(2),... adaptive and "
-    "adaptive-tree draft by (the guard: instead of timing its own), as `kolibri probe --costs` "
-    "takes them; default = the guess, ignoring stored benches. [default: the c(n) `kolibri "
-    "bench` stored for this model, numerics and thread count, else the guess]")]
+    "adaptive-tree draft by, as `kolibri probe --costs` takes them; default = the guess, "
+    "ignoring stored benches. [default: the c(n) `kolibri bench` stored for this model, numerics "
+    "and thread count, else the guess] The guard times its own c(n) unless given numbers here.")]
 
 EngineApiOpt = Annotated[str | None, typer.Option(
     "--engine-api", help="API of the server at --engine URL: llama.cpp, vllm, or openai (text "

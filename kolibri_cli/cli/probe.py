@@ -26,6 +26,7 @@ from kolibri_cli.decode.proposers import (
     DEFAULT_K,
     DEFAULT_PROPOSER,
     DEFAULT_WINDOW,
+    GUARD_K,
     PROPOSERS,
     format_window,
 )
@@ -55,7 +56,8 @@ def probe(
         "--k",
         metavar="K[,K...]",
         help=f"Draft tokens per pass (tree proposers: tree nodes), or a sweep: 1,2,3,5,8. "
-        f"[default: {DEFAULT_K}; llama.cpp's types and tree proposers: their own]",
+        f"[default: {DEFAULT_K}; guard: {GUARD_K}; llama.cpp's types and tree proposers: their "
+        "own]",
     ),
     window: str | None = typer.Option(
         None,
@@ -96,9 +98,10 @@ def probe(
         None,
         "--costs",
         metavar="C1,C2,...|default",
-        help="Forward costs c(1),c(2),... for adaptive, the guard's simulation and the modelled "
-        "speedup; default = the guess below, ignoring stored benches. [default: the c(n) "
-        "`kolibri bench` stored for the goldens' model (and --threads), else a guess: "
+        help="Forward costs c(1),c(2),... for adaptive, adaptive-tree, the guard's simulation "
+        "and the modelled speedup; default = the guess below, ignoring stored benches. "
+        "[default: the c(n) `kolibri bench` stored for the goldens' model (and --threads), else "
+        "a guess: "
         f"{_guess_text()}]",
     ),
     category: str | None = typer.Option(
@@ -201,7 +204,7 @@ def probe(
     seed: SeedOpt = None,
     workers: int | None = typer.Option(
         None, "--workers", "-w", metavar="N",
-        help="Simulate in N local processes. [default: the cores]",
+        help="Simulate in N local processes. [default: the cores; 1 for a small input]",
     ),
     ray: bool | None = typer.Option(
         None, "--ray/--no-ray",
