@@ -47,7 +47,7 @@ import time
 
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.timing import verify_costs
-from kolibri_cli.decode.costs import CostTable, cost_model
+from kolibri_cli.decode.costs import BENCH_CONTEXT, CostTable, cost_model, octave
 from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.goldens.chains import Golden, load_goldens, read_prompts
@@ -226,10 +226,14 @@ def replay(golden: Golden, proposer, k: int, c, measuring: bool) -> tuple[int, f
 
 
 def model_arms(costs: dict[int, float], fixed: list) -> list[tuple]:
-    """(name, a new proposer, k, measuring) for the guard measuring its costs, the guard given
-    them, and each fixed setting."""
+    """(name, a new proposer, k, measuring) for the guard measuring its costs from an empty
+    table (a first run) and from one holding them (warm: as a later run starts, from what earlier
+    runs kept, or from `kolibri bench`), the guard given them, and each fixed setting."""
+    warm = [[octave(BENCH_CONTEXT), n, [c]] for n, c in costs.items() if n > 1]
     arms = [("guard k=16 (measuring)", lambda: make_proposer("guard", GUARD_K, (1, 4),
                                                              CostTable()), GUARD_K, True),
+            ("guard k=16 (measuring, warm)", lambda: make_proposer(
+                "guard", GUARD_K, (1, 4), CostTable.seeded(warm)), GUARD_K, True),
             ("guard k=16 (given c(n))", lambda: make_proposer(
                 "guard", GUARD_K, (1, 4), CostTable.from_costs(costs)), GUARD_K, False)]
     return arms + [(r.name, r.new_proposer, r.k, False) for r in fixed]

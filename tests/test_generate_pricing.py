@@ -179,3 +179,61 @@ def test_a_folder_models_weights_are_hashed_once_until_a_file_changes(kolibri_ho
     spec = spec_of(generate(folder))
     assert len(reads) == 2 and spec["pricing"]["source"] == "guess"  # no bench of new weights
     assert "no kolibri bench" in spec["pricing"]["reason"]
+
+
+# ---- the guard's timings, kept from one run to the next ----------------------------------------
+
+
+def test_the_guard_keeps_its_timings_and_the_next_run_starts_from_them(kolibri_home, tiny):
+    """A first `generate --spec` calibrates from an empty table and keeps what it timed; the next
+    run of the same kernel starts from those samples (a seeded table prices drafts at once),
+    never another kernel's: other threads or another CPU start empty."""
+    from kolibri_cli.decode.costs import warm_table
+    from kolibri_cli.store import guardcosts
+
+    folder, sha = tiny
+    assert warm_table(sha, "float32", get_threads())[1] == "none"
+    spec_of(generate(folder, "--proposer", "guard"))
+    table, source = warm_table(sha, "float32", get_threads())
+    assert source == "kept" and table.measured(60)  # multi-token passes were timed
+    kept = json.loads(guardcosts.path().read_text())["kernels"]
+    assert list(kept) == [guardcosts.kernel_key(sha, "float32", get_threads())]
+    assert warm_table(sha, "float32", get_threads() + 1)[1] == "none"
+    assert warm_table(sha, "q8_0", get_threads())[1] == "none"
+    again = spec_of(generate(folder, "--proposer", "guard"))
+    assert again["stats"]["drafts_proposed"] > 0
+    cells = table.cells()
+    assert len(warm_table(sha, "float32", get_threads())[0].cells()) >= len(cells)
+
+
+def test_a_bench_of_this_kernel_starts_the_guard_when_it_kept_nothing(kolibri_home, tiny):
+    from kolibri_cli.decode.costs import warm_table
+
+    folder, sha = tiny
+    here = BenchCosts("tiny", sha, get_threads(), "float32", FLAT, benchcosts.now(),
+                      kolibri_cli.__version__, benchcosts.source_commit(), benchcosts.cpu_model())
+    benchcosts.save(here)
+    table, source = warm_table(sha, "float32", get_threads())
+    assert source == "bench" and table.relative(100, 6)[1:].tolist() == [1.0] * 6
+    benchcosts.save(BenchCosts(**{**here.__dict__, "cpu": "another cpu"}))
+    assert warm_table(sha, "float32", get_threads())[1] == "none"  # another host's kernel
+
+
+def test_unreadable_kept_timings_are_ignored_and_replaced(kolibri_home, tiny):
+    from kolibri_cli.decode.costs import CostTable, warm_table
+    from kolibri_cli.store import guardcosts
+
+    folder, sha = tiny
+    key = guardcosts.kernel_key(sha, "float32", get_threads())
+    for text in ("{not json", json.dumps({"format": 99, "kernels": {}}),
+                 json.dumps({"format": 1, "kernels": {key: {"cells": [[6, 2, ["x"]],
+                                                                      [6, 1, [1.2]],
+                                                                      [-1, 3, [1.3]],
+                                                                      [6, 4, [float("inf")]]]}}})):
+        kolibri_home.mkdir(parents=True, exist_ok=True)
+        guardcosts.path().write_text(text)
+        assert warm_table(sha, "float32", get_threads())[1] == "none"
+    good = CostTable.seeded([[6, 2, [1.3, 1.2]], [6, 3, "bad"], [6, 4, [1.5]]])
+    assert good.cells() == [[6, 2, [1.3, 1.2]], [6, 4, [1.5]]]
+    spec_of(generate(folder, "--proposer", "guard"))  # the bad file is written over
+    assert warm_table(sha, "float32", get_threads())[1] == "kept"

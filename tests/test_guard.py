@@ -340,3 +340,18 @@ def test_goldens_replay_anywhere_with_the_same_guard_counts(tmp_path, monkeypatc
                           for g in load_goldens(DEFAULT_CHAT)], 8)
     assert a["runs"][0]["total"]["verify_passes"] == total.verify_passes
     assert a["runs"][0]["total"]["drafts_accepted"] == total.drafts_accepted > 0
+
+
+def test_a_seeded_table_prices_at_once_and_goes_on_measuring():
+    """Samples kept from earlier runs price drafts before this run has timed anything; its own
+    timings join them (the latest KEEP per cell), and it reaches twice the rows seeded."""
+    table = CostTable.seeded([[octave(50), 2, [1.3]], [octave(50), 4, [1.6, 1.5, 1.7]]])
+    assert table.relative(50, 9)[1:].tolist() == pytest.approx(
+        [1.0, 1.3, 1.45, 1.6, 1.6 * (1 + DEFAULT_COST_SLOPE), 1.6 * (1 + 2 * DEFAULT_COST_SLOPE),
+         1.6 * (1 + 3 * DEFAULT_COST_SLOPE), 1.6 * (1 + 4 * DEFAULT_COST_SLOPE), np.inf])
+    table.add(1, 50, 0.010)
+    for _ in range(KEEP):
+        table.add(2, 50, 0.011)
+    assert table.measured(50)[2] == pytest.approx(1.1)
+    assert CostTable.seeded(table.cells()).measured(50) == table.measured(50)
+    assert not CostTable.seeded([]).measured(50) and not CostTable.seeded("junk").cells()

@@ -44,7 +44,9 @@ def chat(
     pricing = opt.pricing(proposer_name, given_costs, m)
     priced = pricing.costs if pricing else None
     settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop or [],
-                "new_proposer": lambda: opt.proposer(k, window, proposer_name, costs=priced),
+                "new_proposer": lambda: opt.proposer(  # the guard: from the last answer's timings
+                    k, window, proposer_name,
+                    costs=priced or opt.guard_costs(proposer_name, pricing, m)),
                 "spec": spec}
     _say(f"kolibri chat with {m.name}. {HELP}")
     while (line := _read_line()) is not None:
@@ -130,6 +132,7 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
         _say(f"error: {_template_text(e) if isinstance(e, ChatTemplateError) else e}")
         return
     streamer.finish()
+    opt.keep_guard_costs(drafter, conversation.model)
     _say(stats_line(result))
 
 

@@ -61,8 +61,10 @@ def generate(
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)
     pricing = opt.pricing(proposer_name, given_costs, m) if drafter else None
-    if pricing:
-        drafter = opt.proposer(k, window, proposer_name, llamacpp, pricing.costs)
+    warm = opt.guard_costs(proposer_name, pricing, m) if drafter else None
+    if pricing or warm:
+        drafter = opt.proposer(k, window, proposer_name, llamacpp,
+                               pricing.costs if pricing else warm)
     if drafter:
         opt.fit_context(drafter.k, drafter.window_max, m)
     ids, max_tokens = _prompt_ids(m, text, raw, max_tokens, system)
@@ -78,6 +80,7 @@ def generate(
     finally:
         if streamer:
             streamer.finish()
+    opt.keep_guard_costs(drafter, m)
     if as_json:
         return opt.print_json(_with_proposer(result.to_dict(m.name), drafter, pricing))
     render.err.print(stats_line(result), highlight=False)
@@ -132,6 +135,7 @@ def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None
 
     plain = generate_plain(m, ids, max_tokens, **how)
     spec = generate_spec(m, ids, max_tokens, drafter, **how)
+    opt.keep_guard_costs(drafter, m)
     same = plain.output_ids == spec.output_ids
     # one new token (-n 1, or eos at once) is prefill's: no decode speed, no ratio
     ratio = (spec.decode_tokens_per_s / plain.decode_tokens_per_s

@@ -148,9 +148,10 @@ def fit_context(k: int, window_max: int, model) -> None:
 
 
 def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
-             llamacpp: LlamaCppOptions | None = None, costs: dict[int, float] | None = None):
+             llamacpp: LlamaCppOptions | None = None, costs=None):
     """A fresh proposer from command-line settings (bad settings fail before a model loads);
-    k or window None = the proposer's default; `costs` the c(n) it drafts by (see `pricing`)."""
+    k or window None = the proposer's default; `costs` the c(n) it drafts by (see `pricing`), or
+    the guard's measuring table (`guard_costs`)."""
     from kolibri_cli.decode.costs import CostTable
     from kolibri_cli.decode.proposers import (
         canonical_proposer,
@@ -168,6 +169,33 @@ def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
     return make_proposer(name, default_k if k is None else k,
                          default_window if window is None else parse_window(window), costs,
                          llamacpp=llamacpp)
+
+
+def guard_costs(name: str, pricing, model):
+    """The measuring table the guard drafts by when no costs were given: started from what
+    earlier runs of this kernel timed (decode/costs.py warm_table); None for other proposers."""
+    from kolibri_cli.decode.costs import warm_table
+    from kolibri_cli.decode.proposers import canonical_proposer
+    from kolibri_cli.engine.jit import get_threads
+
+    if canonical_proposer(name) != "guard" or pricing is not None:
+        return None
+    return warm_table(model.sha256, model.numerics, get_threads())[0]
+
+
+def keep_guard_costs(drafter, model) -> None:
+    """Keep the guard's timings for the next run (a home that cannot be written: a note)."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.decode.costs import keep_table
+    from kolibri_cli.engine.jit import get_threads
+
+    table = getattr(drafter, "costs", None)
+    if drafter is None or drafter.name != "guard" or table is None:
+        return
+    try:
+        keep_table(table, model.sha256, model.numerics, get_threads())
+    except KolibriError as e:
+        render.note(f"note: the guard's timings were not kept: {e}")
 
 
 def asked_costs(text: str | None, name: str):

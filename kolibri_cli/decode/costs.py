@@ -1,6 +1,7 @@
 """Forward costs: c(n), the cost of an n-token forward relative to a 1-token forward, either
 given (a fixed model) or measured while generating (`CostTable`, by rows and context length)."""
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -20,6 +21,7 @@ GUESSED_COSTS = {1: 1.0, 2: 1.32, 3: 1.47}
 KEEP = 15  # samples kept per (context octave, rows) cell: the median of the latest 15
 TRUSTED = 3  # a cell is used before a nearer octave's once it holds this many
 REFERENCE = 3  # 1-token timings a multi-token pass is compared with: the median of the latest 3
+BENCH_CONTEXT = 100  # `kolibri bench` times c(n) after this many cached tokens (bench/run.py)
 REACH = 2  # a measuring table prices rows up to REACH x the most it has timed; beyond: unknown
 
 
@@ -160,6 +162,21 @@ class CostTable:
         return table
 
     @classmethod
+    def seeded(cls, cells) -> "CostTable":
+        """A measuring table starting from earlier runs' samples ([[octave, rows, [c, ...]],
+        ...], `to_dict`'s cells); malformed cells are dropped, not trusted."""
+        table = cls()
+        for cell in cells if isinstance(cells, list) else []:
+            if _valid_cell(cell):
+                o, r, samples = cell
+                table._cells[int(o), int(r)] = deque(map(float, samples), maxlen=KEEP)
+        return table
+
+    def cells(self) -> list:
+        """The samples per (octave, rows): what `seeded` starts a later table from."""
+        return self.to_dict()["cells"]
+
+    @classmethod
     def from_costs(cls, costs: dict[int, float]) -> "CostTable":
         """A frozen table giving these c(n) at every context length (e.g. `--costs`)."""
         table = cls(frozen=True)
@@ -171,6 +188,53 @@ class CostTable:
         if self._given is not None:
             return self
         return CostTable.from_dict(self.to_dict(), frozen=True)
+
+
+def _valid_cell(cell) -> bool:
+    """[octave >= 0, rows >= 2, [finite positive ratios, ...]]"""
+    if not (isinstance(cell, list) and len(cell) == 3 and isinstance(cell[2], list)):
+        return False
+    o, r, samples = cell
+    return (isinstance(o, int) and isinstance(r, int) and 0 <= o < 64 and 2 <= r <= 4096
+            and bool(samples) and all(isinstance(x, int | float) and math.isfinite(x) and x > 0
+                                      for x in samples))
+
+
+def warm_table(model_sha256: str, numerics: str, threads: int) -> tuple[CostTable, str]:
+    """(a measuring table for the guard, where its start came from): the samples the guard kept
+    from earlier runs of this kernel ("kept"), else the c(n) `kolibri bench` timed for it with
+    this kolibri on this CPU, one sample per row count ("bench"), else empty: the request
+    calibrates ("none")."""
+    from kolibri_cli.store import benchcosts, guardcosts
+
+    cells = guardcosts.load(guardcosts.kernel_key(model_sha256, numerics, threads))
+    if cells:
+        table = CostTable.seeded(cells)
+        if table.cells():
+            return table, "kept"
+    try:
+        found = benchcosts.find(benchcosts.load(), model_sha256, numerics, threads)
+    except KolibriError:
+        found = None
+    here = (benchcosts.cpu_model(), benchcosts.source_commit())
+    if found is not None and (found.cpu, found.commit) == here and _same_version(found.kolibri):
+        o = octave(BENCH_CONTEXT)
+        return CostTable.seeded([[o, n, [c]] for n, c in found.costs.items() if n > 1]), "bench"
+    return CostTable(), "none"
+
+
+def keep_table(table: CostTable, model_sha256: str, numerics: str, threads: int) -> None:
+    """Keep a measuring table's samples for the next run of this kernel (a frozen one: nothing)."""
+    from kolibri_cli.store import guardcosts
+
+    if isinstance(table, CostTable) and not table.frozen and table.cells():
+        guardcosts.save(guardcosts.kernel_key(model_sha256, numerics, threads), table.cells())
+
+
+def _same_version(version: str) -> bool:
+    from kolibri_cli import __version__
+
+    return version == __version__
 
 
 class ReplayedCosts:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.callbacks import Ticks
-from kolibri_cli.decode.costs import CostTable, ReplayedCosts
+from kolibri_cli.decode.costs import CostTable, ReplayedCosts, warm_table
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer, shares_state
 from kolibri_cli.decode.sampling import Sampling
@@ -57,14 +57,26 @@ class _Arm:
     pairs: list[tuple]
     goldens: list[MeasuredGolden] = field(default_factory=list)
     totals: list[dict] = field(default_factory=list)
+    warm: list | None = None  # the guard's start: the cells earlier runs kept, for every golden
 
 
-def proposer_pair(run: SimRun) -> tuple:
+def _warm_cells(model) -> list:
+    """The timings a measuring guard starts from, as `kolibri generate` would on this kernel (one
+    snapshot for every golden: they may run in any order)."""
+    from kolibri_cli.engine.jit import get_threads
+
+    if getattr(model, "sha256", None) is None:  # a stand-in without an identity kept nothing
+        return []
+    return warm_table(model.sha256, model.numerics, get_threads())[0].cells()
+
+
+def proposer_pair(run: SimRun, warm: list | None = None) -> tuple:
     """(for the live spec runs, for the simulation over their chains): fresh proposers. A guard
-    without given costs measures its own (logged); its simulation replays what it read."""
+    without given costs measures its own (logged), from the `warm` cells as `kolibri generate`
+    starts from what earlier runs kept; its simulation replays what it read."""
     if run.proposer != "guard":
         return run.new_proposer(), run.new_proposer()
-    table = CostTable.from_costs(run.costs) if run.costs else CostTable()
+    table = CostTable.from_costs(run.costs) if run.costs else CostTable.seeded(warm or [])
     table.log = []
     live = make_proposer("guard", run.k, run.window, table)
     return live, make_proposer("guard", run.k, run.window, ReplayedCosts())
@@ -78,7 +90,9 @@ def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int 
     the goldens' times, each the `statistic` of its rounds (the median; `min` is the time
     least disturbed by other work: on a shared machine interference only ever adds time).
     c(n) for the predictions is timed `cost_repeats` times per golden."""
-    arms = [_Arm(run, [proposer_pair(run) for _ in range(repeats)]) for run in runs]
+    warm = _warm_cells(model)
+    arms = [_Arm(run, [proposer_pair(run, warm) for _ in range(repeats)], warm=warm)
+            for run in runs]
     for i, golden in enumerate(goldens):
         _measure_golden(model, golden, i, arms, repeats, sampling, cost_repeats, statistic)
         if step:
@@ -99,7 +113,7 @@ def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats
     how = golden.sampler if sampling is None else sampling
     for arm in arms:
         if not shares_state(arm.pairs[0][0]):
-            arm.pairs = [proposer_pair(arm.run) for _ in range(repeats)]
+            arm.pairs = [proposer_pair(arm.run, arm.warm) for _ in range(repeats)]
     plains: list[GenerationResult] = []
     specs: list[list[tuple]] = [[] for _ in arms]  # (result, costs read) per round
     for r in range(repeats):
