@@ -225,11 +225,11 @@ def test_unreadable_kept_timings_are_ignored_and_replaced(kolibri_home, tiny):
 
     folder, sha = tiny
     key = guardcosts.kernel_key(sha, "float32", get_threads())
+    bad_cells = [[6, 2, ["x"]], [6, 1, [1.2]], [-1, 3, [1.3]], [6, 4, [float("inf")]],
+                 [6, 5, [10**400]], [True, 6, [1.5]], [6, 7, [1e-300]], [6, 8, [1e308]]]
     for text in ("{not json", json.dumps({"format": 99, "kernels": {}}),
-                 json.dumps({"format": 1, "kernels": {key: {"cells": [[6, 2, ["x"]],
-                                                                      [6, 1, [1.2]],
-                                                                      [-1, 3, [1.3]],
-                                                                      [6, 4, [float("inf")]]]}}})):
+                 *(json.dumps({"format": 1, "kernels": {key: entry}})
+                   for entry in (5, [1], "cells", {"cells": 7}, {"cells": bad_cells}))):
         kolibri_home.mkdir(parents=True, exist_ok=True)
         guardcosts.path().write_text(text)
         assert warm_table(sha, "float32", get_threads())[1] == "none"
@@ -237,3 +237,26 @@ def test_unreadable_kept_timings_are_ignored_and_replaced(kolibri_home, tiny):
     assert good.cells() == [[6, 2, [1.3, 1.2]], [6, 4, [1.5]]]
     spec_of(generate(folder, "--proposer", "guard"))  # the bad file is written over
     assert warm_table(sha, "float32", get_threads())[1] == "kept"
+
+
+def test_a_home_that_cannot_keep_the_timings_is_a_note_not_a_failure(kolibri_home, tiny):
+    from kolibri_cli.store import guardcosts
+
+    folder, _ = tiny
+    (kolibri_home / "locks" / f"{guardcosts.FILE}.lock").mkdir(parents=True)  # cannot lock
+    r = generate(folder, "--proposer", "guard")
+    spec_of(r)  # the answer and its JSON are whole
+    assert "note: the guard's timings were not kept: cannot write" in r.stderr
+    assert not guardcosts.path().exists()
+
+
+def test_costs_default_starts_the_guard_cold_and_keeps_nothing(kolibri_home, tiny):
+    from kolibri_cli.store import guardcosts
+
+    folder, _ = tiny
+    spec_of(generate(folder, "--proposer", "guard", "--costs", "default"))
+    assert not guardcosts.path().exists()
+    spec_of(generate(folder, "--proposer", "guard"))
+    kept = guardcosts.path().read_text()
+    spec_of(generate(folder, "--proposer", "guard", "--costs", "default"))
+    assert guardcosts.path().read_text() == kept  # read by neither, written by neither

@@ -355,3 +355,15 @@ def test_a_seeded_table_prices_at_once_and_goes_on_measuring():
     assert table.measured(50)[2] == pytest.approx(1.1)
     assert CostTable.seeded(table.cells()).measured(50) == table.measured(50)
     assert not CostTable.seeded([]).measured(50) and not CostTable.seeded("junk").cells()
+
+
+def test_a_guard_warm_from_kept_timings_drafts_long_at_once():
+    """Cold, a request calibrates: a plain step, then a 1-token draft. Warm, its first match of
+    a repeating text drafts as long as the kept costs say pays."""
+    cycle = [5, 6, 7] * 10
+    prior = AcceptancePrior(((0.99,),), 1e6)
+    kept = [[octave(20), n, [1.0 + 0.05 * (n - 1)]] for n in range(2, 10)]
+    cold = GuardProposer(8, 1, 4, costs=CostTable(), prior=prior)
+    warm = GuardProposer(8, 1, 4, costs=CostTable.seeded(kept), prior=prior)
+    assert cold.propose(cycle[:20], 8) == []
+    assert warm.propose(cycle[:20], 8) == cycle[20:28]

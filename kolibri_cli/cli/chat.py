@@ -46,7 +46,8 @@ def chat(
     settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop or [],
                 "new_proposer": lambda: opt.proposer(  # the guard: from the last answer's timings
                     k, window, proposer_name,
-                    costs=priced or opt.guard_costs(proposer_name, pricing, m)),
+                    costs=priced or opt.guard_costs(proposer_name, given_costs, m)),
+                "given_costs": given_costs,
                 "spec": spec}
     _say(f"kolibri chat with {m.name}. {HELP}")
     while (line := _read_line()) is not None:
@@ -132,7 +133,7 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
         _say(f"error: {_template_text(e) if isinstance(e, ChatTemplateError) else e}")
         return
     streamer.finish()
-    opt.keep_guard_costs(drafter, conversation.model)
+    opt.keep_guard_costs(drafter, conversation.model, settings.get("given_costs"))
     _say(stats_line(result))
 
 

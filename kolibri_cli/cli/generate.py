@@ -61,7 +61,7 @@ def generate(
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)
     pricing = opt.pricing(proposer_name, given_costs, m) if drafter else None
-    warm = opt.guard_costs(proposer_name, pricing, m) if drafter else None
+    warm = opt.guard_costs(proposer_name, given_costs, m) if drafter else None
     if pricing or warm:
         drafter = opt.proposer(k, window, proposer_name, llamacpp,
                                pricing.costs if pricing else warm)
@@ -70,7 +70,7 @@ def generate(
     ids, max_tokens = _prompt_ids(m, text, raw, max_tokens, system)
     how = {"sampling": opt.resolve_sampling(m, given), "stop": stop or []}
     if compare:
-        return _compare(m, ids, max_tokens, drafter, as_json, how, pricing)
+        return _compare(m, ids, max_tokens, drafter, as_json, how, pricing, given_costs)
     streamer = None if as_json else render.TextStreamer(m.tokenizer, how["stop"])
     try:
         if drafter:
@@ -80,7 +80,7 @@ def generate(
     finally:
         if streamer:
             streamer.finish()
-    opt.keep_guard_costs(drafter, m)
+    opt.keep_guard_costs(drafter, m, given_costs)
     if as_json:
         return opt.print_json(_with_proposer(result.to_dict(m.name), drafter, pricing))
     render.err.print(stats_line(result), highlight=False)
@@ -129,13 +129,14 @@ def _with_proposer(obj: dict, drafter, pricing=None) -> dict:
         {"pricing": pricing.to_json()} if pricing else {})
 
 
-def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None) -> None:
+def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None,
+             given_costs=None) -> None:
     from kolibri_cli.cli import render
     from kolibri_cli.decode.generate import generate_plain, generate_spec
 
     plain = generate_plain(m, ids, max_tokens, **how)
     spec = generate_spec(m, ids, max_tokens, drafter, **how)
-    opt.keep_guard_costs(drafter, m)
+    opt.keep_guard_costs(drafter, m, given_costs)
     same = plain.output_ids == spec.output_ids
     # one new token (-n 1, or eos at once) is prefill's: no decode speed, no ratio
     ratio = (spec.decode_tokens_per_s / plain.decode_tokens_per_s

@@ -171,26 +171,28 @@ def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
                          llamacpp=llamacpp)
 
 
-def guard_costs(name: str, pricing, model):
-    """The measuring table the guard drafts by when no costs were given: started from what
-    earlier runs of this kernel timed (decode/costs.py warm_table); None for other proposers."""
+def guard_costs(name: str, given, model):
+    """The measuring table the guard drafts by when no --costs was given: started from what
+    earlier runs of this kernel timed (decode/costs.py warm_table); None for other proposers or
+    with --costs (numbers: frozen; `default`: the guard starts cold, ignoring what is stored)."""
     from kolibri_cli.decode.costs import warm_table
     from kolibri_cli.decode.proposers import canonical_proposer
     from kolibri_cli.engine.jit import get_threads
 
-    if canonical_proposer(name) != "guard" or pricing is not None:
+    if canonical_proposer(name) != "guard" or given is not None:
         return None
     return warm_table(model.sha256, model.numerics, get_threads())[0]
 
 
-def keep_guard_costs(drafter, model) -> None:
-    """Keep the guard's timings for the next run (a home that cannot be written: a note)."""
+def keep_guard_costs(drafter, model, given=None) -> None:
+    """Keep the guard's timings for the next run, unless --costs was given (a home that cannot
+    be written: a note)."""
     from kolibri_cli.cli import render
     from kolibri_cli.decode.costs import keep_table
     from kolibri_cli.engine.jit import get_threads
 
     table = getattr(drafter, "costs", None)
-    if drafter is None or drafter.name != "guard" or table is None:
+    if drafter is None or drafter.name != "guard" or table is None or given is not None:
         return
     try:
         keep_table(table, model.sha256, model.numerics, get_threads())

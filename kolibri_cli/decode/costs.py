@@ -1,7 +1,6 @@
 """Forward costs: c(n), the cost of an n-token forward relative to a 1-token forward, either
 given (a fixed model) or measured while generating (`CostTable`, by rows and context length)."""
 
-import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -21,6 +20,7 @@ GUESSED_COSTS = {1: 1.0, 2: 1.32, 3: 1.47}
 KEEP = 15  # samples kept per (context octave, rows) cell: the median of the latest 15
 TRUSTED = 3  # a cell is used before a nearer octave's once it holds this many
 REFERENCE = 3  # 1-token timings a multi-token pass is compared with: the median of the latest 3
+SANE = (0.1, 1e4)  # a kept c(rows) sample outside this was not timed by a forward pass
 BENCH_CONTEXT = 100  # `kolibri bench` times c(n) after this many cached tokens (bench/run.py)
 REACH = 2  # a measuring table prices rows up to REACH x the most it has timed; beyond: unknown
 
@@ -191,12 +191,12 @@ class CostTable:
 
 
 def _valid_cell(cell) -> bool:
-    """[octave >= 0, rows >= 2, [finite positive ratios, ...]]"""
-    if not (isinstance(cell, list) and len(cell) == 3 and isinstance(cell[2], list)):
+    """[octave 0..63, rows 2..4096, [ratios within SANE, ...]]; bools and huge ints refused"""
+    if not (type(cell) is list and len(cell) == 3 and type(cell[2]) is list):
         return False
     o, r, samples = cell
-    return (isinstance(o, int) and isinstance(r, int) and 0 <= o < 64 and 2 <= r <= 4096
-            and bool(samples) and all(isinstance(x, int | float) and math.isfinite(x) and x > 0
+    return (type(o) is int and type(r) is int and 0 <= o < 64 and 2 <= r <= 4096
+            and bool(samples) and all(type(x) in (int, float) and SANE[0] <= x <= SANE[1]
                                       for x in samples))
 
 
@@ -214,7 +214,7 @@ def warm_table(model_sha256: str, numerics: str, threads: int) -> tuple[CostTabl
             return table, "kept"
     try:
         found = benchcosts.find(benchcosts.load(), model_sha256, numerics, threads)
-    except KolibriError:
+    except (KolibriError, OverflowError, TypeError):
         found = None
     here = (benchcosts.cpu_model(), benchcosts.source_commit())
     if found is not None and (found.cpu, found.commit) == here and _same_version(found.kolibri):

@@ -104,7 +104,7 @@ def load() -> list[BenchCosts]:
         if not isinstance(entries, list):
             raise ValueError("no list of entries")
         return [BenchCosts.from_json(e) for e in entries]
-    except (ValueError, RecursionError) as e:
+    except (ValueError, RecursionError, OverflowError, TypeError) as e:
         raise KolibriError(f"{file} is not a kolibri bench costs file ({e}); delete it, and "
                            "`kolibri bench` writes a new one") from None
 

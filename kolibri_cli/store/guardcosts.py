@@ -2,19 +2,21 @@
 `kolibri generate --spec` (or chat answer) starts from them instead of calibrating again.
 
 One JSON file, `guard-costs.json`: per kernel — (model sha256, numerics, threads) run by one
-kolibri (version and commit) on one CPU — the measuring table's samples per (context octave,
-rows), as `CostTable.to_dict` gives them. A sample is a ratio of two forwards timed moments
-apart, so it holds for that kernel on that host and nothing else: any change in the key starts
-afresh. Written whole and atomically under a lock; a file that does not parse is ignored and
-replaced (it only ever holds timings the next run takes again). Non-goal: a history.
+compiled kernel (the engine's sources, numba, KOLIBRI_SIMD) on one CPU — the measuring table's
+samples per (context octave, rows), as `CostTable.to_dict` gives them. A sample is a ratio of
+two forwards timed moments apart, so it holds for that kernel on that host and nothing else: any
+change in the key starts afresh. Written whole and atomically under a lock; a file that does
+not parse is ignored and replaced (it only ever holds timings the next run takes again); a home
+that cannot be written is one KolibriError. Non-goal: a history.
 """
 
 import json
 from pathlib import Path
 
+from kolibri_cli.errors import KolibriError
 from kolibri_cli.home import cache_root
 from kolibri_cli.store.atomic import write_text_atomic
-from kolibri_cli.store.benchcosts import cpu_model, source_commit
+from kolibri_cli.store.benchcosts import cpu_model
 
 FILE = "guard-costs.json"
 FORMAT = 1
@@ -26,31 +28,39 @@ def path() -> Path:
 
 
 def kernel_key(model_sha256: str, numerics: str, threads: int) -> str:
-    """What a timing holds for: the model, its numerics and threads, this kolibri, this CPU."""
-    from kolibri_cli import __version__
+    """What a timing holds for: the model, its numerics and threads, the compiled kernel (the
+    engine's sources, numba and KOLIBRI_SIMD: the key of its numba cache) and the CPU."""
+    from llvmlite import binding
 
-    return "|".join((model_sha256, numerics, str(threads), __version__, source_commit(),
-                     cpu_model()))
+    from kolibri_cli.engine import jitcache
+
+    kernel = jitcache.cache_dir(Path(jitcache.__file__)).name
+    return "|".join((model_sha256, numerics, str(threads), kernel, cpu_model(),
+                     binding.get_host_cpu_name()))
 
 
 def load(key: str) -> list | None:
     """The cells kept for `key` ([[octave, rows, [c, ...]], ...]), None when none are."""
     entry = _entries().get(key)
-    return None if entry is None else entry.get("cells")
+    cells = entry.get("cells") if isinstance(entry, dict) else None
+    return cells if isinstance(cells, list) else None
 
 
 def save(key: str, cells: list) -> None:
-    """Keep `cells` for `key` (replacing what it had), and the other most recent kernels'."""
+    """Keep `cells` for `key` (replacing what it had), and the other most recent kernels'; a
+    home that cannot be written is a KolibriError."""
     from filelock import FileLock
 
-    (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cache_root() / "locks" / f"{FILE}.lock")):
-        entries = _entries()
-        entries.pop(key, None)
-        entries[key] = {"cells": cells}
-        kept = dict(list(entries.items())[-KEEP_KERNELS:])
-        doc = {"format": FORMAT, "kernels": kept}
-        write_text_atomic(path(), json.dumps(doc) + "\n")
+    try:
+        (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
+        with FileLock(str(cache_root() / "locks" / f"{FILE}.lock")):
+            entries = _entries()
+            entries.pop(key, None)
+            entries[key] = {"cells": cells}
+            kept = dict(list(entries.items())[-KEEP_KERNELS:])
+            write_text_atomic(path(), json.dumps({"format": FORMAT, "kernels": kept}) + "\n")
+    except OSError as e:
+        raise KolibriError(f"cannot write {path()}: {e.strerror or e}") from None
 
 
 def _entries() -> dict:
