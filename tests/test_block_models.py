@@ -1,6 +1,10 @@
 """A model imported from a GGUF runs from the file's own blocks, and its logits are bitwise the
 float32 path's on the same (dequantized) weights: for every block type, every L, any split."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -13,10 +17,12 @@ from kolibri_cli.store import cache, synthetic
 pytest.importorskip("gguf")
 
 
-def tiny_gguf(path, block_type: str, tied: bool = False):
-    """2 layers, d 256 (one K-quant super-block a row), 4/2 heads, every matrix `block_type`"""
-    synthetic.write(path, n_layers=2, d=256, ff=512, heads=4, kv_heads=2, vocab=300, context=96,
-                    tied=tied, types=lambda kind, layer, n: block_type)
+def tiny_gguf(path, block_type, tied: bool = False, **shape):
+    """2 layers, d 256 (one K-quant super-block a row), 4/2 heads, every matrix `block_type` (or
+    each the type `block_type(kind, layer, n_layers)` names); `shape` overrides these sizes"""
+    types = block_type if callable(block_type) else lambda kind, layer, n: block_type
+    sizes = dict(n_layers=2, d=256, ff=512, heads=4, kv_heads=2, vocab=300, context=96) | shape
+    synthetic.write(path, tied=tied, types=types, **sizes)
 
 
 def float32_twin(model) -> Transformer:
@@ -30,6 +36,40 @@ def split_logits(tf, ids, cuts):
     bounds = [0, *cuts, len(ids)]
     return np.concatenate([tf.forward(ids[a:b], a, cache_)
                            for a, b in zip(bounds, bounds[1:], strict=False)])
+
+
+_AVX2 = """
+import sys
+from pathlib import Path
+import numpy as np
+from numba.core.registry import cpu_target
+from kolibri_cli.engine import simd
+from kolibri_cli.engine.model import load_model
+assert cpu_target.target_context.codegen().magic_tuple()[1:] == ("haswell", "")
+assert not simd.LUT and not simd.VNNI and "avx512f" not in simd.target_features()
+folder, numerics, ids, cuts, out = sys.argv[1:]
+tf = load_model(Path(folder), "tiny", numerics=numerics).transformer
+ids = np.load(ids)
+bounds = [0, *map(int, cuts.split(",")), len(ids)]
+cache = tf.new_cache(len(ids))
+np.save(out, np.concatenate([tf.forward(ids[a:b], a, cache) for a, b in zip(bounds, bounds[1:])]))
+"""
+
+
+def avx2_split_logits(folder, numerics: str, ids, cuts, tmp_path) -> np.ndarray:
+    """`split_logits` of the model in `folder`, computed by a process that compiles kolibri for
+    an AVX2 CPU without AVX-512 (numba's target Haswell, with Haswell's own features), with its
+    own numba cache; it checks that kolibri took the non-AVX-512 code."""
+    env = {k: v for k, v in os.environ.items() if k != "KOLIBRI_SIMD"}
+    env |= {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "",
+            "NUMBA_CACHE_DIR": str(tmp_path / "numba-haswell")}
+    np.save(tmp_path / "ids.npy", ids)
+    out = tmp_path / "avx2-logits.npy"
+    args = [str(folder), numerics, str(tmp_path / "ids.npy"), ",".join(map(str, cuts)), str(out)]
+    proc = subprocess.run([sys.executable, "-c", _AVX2, *args], env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return np.load(out)
 
 
 @pytest.mark.parametrize("block_type", synthetic.TYPES)

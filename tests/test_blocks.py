@@ -8,10 +8,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from test_block_models import avx2_split_logits, split_logits, tiny_gguf
 
 from kolibri_cli.engine import blocks, simd
 from kolibri_cli.engine.matmul import matmul
+from kolibri_cli.engine.model import load_model
 from kolibri_cli.engine.weights import Matrix, Rows, stacked
+from kolibri_cli.store import cache
 
 gguf = pytest.importorskip("gguf")
 G = gguf.GGMLQuantizationType
@@ -174,3 +177,36 @@ def test_portable_path_gives_the_same_bits(tmp_path):
     env = os.environ | {"KOLIBRI_SIMD": "portable", "NUMBA_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+# Every decoder in one model: the K-quants where rows are 1536 wide (ffn_down), the others on the
+# 576-wide rows; 301 vocabulary rows leave a unit of one row.
+MIXED = {"attn_q": "Q4_0", "attn_k": "Q5_0", "attn_v": "Q5_1", "attn_output": "Q4_1",
+         "ffn_gate": "Q8_0", "ffn_up": "F16", "token_embd": "Q8_0", "output": "BF16"}
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")  # ffn_down of layers 0, 1, 2
+
+
+def mixed_types(kind, layer, n_layers):
+    return K_QUANTS[layer] if kind == "ffn_down" else MIXED[kind]
+
+
+# L = 1 past the first position, 2..6 (verify passes), then 38 (prefill)
+AVX2_CUTS = [1, 2, 4, 7, 11, 16, 22]
+
+
+@pytest.mark.bitwise
+def test_avx2_build_gives_the_host_bits(kolibri_home, tmp_path):
+    """kolibri compiled for an AVX2 CPU (no AVX-512: no table lookups, 16 lanes in two 256-bit
+    halves) gives bitwise the logits of this host's AVX-512 build, for every block type."""
+    if not simd.LUT:
+        pytest.skip("this CPU runs the code without AVX-512 already")
+    path = tmp_path / "mixed.gguf"
+    tiny_gguf(path, mixed_types, n_layers=3, d=576, ff=1536, heads=9, kv_heads=3, vocab=301)
+    name, folder = cache.import_gguf(path)
+    model = load_model(folder, name)
+    assert set(model.weights.storage()) == set(MIXED.values()) | set(K_QUANTS)
+    ids = np.random.default_rng(5).integers(0, model.config.vocab_size, 60)
+    want = split_logits(model.transformer, ids, AVX2_CUTS)
+    assert np.isfinite(want).all() and want.std() > 0
+    got = avx2_split_logits(folder, "float32", ids, AVX2_CUTS, tmp_path)
+    assert got.dtype == np.float32 and np.array_equal(got, want)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_block_models import split_logits, tiny_gguf
+from test_block_models import avx2_split_logits, split_logits, tiny_gguf
 from tiny_models import TINY, _Tok
 
 from kolibri_cli.decode.generate import generate_plain, generate_spec
@@ -170,6 +170,37 @@ def test_portable_integer_dots_give_the_vnni_bits(kolibri_home, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert np.array_equal(np.load(out), want)
+
+
+def _int8_types(kind, layer, n_layers):
+    """Q4_1 and Q8_0 each on rows of 576 and of 1504 weights (a fused matrix one type)"""
+    if kind in ("attn_q", "attn_k", "attn_v", "output"):
+        return "Q4_1"
+    if kind in ("attn_output", "token_embd"):
+        return "Q8_0"
+    gate_up, down = ("Q8_0", "Q4_1") if layer == 0 else ("Q4_1", "Q8_0")
+    return down if kind == "ffn_down" else gate_up
+
+
+@pytest.mark.bitwise
+def test_avx2_build_gives_the_host_integers(kolibri_home, tmp_path):
+    """kolibri compiled for an AVX2 CPU (no VNNI: widened multiplies; the rows' tails of 2 and 3
+    blocks loaded masked, without AVX-512's masked loads) gives bitwise the logits of this
+    host's VNNI build, for every L kind (1, the verify passes 2..6, prefill)."""
+    if not simd.VNNI:
+        pytest.skip("this CPU runs the code without AVX-512 already")
+    path = tmp_path / "tiny-int8.gguf"
+    # rows of 576 and 1504 weights: 4 and 11 super-blocks, then tails of 2 and 3 blocks
+    tiny_gguf(path, _int8_types, d=576, ff=1504, heads=9, kv_heads=3, vocab=301)
+    name, folder = cache.import_gguf(path)
+    model = load_model(folder, name, numerics="int8")
+    assert set(model.weights.storage()) == {"Q4_1x8", "Q8_0x8"}
+    ids = np.random.default_rng(6).integers(0, model.config.vocab_size, 60)
+    cuts = [1, 2, 4, 7, 11, 16, 22]
+    want = split_logits(model.transformer, ids, cuts)
+    assert np.isfinite(want).all() and want.std() > 0
+    got = avx2_split_logits(folder, "int8", ids, cuts, tmp_path)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
 
 
 INT8_GOLDENS = Path(__file__).parent / "data" / "chat.int8.jsonl"

@@ -6,15 +6,73 @@ import numpy as np
 from numba import njit, prange
 
 from kolibri_cli.engine.jit import ONE, REDUCE, ZERO
+from kolibri_cli.engine.simd import fma32, vbcast, vfma, vload_row, vsum, vsum_start
+
+NZERO = np.float32(-0.0)
+
+# ---------------------------------------------------------------- sums in one written order
+# Each sum of n terms x*y runs in the order LLVM's loop vectorizer gave `s += a[i] * b[i]`
+# (fastmath reassoc) on the AVX-512 hosts kolibri's bits come from: 16 lanes over the first
+# n // 16 * 16 terms (lane 0 starting at +0, the others at -0), closed by the `vsum` tree; then,
+# if 4 or more terms are left, 4 lanes over their multiples of 4 (lane 0 starting at that sum,
+# the others at -0), closed by (l0 + l2) + (l1 + l3); then one term at a time; each product
+# fused into its partial sum. Written out, the order no longer depends on the CPU the code is
+# compiled for (for AVX2 the vectorizer takes 8 lanes, and other bits).
 
 
-@njit(fastmath=REDUCE, cache=True)
+@njit(inline="always", cache=True)
+def _products(a, b, i):
+    return vload_row(a, i), vload_row(b, i)
+
+
+@njit(inline="always", cache=True)
+def _product(a, b, j):
+    return a[j], b[j]
+
+
+@njit(inline="always", cache=True)
+def _values(a, b, i):
+    """a[i:i+16] times 1 (exact: the fused add is the plain sum)"""
+    return vload_row(a, i), vbcast(ONE)
+
+
+@njit(inline="always", cache=True)
+def _value(a, b, j):
+    return a[j], ONE
+
+
+@njit(inline="always", cache=True)
+def _fused(term, a, b, j, s):
+    x, y = term(a, b, j)
+    return fma32(x, y, s)
+
+
+@njit(inline="always", cache=True)
+def _in_order(vterms, term, a, b, n):
+    """The sum over j < n of x*y, (x, y) = term(a, b, j), 16 of them vterms(a, b, i), in the
+    order above"""
+    s, i = ZERO, 0
+    if n >= 16:
+        acc = vsum_start()
+        for c in range(0, n - 15, 16):
+            x, y = vterms(a, b, c)
+            acc = vfma(x, y, acc)
+        s, i = vsum(acc), n // 16 * 16
+    if n - i >= 4:
+        s0, s1, s2, s3 = s, NZERO, NZERO, NZERO
+        for c in range(i, n - 3, 4):
+            s0, s1 = _fused(term, a, b, c, s0), _fused(term, a, b, c + 1, s1)
+            s2, s3 = _fused(term, a, b, c + 2, s2), _fused(term, a, b, c + 3, s3)
+        s, i = (s0 + s2) + (s1 + s3), n // 4 * 4
+    for j in range(i, n):
+        s = _fused(term, a, b, j, s)
+    return s
+
+
+@njit(cache=True)
 def _sum_squares(x):
     """x [D] -> sum of x^2 (float32)"""
-    s = ZERO
-    for i in range(x.shape[0]):
-        s += x[i] * x[i]
-    return s
+    return _in_order(_products, _product, x, x, x.shape[0])
 
 
 @njit(cache=True)
@@ -74,25 +132,28 @@ def qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q, depth):
             v_cache[g, r] = qkv[j, (n_heads + n_kv + g) * dh:(n_heads + n_kv + g + 1) * dh]
 
 
-@njit(fastmath=REDUCE, cache=True)
+@njit(cache=True)
 def _dot(a, b):
     """a [Dh], b [Dh] -> float32"""
-    s = ZERO
-    for i in range(a.shape[0]):
-        s += a[i] * b[i]
-    return s
+    return _in_order(_products, _product, a, b, a.shape[0])
 
 
 @njit(fastmath=REDUCE, cache=True)
-def _softmax_inplace(s):
-    """s [T] scores -> probabilities (max-subtracted, float32, like torch.softmax)"""
+def _max(s):
+    """s [T] -> max (exact: any order gives it)"""
     m = s[0]
     for t in range(1, s.shape[0]):
         m = max(m, s[t])
-    total = ZERO
+    return m
+
+
+@njit(cache=True)
+def _softmax_inplace(s):
+    """s [T] scores -> probabilities (max-subtracted, float32, like torch.softmax)"""
+    m = _max(s)
     for t in range(s.shape[0]):
         s[t] = np.exp(s[t] - m)
-        total += s[t]
+    total = _in_order(_values, _value, s, s, s.shape[0])
     for t in range(s.shape[0]):
         s[t] = s[t] / total
 

@@ -17,14 +17,14 @@ from kolibri_cli.errors import KolibriError
 # A value set in the environment wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
-REDUCE = {"reassoc", "contract"}  # fastmath for reductions only: no nnan/ninf/afn
+REDUCE = {"reassoc", "contract"}  # fastmath for order-free reductions (a max): no nnan/ninf/afn
 ONE = np.float32(1.0)
 ZERO = np.float32(0.0)
 
-# Every vectorized reduction loop gets one accumulator vector per sum (no interleaving), so the
-# 1-, 2- and 3-token matmul tiles sum each dot product in the same order: which tile computes a
-# row then cannot change its bits. Set before any kernel compiles; process-wide, but it only
-# costs speed in other numba code, never results.
+# Every vectorized reduction loop gets one accumulator vector per sum (no interleaving). kolibri's
+# sums are written out in a fixed order now (simd, attention), so this guards any loop left to
+# the vectorizer; it also shapes the code (and speed) of the kernel as measured. Set before any
+# kernel compiles; process-wide, but it only costs speed in other numba code, never results.
 llvm.set_option("", "-force-vector-interleave=1")
 
 

@@ -10,12 +10,13 @@ zero-length arrays when absent (one `.shape[0]` test per layer), a sliding windo
 int (0 = whole context), and RoPE scaling (linear, llama3, yarn) only changes the cos/sin tables.
 
 Batch invariance: a position's logits are bitwise identical whatever L is and wherever the row
-falls in the call. BLAS is never used (GEMM and GEMV round differently). Every dot product is one
-vectorized loop over the input dimension (fastmath `reassoc` on reductions only), and LLVM is told
-not to interleave vectorized loops, so each sum gets exactly one accumulator vector: the 1-, 2- and
-3-token register tiles of the matmul then round every (row, token) dot alike, and no tiling of L
-changes a bit. Norms and attention work one token row at a time; elementwise ops are strict IEEE.
-The tests assert all of this with `array_equal` for every L 1..16 and random splits.
+falls in the call. BLAS is never used (GEMM and GEMV round differently). Every sum is written out
+in one order (`simd`'s 16 lanes and tree in the matmul, `attention`'s sums in the order LLVM's
+vectorizer gave them on AVX-512), never left to the vectorizer, whose width follows the CPU: the
+1-, 2- and 3-token register tiles of the matmul round every (row, token) dot alike, no tiling of
+L changes a bit, and an AVX2 build gives the bits of an AVX-512 one. Norms and attention work one
+token row at a time; elementwise ops are strict IEEE. The tests assert all of this with
+`array_equal` for every L 1..16 and random splits, and for a build for Haswell.
 
 Speed: matmuls run parallel over units of R weight rows strided across the matrix (R long
 sequential streams per thread for the prefetcher); a unit's rows stay in L1/L2 while the L tokens

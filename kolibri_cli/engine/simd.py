@@ -12,17 +12,37 @@ arithmetically on other CPUs. Everything else is portable LLVM IR.
 
 import os
 
-import llvmlite.binding as llvm
 import llvmlite.ir as ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, codegen, config
 from numba.extending import intrinsic, models, register_model
 
+
+def target_features() -> set[str]:
+    """The CPU features numba compiles for: NUMBA_CPU_FEATURES when set, else the host's (without
+    AVX when NUMBA_ENABLE_AVX=0), as numba's JIT target machine takes them. Only features the
+    string enables count: with NUMBA_CPU_NAME and a NUMBA_CPU_FEATURES that leaves a feature to
+    the CPU model, kolibri does without it (portable code, the same bits, maybe slower) rather
+    than emit an instruction the target may lack."""
+    features = config.CPU_FEATURES
+    if features is None:
+        features = codegen.get_host_cpu_features()
+    enabled = set()
+    for f in filter(None, features.split(",")):  # "+name" or "-name", the last one wins
+        (enabled.add if f[0] == "+" else enabled.discard)(f[1:])
+    return enabled
+
+
+def _uses(*features: str) -> bool:
+    """Whether kolibri emits instructions needing these features (KOLIBRI_SIMD=portable: never)"""
+    return set(features) <= target_features() and os.environ.get("KOLIBRI_SIMD") != "portable"
+
+
 N = 16  # lanes
-# Table lookups in one instruction (vpermps). KOLIBRI_SIMD=portable computes the same floats
-# arithmetically, as on a CPU without AVX-512 (tests run both).
-LUT = ("+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
-       and os.environ.get("KOLIBRI_SIMD") != "portable")
+# Table lookups in one instruction (vpermps). Without AVX-512 in numba's target (another CPU,
+# NUMBA_CPU_NAME/NUMBA_CPU_FEATURES, or KOLIBRI_SIMD=portable) the same floats are computed
+# arithmetically (tests run both).
+LUT = _uses("avx512f")
 
 
 class _F32x16(types.Type):
@@ -92,6 +112,25 @@ def _loader(vt, elty, widen, doc):
 
 vload = _loader(_VF, ir.FloatType(), lambda b, v: v,
                "16 float32 at element i of a float32 array (at byte i of a uint8 array)")
+
+
+@intrinsic
+def vload_row(typingctx, arr, i):
+    """arr[i : i+16] of a 1-D float32 array of any layout (a strided one element by element)"""
+    sig = f32x16(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        if arr.layout in "CF":
+            return builder.load(_ptr(context, builder, arr, args[0], args[1], _VF), align=1)
+        ary = context.make_array(arr)(context, builder, args[0])
+        v = ir.Constant(_VF, ir.Undefined)
+        for k in range(N):
+            p = cgutils.get_item_pointer(context, builder, arr, ary,
+                                         [builder.add(args[1], ir.Constant(args[1].type, k))])
+            v = builder.insert_element(v, builder.load(p), ir.Constant(_I32, k))
+        return v
+
+    return sig, codegen
 vload_f16 = _loader(_VF, ir.HalfType(), lambda b, v: b.fpext(v, _VF),
                     "16 float16 at byte i of a uint8 array, widened (exact)")
 vload_bf16 = _loader(
@@ -161,6 +200,8 @@ def _constant(vt, values, doc):
 
 
 vzero = _constant(_VF, [0.0] * N, "16 x +0.0")
+vsum_start = _constant(_VF, [0.0] + [-0.0] * (N - 1),
+                       "[+0.0, -0.0, ..., -0.0]: the lanes LLVM's vectorizer starts a sum of +0 in")
 viota = _constant(_VF, [float(i) for i in range(N)], "[0.0, 1.0, ..., 15.0]")
 viota16 = _constant(_VF, [float(i) for i in range(N, 2 * N)], "[16.0, 17.0, ..., 31.0]")
 vlanes = _constant(_VI, list(range(N)), "[0, 1, ..., 15] as int32")
@@ -189,6 +230,14 @@ def vfma(typingctx, a, b, c):
     sig = f32x16(f32x16, f32x16, f32x16)
     return sig, lambda context, builder, signature, args: _call(builder, "llvm.fma.v16f32", _VF,
                                                                  list(args))
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a*b + c rounded once, for float32 scalars"""
+    sig = types.float32(types.float32, types.float32, types.float32)
+    return sig, lambda context, builder, signature, args: _call(builder, "llvm.fma.f32",
+                                                                 ir.FloatType(), list(args))
 
 
 @intrinsic
@@ -340,8 +389,7 @@ def vsplat(typingctx, v, i):
 # each group of 4 products into one int32 lane. Integers are exact, so the AVX-512 VNNI
 # instruction and the portable widen-multiply-add sequence give the same lanes.
 
-VNNI = ("+avx512vnni" in llvm.get_host_cpu_features().flatten().split(",")
-        and os.environ.get("KOLIBRI_SIMD") != "portable")
+VNNI = _uses("avx512f", "avx512vnni")
 
 
 class _I8x64(types.Type):
