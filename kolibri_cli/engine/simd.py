@@ -454,12 +454,15 @@ def _masked_load(builder, ptr, vt, n, name):
 
 @intrinsic
 def vload_b64_head(typingctx, arr, i, n):
-    """The first n (<= 64) bytes at byte i of a uint8 array, then zero bytes up to 64"""
+    """The first n (<= 64, a multiple of 4) bytes at byte i of a uint8 array, then zero bytes up
+    to 64 (loaded as 32-bit words: AVX2 masks those, vpmaskmovd; bytes it would load one by one)"""
     sig = i8x64(arr, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
-        p = _ptr(context, builder, arr, args[0], args[1], _VB)
-        return _masked_load(builder, p, _VB, args[2], "llvm.masked.load.v64i8.p0")
+        p = _ptr(context, builder, arr, args[0], args[1], _VI)
+        words = builder.lshr(args[2], ir.Constant(args[2].type, 2))
+        return builder.bitcast(_masked_load(builder, p, _VI, words, "llvm.masked.load.v16i32.p0"),
+                               _VB)
 
     return sig, codegen
 
