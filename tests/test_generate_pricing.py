@@ -200,10 +200,9 @@ def test_the_guard_keeps_its_timings_and_the_next_run_starts_from_them(kolibri_h
     assert list(kept) == [guardcosts.kernel_key(sha, "float32", get_threads())]
     assert warm_table(sha, "float32", get_threads() + 1)[1] == "none"
     assert warm_table(sha, "q8_0", get_threads())[1] == "none"
-    again = spec_of(generate(folder, "--proposer", "guard"))
-    assert again["stats"]["drafts_proposed"] > 0
-    cells = table.cells()
-    assert len(warm_table(sha, "float32", get_threads())[0].cells()) >= len(cells)
+    spec_of(generate(folder, "--proposer", "guard"))  # warm (whether it drafts is the timings')
+    again = warm_table(sha, "float32", get_threads())[0].cells()
+    assert {(o, r) for o, r, _ in again} >= {(o, r) for o, r, _ in table.cells()}
 
 
 def test_a_bench_of_this_kernel_starts_the_guard_when_it_kept_nothing(kolibri_home, tiny):

@@ -29,14 +29,16 @@ def path() -> Path:
 
 def kernel_key(model_sha256: str, numerics: str, threads: int) -> str:
     """What a timing holds for: the model, its numerics and threads, the compiled kernel (the
-    engine's sources, numba and KOLIBRI_SIMD: the key of its numba cache) and the CPU."""
+    engine's sources, numba and KOLIBRI_SIMD: the key of its numba cache; the CPU numba compiles
+    for) and the CPU it runs on."""
     from llvmlite import binding
+    from numba.core import config
 
     from kolibri_cli.engine import jitcache
 
     kernel = jitcache.cache_dir(Path(jitcache.__file__)).name
-    return "|".join((model_sha256, numerics, str(threads), kernel, cpu_model(),
-                     binding.get_host_cpu_name()))
+    target = f"{config.CPU_NAME or binding.get_host_cpu_name()} {config.CPU_FEATURES or ''}"
+    return "|".join((model_sha256, numerics, str(threads), kernel, cpu_model(), target))
 
 
 def load(key: str) -> list | None:
