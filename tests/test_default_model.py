@@ -84,8 +84,10 @@ def test_generate_json_on_the_default_model(pulled_default, monkeypatch):
 
 def test_generate_spec_json_on_the_default_model(pulled_default, monkeypatch):
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
+    # --costs default: the guard starts cold (its calibration drafts) and keeps no timings in
+    # the home the session's other tests share
     args = ["generate", "--json", "--spec", "--k", "3", "--window", "2", "-n", "40",
-            "Repeat exactly: one two three, one two three, one two three"]
+            "--costs", "default", "Repeat exactly: one two three, one two three, one two three"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

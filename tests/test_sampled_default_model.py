@@ -76,6 +76,7 @@ def test_sampled_drafts_are_accepted_on_the_default_model():
 def test_generate_compare_sampled(pulled_default, monkeypatch):
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
     args = ["generate", "--temperature", "0.7", "--seed", "3", "--spec", "--compare", "--json",
+            "--costs", "default",  # a cold guard, no timings kept in the session's shared home
             "-n", "40", "List the days of the week, then list them again in the same order."]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
