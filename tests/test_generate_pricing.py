@@ -259,3 +259,29 @@ def test_costs_default_starts_the_guard_cold_and_keeps_nothing(kolibri_home, tin
     kept = guardcosts.path().read_text()
     spec_of(generate(folder, "--proposer", "guard", "--costs", "default"))
     assert guardcosts.path().read_text() == kept  # read by neither, written by neither
+
+
+def test_the_measured_probe_says_where_the_guards_costs_started(kolibri_home, tiny):
+    """probe --measure starts its live guard from the kept timings, as generate does, and says
+    so (JSON `guard_costs_from`, the tables): "none" before any run kept some, "kept" after."""
+    from kolibri_cli.decode.generate import generate_plain
+    from kolibri_cli.goldens.chains import Golden
+    from kolibri_cli.probe.measure import measure_runs
+    from kolibri_cli.probe.report import GUARD_START
+    from kolibri_cli.probe.shard import simulate
+    from kolibri_cli.store.models import open_model
+
+    folder, sha = tiny
+    model = open_model(str(folder))
+    prompt = [5, 6, 7] * 4
+    goldens = [Golden("g", "c", "p", False, prompt, generate_plain(model, prompt, 20).output_ids,
+                      "m", sha)]
+    runs = [simulate(goldens, 8, (1, 4), "guard"), simulate(goldens, 3, (1, 4), "vllm"),
+            simulate(goldens, 6, (1, 4), "guard", {1: 1.0, 2: 1.1})]
+    starts = []
+    for _ in range(2):
+        measured = measure_runs(model, goldens, runs)
+        starts.append([m.to_json()["guard_costs_from"] for m in measured.values()])
+        spec_of(generate(folder, "--proposer", "guard"))  # keeps its timings
+    assert starts == [["none", None, None], ["kept", None, None]]
+    assert set(GUARD_START) == {"kept", "bench", "none"}

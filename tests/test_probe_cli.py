@@ -265,6 +265,7 @@ def test_guard_and_fixed_measured_in_one_run_agree_with_their_simulations():
     runs = [simulate(goldens, 8, (1, 4), "guard"), simulate(goldens, 3, (1, 4), "vllm")]
     measured = measure_runs(model, goldens, runs, repeats=2)
     assert list(measured) == [("guard", 8, (1, 4)), ("vllm", 3, (1, 4))]
+    assert [m.guard_costs_from for m in measured.values()] == ["none", None]
     for m in measured.values():
         assert m.spec_equals_plain and m.counts_match_simulation
         assert [g.id for g in m.goldens] == ["g0", "g1"]

@@ -19,6 +19,7 @@ from kolibri_cli.errors import KolibriError
 from kolibri_cli.probe.pricing import source_text
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
+    GUARD_START,
     MEASURED_COLUMNS,
     MIN_TIMED_STEPS,
     SEED_COLUMNS,
@@ -285,6 +286,8 @@ def measured_table(m, label: str) -> FitTable:
     if m.left_out:
         caption += (f"; {m.left_out} golden(s) too short to time (under {MIN_TIMED_STEPS} "
                     "decode steps) left out of the total")
+    if m.guard_costs_from:
+        caption += f"; the guard's costs started from {GUARD_START[m.guard_costs_from]}"
     return FitTable(title, cols, rows, title_justify="left", caption=caption)
 
 

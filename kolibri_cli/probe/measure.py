@@ -58,16 +58,19 @@ class _Arm:
     goldens: list[MeasuredGolden] = field(default_factory=list)
     totals: list[dict] = field(default_factory=list)
     warm: list | None = None  # the guard's start: the cells earlier runs kept, for every golden
+    start: str | None = None  # a measuring guard's: where `warm` came from
 
 
-def _warm_cells(model) -> list:
-    """The timings a measuring guard starts from, as `kolibri generate` would on this kernel (one
-    snapshot for every golden: they may run in any order)."""
+def _warm_cells(model) -> tuple[list, str]:
+    """(the timings a measuring guard starts from, as `kolibri generate` would on this kernel,
+    where they came from: "kept", "bench" or "none"); one snapshot for every golden: they may
+    run in any order."""
     from kolibri_cli.engine.jit import get_threads
 
     if getattr(model, "sha256", None) is None:  # a stand-in without an identity kept nothing
-        return []
-    return warm_table(model.sha256, model.numerics, get_threads())[0].cells()
+        return [], "none"
+    table, source = warm_table(model.sha256, model.numerics, get_threads())
+    return table.cells(), source
 
 
 def proposer_pair(run: SimRun, warm: list | None = None) -> tuple:
@@ -90,8 +93,9 @@ def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int 
     the goldens' times, each the `statistic` of its rounds (the median; `min` is the time
     least disturbed by other work: on a shared machine interference only ever adds time).
     c(n) for the predictions is timed `cost_repeats` times per golden."""
-    warm = _warm_cells(model)
-    arms = [_Arm(run, [proposer_pair(run, warm) for _ in range(repeats)], warm=warm)
+    warm, source = _warm_cells(model)
+    arms = [_Arm(run, [proposer_pair(run, warm) for _ in range(repeats)], warm=warm,
+                 start=source if run.proposer == "guard" and not run.costs else None)
             for run in runs]
     for i, golden in enumerate(goldens):
         _measure_golden(model, golden, i, arms, repeats, sampling, cost_repeats, statistic)
@@ -205,6 +209,7 @@ def _summary(arm: _Arm) -> Measured:
         goldens=arm.goldens,
         repeats=len(arm.pairs),
         left_out=len(arm.totals) - len(timed),
+        guard_costs_from=arm.start,
     )
 
 

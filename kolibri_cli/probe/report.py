@@ -82,6 +82,9 @@ class Measured:
     # ms per n-token pass in each c(n) round (a server kolibri timed): the spread behind c(n)
     cost_ms_rounds: dict[int, list[float]] = field(default_factory=dict)
     left_out: int = 0  # goldens too short to time, not in the overall figures nor the worst
+    # a guard measuring its own costs started from: "kept" (timings earlier runs of this kernel
+    # kept), "bench" (kolibri bench's c(n)) or "none" (it calibrated); None: not such a guard
+    guard_costs_from: str | None = None
 
     @property
     def worst(self) -> MeasuredGolden | None:
@@ -108,6 +111,8 @@ class Measured:
         return doc
 
 
+GUARD_START = {"kept": "timings kept by earlier runs", "bench": "kolibri bench's c(n)",
+               "none": "nothing (it calibrated)"}
 TOO_SHORT = "too short"  # a golden's cell in the guard report: not timed (MIN_TIMED_STEPS)
 
 
@@ -490,6 +495,8 @@ def _md_measured(m: Measured, name: str = "") -> str:
         ["simulated counts == real counts", "yes" if m.counts_match_simulation else "NO"],
         ["c(n)", ", ".join(f"c({n})={c:.2f}" for n, c in sorted(m.costs.items()))],
     ]
+    if m.guard_costs_from:
+        rows.append(["the guard's costs started from", GUARD_START[m.guard_costs_from]])
     if m.cost_ms_rounds:
         rows.append(["ms per n-token pass (range over c(n) rounds)", ", ".join(
             f"{n}: {min(ms):.1f}-{max(ms):.1f}" for n, ms in sorted(m.cost_ms_rounds.items()))])
