@@ -169,7 +169,7 @@ class CostTable:
         for cell in cells if isinstance(cells, list) else []:
             if _valid_cell(cell):
                 o, r, samples = cell
-                table._cells[int(o), int(r)] = deque(map(float, samples), maxlen=KEEP)
+                table._cells[o, r] = deque(map(float, samples), maxlen=KEEP)
         return table
 
     def cells(self) -> list:
@@ -216,8 +216,7 @@ def warm_table(model_sha256: str, numerics: str, threads: int) -> tuple[CostTabl
         found = benchcosts.find(benchcosts.load(), model_sha256, numerics, threads)
     except (KolibriError, OverflowError, TypeError):
         found = None
-    here = (benchcosts.cpu_model(), benchcosts.source_commit())
-    if found is not None and (found.cpu, found.commit) == here and _same_version(found.kolibri):
+    if found is not None and benchcosts.timed_here(found):
         o = octave(BENCH_CONTEXT)
         return CostTable.seeded([[o, n, [c]] for n, c in found.costs.items() if n > 1]), "bench"
     return CostTable(), "none"
@@ -227,14 +226,9 @@ def keep_table(table: CostTable, model_sha256: str, numerics: str, threads: int)
     """Keep a measuring table's samples for the next run of this kernel (a frozen one: nothing)."""
     from kolibri_cli.store import guardcosts
 
-    if isinstance(table, CostTable) and not table.frozen and table.cells():
-        guardcosts.save(guardcosts.kernel_key(model_sha256, numerics, threads), table.cells())
-
-
-def _same_version(version: str) -> bool:
-    from kolibri_cli import __version__
-
-    return version == __version__
+    cells = table.cells() if isinstance(table, CostTable) and not table.frozen else []
+    if cells:
+        guardcosts.save(guardcosts.kernel_key(model_sha256, numerics, threads), cells)
 
 
 class ReplayedCosts:

@@ -141,6 +141,13 @@ def _wider_same_kernel(stored: BenchCosts, new: BenchCosts) -> bool:
     return same and max(stored.costs) > max(new.costs)
 
 
+def timed_here(entry: BenchCosts) -> bool:
+    """The entry was timed by this kolibri (version and commit) on this CPU: its kernel's."""
+    from kolibri_cli import __version__
+
+    return (entry.kolibri, entry.commit, entry.cpu) == (__version__, source_commit(), cpu_model())
+
+
 def find(entries: list[BenchCosts], model_sha256: str, numerics: str,
          threads: int | None = None) -> BenchCosts | None:
     """The latest entry for this model and numerics, with `threads` threads (None: any)."""
