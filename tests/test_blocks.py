@@ -99,12 +99,12 @@ def test_matmul_equals_float32_path_for_every_l(name):
 
 @pytest.mark.parametrize("name", QUANT + FLOAT)
 def test_verify_sized_calls_on_short_units_and_odd_widths(name):
-    """Calls of 1..9 tokens (every split into sweeps of 1..4 tokens) on units of 1 and 3 rows, at
-    a width that is not a multiple of 256 (nor of 32 for float rows), equal the 1-row dots of the
-    float32 path, bitwise, wherever the call starts."""
+    """Calls of 1..17 tokens (every group size 1..8, in the 4- and 2-row tiles) on units of 1,
+    3 and 4 rows, at a width that is not a multiple of 256 (nor of 32 for float rows), equal the
+    1-row dots of the float32 path, bitwise, wherever the call starts."""
     rng = np.random.default_rng(ord(name[0]) + ord(name[-1]))
     k = 50 if name in FLOAT else {32: 160, 256: 768}[blocks.BY_NAME[name].weights]
-    x = rng.standard_normal((11, k)).astype(np.float32)
+    x = rng.standard_normal((19, k)).astype(np.float32)
     for n in (1, 3, 7):
         file_rows = random_file_rows(name, n, k, rng)
         m = storage_matrix(name, file_rows, k)
@@ -113,7 +113,7 @@ def test_verify_sized_calls_on_short_units_and_odd_widths(name):
         alone = np.empty((len(x), n), np.float32)
         for j in range(len(x)):
             matmul(x[j:j + 1], f.arrays(), alone[j:j + 1])
-        for L in range(1, 10):
+        for L in range(1, 18):
             for s in (0, len(x) - L):
                 out = np.empty((L, n), np.float32)
                 matmul(x[s:s + L], m.arrays(), out)

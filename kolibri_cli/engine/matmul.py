@@ -11,10 +11,11 @@ stride). A unit's rows sit at offset + i*stride; a fused QKV or gate/up matrix i
 parts one after another (parts may differ in block type, as in Q4_K_M files).
 
 Decode (L = 1) decodes each part of 32 weights into registers and multiplies it at once (four
-rows share each load of x). Verify passes (1 < L <= FEW) do the same for up to 4 tokens at a
-time: each part decoded once per 4 tokens, never stored. Prefill (L > FEW) decodes a unit's rows
-once into a float32 scratch in L1, then runs register tiles of 4 rows x 4 tokens over token
-blocks of TB, so the weights are read from memory once per TB tokens and decoded once per block.
+rows share each load of x). Verify passes (1 < L <= FEW) do the same for groups of up to 8
+tokens, 2-4 with the unit's 4 rows, 5-8 with 2 rows at a time (at most 16 sums in registers):
+each part decoded once per group, never stored. Prefill (L > FEW) decodes a unit's rows once
+into a float32 scratch in L1, then runs register tiles of 4 rows x 4 tokens over token blocks of
+TB, so the weights are read from memory once per TB tokens and decoded once per block.
 """
 
 import numpy as np
@@ -52,7 +53,7 @@ from kolibri_cli.engine.simd import vfma, vlane, vload, vstore, vsum16, vzero
 
 R = 4  # weight rows per unit
 TB = 64  # tokens per block when L > FEW: the block [TB, K] of x stays in L2
-FEW = 32  # up to this many tokens (verify passes), each part is decoded once per 4 tokens
+FEW = 32  # up to this many tokens (verify passes), each part is decoded once per group
 
 
 # ---------------------------------------------------------------- decode: one token, 4 rows
@@ -178,23 +179,110 @@ def _dot4xg(t, d, o0, o1, o2, o3, x, j, jn, kp):
 
 
 @njit(inline="always", cache=True)
+def _dot4x2_of(part, scales, per_block, parts, nbytes, a):
+    """Lane 4i + q = row at o_i . token at element j_q of x (q < 2): _dot4xg_of's 2-token case
+    with only its 8 live sums   a = (d, o0..o3, x, j0, j1, kp)"""
+    d, o0, o1, o2, o3, x, j0, j1, kp = a
+    z = vzero()
+    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = z
+    for b in range(kp // per_block):
+        ob = nbytes * b
+        v0, v1 = scales(d, o0 + ob), scales(d, o1 + ob)
+        v2, v3 = scales(d, o2 + ob), scales(d, o3 + ob)
+        for p in range(parts):
+            e = per_block * b + 32 * p
+            lo0, hi0 = part(d, o0 + ob, p, v0)
+            lo1, hi1 = part(d, o1 + ob, p, v1)
+            lo2, hi2 = part(d, o2 + ob, p, v2)
+            lo3, hi3 = part(d, o3 + ob, p, v3)
+            a00, a10 = _fma32(lo0, hi0, x, j0 + e, a00), _fma32(lo1, hi1, x, j0 + e, a10)
+            a20, a30 = _fma32(lo2, hi2, x, j0 + e, a20), _fma32(lo3, hi3, x, j0 + e, a30)
+            a01, a11 = _fma32(lo0, hi0, x, j1 + e, a01), _fma32(lo1, hi1, x, j1 + e, a11)
+            a21, a31 = _fma32(lo2, hi2, x, j1 + e, a21), _fma32(lo3, hi3, x, j1 + e, a31)
+    return vsum16(a00, a01, z, z, a10, a11, z, z, a20, a21, z, z, a30, a31, z, z)
+
+
+@njit(cache=True)
+def _dot4x2(t, d, o0, o1, o2, o3, x, j, kp):
+    """_dot4x2_of for tokens j, j+1 of x [L*kp] (flat)"""
+    return _typed(t, _dot4x2_of, (d, o0, o1, o2, o3, x, j * kp, (j + 1) * kp, kp))
+
+
+@njit(inline="always", cache=True)
+def _dot2x8_of(part, scales, per_block, parts, nbytes, a):
+    """Lane 8i + q = row at o_i . token at element j + q*kp of x (i < 2, q < jn, 5 <= jn <= 8):
+    each part of the 2 rows decoded once for the jn tokens   a = (d, o0, o1, x, j, jn, kp)"""
+    d, o0, o1, x, j, jn, kp = a
+    z = vzero()
+    a00 = a01 = a02 = a03 = a04 = a05 = a06 = a07 = z
+    a10 = a11 = a12 = a13 = a14 = a15 = a16 = a17 = z
+    for b in range(kp // per_block):
+        ob = nbytes * b
+        v0, v1 = scales(d, o0 + ob), scales(d, o1 + ob)
+        for p in range(parts):
+            e = j + per_block * b + 32 * p
+            lo0, hi0 = part(d, o0 + ob, p, v0)
+            lo1, hi1 = part(d, o1 + ob, p, v1)
+            a00, a10 = _fma32(lo0, hi0, x, e, a00), _fma32(lo1, hi1, x, e, a10)
+            a01, a11 = _fma32(lo0, hi0, x, e + kp, a01), _fma32(lo1, hi1, x, e + kp, a11)
+            a02, a12 = _fma32(lo0, hi0, x, e + 2 * kp, a02), _fma32(lo1, hi1, x, e + 2 * kp, a12)
+            a03, a13 = _fma32(lo0, hi0, x, e + 3 * kp, a03), _fma32(lo1, hi1, x, e + 3 * kp, a13)
+            a04, a14 = _fma32(lo0, hi0, x, e + 4 * kp, a04), _fma32(lo1, hi1, x, e + 4 * kp, a14)
+            if jn > 5:
+                a05 = _fma32(lo0, hi0, x, e + 5 * kp, a05)
+                a15 = _fma32(lo1, hi1, x, e + 5 * kp, a15)
+            if jn > 6:
+                a06 = _fma32(lo0, hi0, x, e + 6 * kp, a06)
+                a16 = _fma32(lo1, hi1, x, e + 6 * kp, a16)
+            if jn > 7:
+                a07 = _fma32(lo0, hi0, x, e + 7 * kp, a07)
+                a17 = _fma32(lo1, hi1, x, e + 7 * kp, a17)
+    return vsum16(a00, a01, a02, a03, a04, a05, a06, a07, a10, a11, a12, a13, a14, a15, a16, a17)
+
+
+@njit(cache=True)
+def _dot2x8(t, d, o0, o1, x, j, jn, kp):
+    """_dot2x8_of for tokens j..j+jn-1 of x [L*kp] (flat), compiled for each jn (a loop with
+    jn's tests inside ran 10-40% slower)"""
+    e = j * kp
+    if jn == 5:
+        return _typed(t, _dot2x8_of, (d, o0, o1, x, e, 5, kp))
+    if jn == 6:
+        return _typed(t, _dot2x8_of, (d, o0, o1, x, e, 6, kp))
+    if jn == 7:
+        return _typed(t, _dot2x8_of, (d, o0, o1, x, e, 7, kp))
+    return _typed(t, _dot2x8_of, (d, o0, o1, x, e, 8, kp))
+
+
+@njit(inline="always", cache=True)
 def _few_unit(d, unit, x, t0, t1, out):
-    """out[t, r0 + i] = row i . x[t] for t0 <= t < t1, in groups of <= 4 tokens   x [L, Kp]"""
+    """out[t, r0 + i] = row i . x[t] for t0 <= t < t1, in groups of <= 8 tokens   x [L, Kp]"""
     r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
     o0, o1, o2, o3 = _row_offsets(o, stride, n)
     kp = x.shape[1]
+    xf = x.reshape(-1)
     j = t0
     while j < t1:
-        jn = min(4, t1 - j)
+        jn = min(8, t1 - j)
         if jn == 1:
             s = _dot4(t, d, o0, o1, o2, o3, x[j], kp)
             for i in range(n):
                 out[j, r0 + i] = vlane(s, i)
-        else:
-            s = _dot4xg(t, d, o0, o1, o2, o3, x.reshape(-1), j, jn, kp)
+        elif jn <= 4:
+            if jn == 2:
+                s = _dot4x2(t, d, o0, o1, o2, o3, xf, j, kp)
+            else:
+                s = _dot4xg(t, d, o0, o1, o2, o3, xf, j, jn, kp)
             for i in range(n):
                 for q in range(jn):
                     out[j + q, r0 + i] = vlane(s, 4 * i + q)
+        else:
+            for i0 in range(0, n, 2):
+                pa, pb = (o0, o1) if i0 == 0 else (o2, o3)
+                s = _dot2x8(t, d, pa, pb, xf, j, jn, kp)
+                for i in range(min(2, n - i0)):
+                    for q in range(jn):
+                        out[j + q, r0 + i0 + i] = vlane(s, 8 * i + q)
         j += jn
 
 
