@@ -18,9 +18,11 @@ disjoint) as prompt files for `kolibri goldens record`.
    1-2, 1, 2, 3-4) on the tune split by exact simulation and the modelled speedup under that
    c(n), and keeps the best `--fixed` (none of this looks at the reported goldens);
 3. per goldens file: the guard (cap 16, measuring its own costs) and those fixed settings,
-   measured with the model in one interleaved run (`--repeats` rounds per golden, plain and
-   each configuration taking turns; a golden's time is the median of its rounds, or with
-   `--statistic min` the least disturbed one), spec == plain and counts == simulation checked;
+   measured with the model in one interleaved run (rounds over every golden, plain and each
+   configuration taking turns; `--repeats` rounds for the longest golden, more for shorter
+   ones; a golden's speedup is the median of its rounds' own ratios of undisturbed times, or
+   with `--statistic min` the ratio of the least disturbed ones: docs/probe.md, "Measured
+   speedup"), spec == plain and counts == simulation checked;
 4. `--null`: also a guard that never drafts, so a golden's ratio is noise and the spec loop's
    own overhead alone (an A/A check of how low the worst golden goes without any drafting);
 5. `--bench`: the bench chain (a 2-cycle) likewise, against the fixed settings that simulate
@@ -129,6 +131,7 @@ def measure_block(model, name: str, goldens: list[Golden], fixed: list, costs: d
         worst = m.worst
         out["runs"][run.name] = {
             "speedup": m.speedup, "worst": worst.speedup, "worst_id": worst.id,
+            "best": max(g.speedup for g in [g for g in m.goldens if not g.too_short] or m.goldens),
             "plain_tok_s": m.plain_tokens_per_s, "spec_equals_plain": m.spec_equals_plain,
             "counts_match_simulation": m.counts_match_simulation,
             "modelled": model_run.modelled_speedup(),
@@ -137,7 +140,8 @@ def measure_block(model, name: str, goldens: list[Golden], fixed: list, costs: d
             "accepted": model_run.total.drafts_accepted,
             "per_golden": {g.id: g.speedup for g in m.goldens}}
         say(f"   {run.name:34s} overall {m.speedup:5.3f}x  worst {worst.speedup:5.3f}x "
-            f"({worst.id})  plain {m.plain_tokens_per_s:5.1f} tok/s  modelled "
+            f"({worst.id})  best {out['runs'][run.name]['best']:5.3f}x  plain "
+            f"{m.plain_tokens_per_s:5.1f} tok/s  modelled "
             f"{model_run.modelled_speedup():5.3f}x  passes {model_run.total.verify_passes}  "
             f"accepted {model_run.total.drafts_accepted}/{model_run.total.drafts_proposed}  "
             f"spec==plain "
@@ -281,13 +285,14 @@ def main(argv: list[str]) -> dict | None:
     r.add_argument("--goldens", action="append", default=[], help="goldens reported on")
     r.add_argument("--bench", action="store_true", help="also the bench chain")
     r.add_argument("--threads", type=int, default=0, help="kernel threads (0: all cores)")
-    r.add_argument("--repeats", type=int, default=3)
+    r.add_argument("--repeats", type=int, default=3, help="rounds of the longest golden; a "
+                   "shorter one runs in more, up to 4x, so each is timed over as many tokens")
     r.add_argument("--fixed", type=int, default=2, help="fixed settings measured")
     r.add_argument("--max-tokens", type=int, default=None, help="first N output ids of each")
     r.add_argument("--json", help="write the figures here")
     r.add_argument("--statistic", choices=sorted(STATISTICS), default="median",
-                   help="a golden's time from its rounds: median, or min (the least disturbed "
-                   "by other work on a shared machine)")
+                   help="a golden's figures from its rounds: median (of each round's ratio), "
+                   "or min (the least disturbed times)")
     r.add_argument("--null", action="store_true", help="also a guard that never drafts (k 1, "
                    "c(2) huge): the spread noise and the spec loop alone give per golden")
     m = sub.add_parser("model", help="the guard and the best fixed settings modelled (no timing)")

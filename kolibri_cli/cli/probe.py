@@ -176,8 +176,9 @@ def probe(
     ),
     repeats: int | None = typer.Option(
         None, "--repeats", metavar="N", help="--measure: runs per golden, plain and spec taking "
-        "turns (in kolibri, every measured configuration in each round, the order rotating); "
-        "medians. [default: 1 in kolibri, 3 on a server]"
+        "turns; medians. In kolibri: rounds over every golden, each running every measured "
+        "configuration; N for the longest golden, more for shorter ones (up to 4N) "
+        "[default: 1 in kolibri, 3 on a server]"
     ),
     timeout: float | None = typer.Option(
         None, "--timeout", metavar="S", help="Seconds to wait for one server answer. "

@@ -9,6 +9,7 @@ position. So both generators emit the same ids, greedy or sampled, and stop at t
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -65,6 +66,15 @@ class GenerationResult:
     sampling: Sampling = GREEDY
     stop_reason: str = "length"  # "eos", "stop" (a stop string) or "length" (max tokens)
     sample_s: float = 0.0  # of decode_s: time spent choosing tokens from logits
+    step_s: list[float] = field(default_factory=list)  # decode_s by step: a plain step or a
+    # verify pass with its drafting and choosing (sum == decode_s); the probe's timings use them
+
+    @property
+    def step_rows(self) -> list[int]:
+        """Tokens each decode step ran through the forward, one per `step_s`."""
+        if self.mode == "spec":
+            return [1 + p.drafted for p in self.passes]
+        return [1] * len(self.step_s)
 
     @property
     def new_tokens(self) -> int:
@@ -121,11 +131,12 @@ def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
                    stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
     run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv)
     run.commit([run.prefill()], on_tokens)
-    t0 = time.perf_counter()
+    marks = [time.perf_counter()]  # each decode step's end, after the start
     while not run.done:
         logits = run.tf.forward([run.out[-1]], run.last_pos, run.cache)  # [1, V]
         run.commit([run.pick(logits[0], len(run.out))], on_tokens)
-    return run.result("plain", time.perf_counter() - t0, forward_passes=len(run.out))
+        marks.append(time.perf_counter())
+    return run.result("plain", marks, forward_passes=len(run.out))
 
 
 def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
@@ -137,7 +148,7 @@ def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
     run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv, proposer.k if trees else 0)
     run.commit([run.prefill()], on_tokens)
     passes, proposer_s = [], 0.0
-    t0 = time.perf_counter()
+    marks = [time.perf_counter()]  # each verify pass's end, after the start
     while not run.done:
         tp, budget = time.perf_counter(), max_tokens - len(run.out) - 1
         drafts = (draft_tree if trees else draft)(proposer, run.context(), budget)
@@ -149,7 +160,8 @@ def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
                                  tuple(drafts.depths()) if trees else ()))
         produced = run.commit(new, on_tokens)
         proposer_s += _observe(proposer, run.context(), passes[-1], run.done, produced)
-    result = run.result("spec", time.perf_counter() - t0, forward_passes=1 + len(passes))
+        marks.append(time.perf_counter())
+    result = run.result("spec", marks, forward_passes=1 + len(passes))
     result.passes, result.proposer_s = passes, proposer_s
     return result
 
@@ -263,13 +275,15 @@ class _Run:
             on_tokens(tokens[:kept])
         return kept
 
-    def result(self, mode: str, decode_s: float, forward_passes: int) -> GenerationResult:
+    def result(self, mode: str, marks: list[float], forward_passes: int) -> GenerationResult:
+        """The result; `marks`: the decode loop's start, then the end of each of its steps."""
         if self.kv is not None:
             self.kv.ids = self.context()[:-1].tolist()  # the last token was never forwarded
         return GenerationResult(
             self.ids[: self.n].tolist(), self.out, self.stops.text(self.out), self.prefill_s,
-            decode_s, forward_passes, mode=mode, sampling=self.sampler.sampling,
-            stop_reason=self.reason or "length", sample_s=self.sampler.seconds)
+            marks[-1] - marks[0], forward_passes, mode=mode, sampling=self.sampler.sampling,
+            stop_reason=self.reason or "length", sample_s=self.sampler.seconds,
+            step_s=[b - a for a, b in pairwise(marks)])
 
 
 def _common_prefix(a: Sequence[int], b: np.ndarray, cap: int) -> int:

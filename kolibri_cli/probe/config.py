@@ -55,7 +55,7 @@ class ProbeConfig:
     engine_api: str | None = None  # llama.cpp, vllm or openai (default: detected)
     gguf: Path | None = None  # GGUF for --engine llama-server (default: the model's own)
     repeats: int | None = None  # runs per golden, plain and spec taking turns (medians); 1 in
-    # kolibri (every measured configuration in each round), 3 on a server (see measure_repeats)
+    # kolibri (rounds over every golden, the longest's; shorter ones run in more), 3 on a server
     timeout: float = 600.0  # seconds to wait for one server answer
     allow_model_mismatch: bool = False  # measure goldens recorded for another model
     # --measure samples as each golden was recorded, unless these override it for every golden

@@ -11,13 +11,20 @@ any other is fresh for each golden. The guard measures its own costs while it ru
 golden's start as `kolibri generate` does per request; its simulation is given the costs the
 live run read, in order, so it must decide exactly as the run did.
 
-Several configurations are measured in one sweep over the goldens: per golden, `repeats` rounds
-of one plain run and one spec run per configuration, the order rotating from round to round and
-golden to golden so machine noise hits all alike; a golden's times are the medians over rounds.
+Several configurations are measured in one run, round by round: each round runs every golden in
+turn, one plain run and one spec run per configuration, the order rotating from round to round
+and golden to golden so machine noise hits all alike. A golden's rounds are spread over the whole
+run, so a load that lasts seconds disturbs one of its rounds, not all. A golden shorter than the
+longest runs in more rounds (`rounds_per_golden`), so each is timed over about as many tokens.
+Each run's time counts a disturbed decode step at the median of its round's peers
+(`undisturbed_times`); a golden's speedup is the median over its rounds of plain / spec within a
+round, its times the medians. docs/probe.md, "Measured speedup", has the evidence.
 Non-goals: rendering (report.py, render_probe.py).
 """
 
+import math
 import statistics
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,19 +53,39 @@ from kolibri_cli.probe.simulate import (
 
 COST_REPEATS = 3
 Statistic = Callable[[list[float]], float]  # a golden's time from its rounds' times
+DISTURBED = 1.3  # a step this many times its peers' median was slowed by other work
+MORE_ROUNDS = 4  # a short golden runs in at most this many times `repeats` rounds
 
 
 @dataclass
 class _Arm:
-    """One configuration under measurement: a (live, simulated) proposer pair per round (kept
-    across goldens if the proposer shares state across requests), and what each golden gave."""
+    """One configuration under measurement: a (live, simulated) proposer pair per golden and
+    round (one per round, for every golden in turn, if the proposer shares state across
+    requests), and what each golden gave."""
 
     run: SimRun
-    pairs: list[tuple]
-    goldens: list[MeasuredGolden] = field(default_factory=list)
-    totals: list[dict] = field(default_factory=list)
     warm: list | None = None  # the guard's start: the cells earlier runs kept, for every golden
     start: str | None = None  # a measuring guard's: where `warm` came from
+    made: dict = field(default_factory=dict)  # (golden or None, round) -> proposer pair
+    goldens: list[MeasuredGolden] = field(default_factory=list)
+    totals: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.shares = shares_state(proposer_pair(self.run, self.warm)[0])
+
+    def pair(self, golden: int, round_: int) -> tuple:
+        key = (None if self.shares else golden, round_)
+        if key not in self.made:
+            self.made[key] = proposer_pair(self.run, self.warm)
+        return self.made[key]
+
+
+@dataclass
+class _Timed:
+    """One golden's runs, round by round: plain, and per configuration (result, costs read)."""
+
+    plains: list[GenerationResult] = field(default_factory=list)
+    specs: list[list[tuple]] = field(default_factory=list)
 
 
 def _warm_cells(model) -> tuple[list, str]:
@@ -90,18 +117,37 @@ def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int 
                  cost_repeats: int = COST_REPEATS,
                  statistic: Statistic = statistics.median) -> dict[RunKey, Measured]:
     """Measure every configuration over every golden, interleaved; overall figures are sums of
-    the goldens' times, each the `statistic` of its rounds (the median; `min` is the time
-    least disturbed by other work: on a shared machine interference only ever adds time).
-    c(n) for the predictions is timed `cost_repeats` times per golden."""
+    the goldens' times, each the `statistic` of its rounds' undisturbed times (the median; `min`
+    is the least disturbed round). c(n) for the predictions is timed `cost_repeats` times per
+    golden."""
     warm, source = _warm_cells(model)
-    arms = [_Arm(run, [proposer_pair(run, warm) for _ in range(repeats)], warm=warm,
-                 start=source if run.proposer == "guard" and not run.costs else None)
+    arms = [_Arm(run, warm, source if run.proposer == "guard" and not run.costs else None)
             for run in runs]
+    more = not any(arm.shares for arm in arms)  # extra rounds would change a shared history
+    rounds = rounds_per_golden(goldens, repeats, more)
+    timed = [_Timed(specs=[[] for _ in arms]) for _ in goldens]
+    done, total = 0, sum(rounds)
+    for r in range(max(rounds, default=0)):
+        for i, golden in enumerate(goldens):
+            if r < rounds[i]:
+                _run_round(model, golden, i, r, arms, timed[i], sampling)
+                done += 1
+                if step:
+                    step(done, total)
     for i, golden in enumerate(goldens):
-        _measure_golden(model, golden, i, arms, repeats, sampling, cost_repeats, statistic)
-        if step:
-            step(i + 1, len(goldens))
-    return {run_key(arm.run): _summary(arm) for arm in arms}
+        _figure_golden(model, golden, i, arms, timed[i], cost_repeats, statistic)
+    return {run_key(arm.run): _summary(arm, repeats) for arm in arms}
+
+
+def rounds_per_golden(goldens: list[Golden], repeats: int, more: bool = True) -> list[int]:
+    """Rounds per golden: `repeats` for the longest; a shorter one, whose time a disturbance
+    sways more, runs in more (up to MORE_ROUNDS times as many), so each golden is timed over
+    about as many tokens (unless `more` is False: `repeats` each)."""
+    longest = max((len(g.output_ids) for g in goldens), default=1)
+    if not more:
+        return [repeats] * len(goldens)
+    return [min(math.ceil(repeats * longest / max(len(g.output_ids), 1)), MORE_ROUNDS * repeats)
+            for g in goldens]
 
 
 def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = None,
@@ -110,29 +156,80 @@ def measure_run(model, goldens: list[Golden], run: SimRun, step: Ticks | None = 
     return measure_runs(model, goldens, [run], repeats, step, sampling)[run_key(run)]
 
 
-def _measure_golden(model, golden: Golden, index: int, arms: list[_Arm], repeats: int,
-                    sampling: Sampling | None, cost_repeats: int,
-                    statistic: Statistic) -> None:
+def _run_round(model, golden: Golden, index: int, round_: int, arms: list[_Arm],
+               timed: _Timed, sampling: Sampling | None) -> None:
+    """One round of a golden: plain and every configuration once, in the `round_order`, so no
+    configuration always runs first, or after the same one."""
     n = len(golden.output_ids)
     how = golden.sampler if sampling is None else sampling
-    for arm in arms:
-        if not shares_state(arm.pairs[0][0]):
-            arm.pairs = [proposer_pair(arm.run, arm.warm) for _ in range(repeats)]
-    plains: list[GenerationResult] = []
-    specs: list[list[tuple]] = [[] for _ in arms]  # (result, costs read) per round
-    for r in range(repeats):
-        order, shift = [-1, *range(len(arms))], (index + r) % (len(arms) + 1)
-        for a in order[shift:] + order[:shift]:  # rotate by golden and round: noise hits all
-            if a < 0:
-                plains.append(generate_plain(model, golden.prompt_ids, n, sampling=how))
-            else:
-                specs[a].append(_spec_run(model, golden, n, arms[a].pairs[r][0], how))
+    for a in round_order(len(arms), index, round_):
+        if a < 0:
+            timed.plains.append(generate_plain(model, golden.prompt_ids, n, sampling=how))
+        else:
+            live = arms[a].pair(index, round_)[0]
+            timed.specs[a].append(_spec_run(model, golden, n, live, how))
+
+
+def round_order(arms: int, golden: int, round_: int) -> list[int]:
+    """Who runs when in one round: -1 for plain, else a configuration's index. Rounds come in
+    pairs, an order then its reverse (a drift in speed between them cancels out); each pair
+    rotates by one, starting from a place that moves from golden to golden."""
+    order, shift = [-1, *range(arms)], (golden + round_ // 2) % (arms + 1)
+    order = order[shift:] + order[:shift]
+    return order[::-1] if round_ % 2 else order
+
+
+def _figure_golden(model, golden: Golden, index: int, arms: list[_Arm], timed: _Timed,
+                   cost_repeats: int, statistic: Statistic) -> None:
+    n = len(golden.output_ids)
     top = max(arm.run.k for arm in arms) + 1
     rel = verify_costs(model.transformer, top, len(golden.prompt_ids) + n // 2, cost_repeats)
-    for arm, runs in zip(arms, specs, strict=True):
-        m, t = _golden_figures(golden, index, arm, plains, runs, rel, statistic)
+    plain_u, spec_u = _undisturbed_by_round(timed)
+    for a, (arm, rounds) in enumerate(zip(arms, timed.specs, strict=True)):
+        pairs = [arm.pair(index, r) for r in range(len(rounds))]
+        m, t = _golden_figures(golden, index, arm, timed.plains, rounds, pairs, rel,
+                               (plain_u, [u[a] for u in spec_u]), statistic)
         arm.goldens.append(m)
         arm.totals.append(t)
+
+
+def _undisturbed_by_round(timed: _Timed) -> tuple[list[float], list[list[float]]]:
+    """(plain's undisturbed time per round, every configuration's per round): a step's peers
+    are the steps of its round (plain's and every configuration's), which ran moments apart,
+    at one speed of a shared machine."""
+    plain_u, spec_u = [], []
+    for r, plain in enumerate(timed.plains):
+        u = undisturbed_times([plain, *(runs[r][0] for runs in timed.specs)])
+        plain_u.append(u[0])
+        spec_u.append(u[1:])
+    return plain_u, spec_u
+
+
+def paired_speedup(plain_u: list[float], spec_u: list[float], statistic: Statistic) -> float:
+    """A golden's speedup: the median over rounds of plain / spec within a round (the two ran
+    moments apart, so a load that lasts seconds slows both); with another statistic (`min`),
+    the ratio of the rounds' statistics."""
+    if statistic is statistics.median:
+        return statistics.median(p / s if s else 0.0 for p, s in zip(plain_u, spec_u, strict=True))
+    spec_s = statistic(spec_u)
+    return statistic(plain_u) / spec_s if spec_s else 0.0
+
+
+def undisturbed_times(runs: list[GenerationResult]) -> list[float]:
+    """Each run's decode time with every disturbed step counted at its peers' median instead.
+
+    Other work on the machine only ever adds time, and adds it in bursts: a step DISTURBED times
+    the median of its peers (the steps with as many rows in all `runs`: one round of a golden,
+    plain and every configuration) was slowed by it. Every configuration and plain get the same
+    rule. A run without step times counts its decode_s."""
+    pool = defaultdict(list)
+    for run in (run for run in runs if run.step_s):
+        for rows, s in zip(run.step_rows, run.step_s, strict=True):
+            pool[rows].append(s)
+    typical = {rows: statistics.median(times) for rows, times in pool.items()}
+    return [sum(s if s <= DISTURBED * typical[rows] else typical[rows]
+                for rows, s in zip(run.step_rows, run.step_s, strict=True))
+            if run.step_s else run.decode_s for run in runs]
 
 
 def _spec_run(model, golden: Golden, n: int, proposer, how: Sampling) -> tuple:
@@ -144,16 +241,15 @@ def _spec_run(model, golden: Golden, n: int, proposer, how: Sampling) -> tuple:
 
 
 def _golden_figures(golden: Golden, index: int, arm: _Arm, plains: list[GenerationResult],
-                    rounds: list[tuple], rel: dict[int, float],
-                    statistic: Statistic = statistics.median) -> tuple:
+                    rounds: list[tuple], pairs: list[tuple], rel: dict[int, float],
+                    undisturbed: tuple, statistic: Statistic = statistics.median) -> tuple:
     run, sim_counts = arm.run, arm.run.goldens[index].counts
     specs = [result for result, _ in rounds]
-    plain_s = statistic([p.decode_s for p in plains])
-    spec_s = statistic([s.decode_s for s in specs])
+    plain_s, spec_s = statistic(undisturbed[0]), statistic(undisturbed[1])
     steps = max(plains[0].new_tokens - 1, 1)
     costs = {m: c * plain_s / steps for m, c in rel.items()}  # seconds per m-token forward
     matches = [_counts_match(golden, p, s, read, sim, run.k)
-               for p, (s, read), (_, sim) in zip(plains, rounds, arm.pairs, strict=True)]
+               for p, (s, read), (_, sim) in zip(plains, rounds, pairs, strict=True)]
     stats = specs[0].spec_stats()
     per_pass = sum(s.proposer_s for s in specs) / max(sum(len(s.passes) for s in specs), 1)
     lengths = sim_counts.draft_lengths
@@ -161,7 +257,7 @@ def _golden_figures(golden: Golden, index: int, arm: _Arm, plains: list[Generati
         id=golden.id,
         plain_tokens_per_s=steps / plain_s if plain_s else 0.0,
         spec_tokens_per_s=steps / spec_s if spec_s else 0.0,
-        speedup=plain_s / spec_s if spec_s else 0.0,
+        speedup=paired_speedup(*undisturbed, statistic),
         predicted_speedup=predicted_speedup(sim_counts.plain_steps, lengths, costs, per_pass),
         spec_equals_plain=all(s.output_ids == p.output_ids
                               for p, s in zip(plains, specs, strict=True)),
@@ -192,7 +288,7 @@ def _counts_match(golden: Golden, plain: GenerationResult, spec: GenerationResul
         own.verify_passes, own.drafts_proposed, own.drafts_accepted)
 
 
-def _summary(arm: _Arm) -> Measured:
+def _summary(arm: _Arm, repeats: int) -> Measured:
     """Overall figures over the goldens long enough to time (over all when none is)."""
     timed = timed_only(arm.totals, arm.goldens)
     total = lambda key: sum(t[key] for t in timed)  # noqa: E731
@@ -207,7 +303,7 @@ def _summary(arm: _Arm) -> Measured:
         spec_equals_plain=all(m.spec_equals_plain for m in arm.goldens),
         counts_match_simulation=all(m.counts_match_simulation for m in arm.goldens),
         goldens=arm.goldens,
-        repeats=len(arm.pairs),
+        repeats=repeats,
         left_out=len(arm.totals) - len(timed),
         guard_costs_from=arm.start,
     )
