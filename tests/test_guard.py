@@ -201,7 +201,7 @@ def test_a_run_starts_from_its_own_length_by_succession():
 
     assert DEFAULT_PRIOR.succession
     acc = Acceptance(AcceptancePrior(((0.8,), (0.3,)), 4.0, succession=True), states=2, k=4)
-    assert acc.rates(RUN, 1).tolist() == pytest.approx([2 / 3] * 4)
+    assert list(acc.rates(RUN, 1)) == pytest.approx([2 / 3] * 4)
     assert acc.rates(RUN, 20)[0] == pytest.approx(21 / 22) and acc.rates(1, 20)[0] == 0.3
     acc.tried[RUN, :2], acc.accepted[RUN, :2] = 4, (4, 0)  # this request: runs went 4 of 8
     assert acc.rates(RUN, 1)[0] == pytest.approx((4 + 4 * (4 + 4 * 2 / 3) / 12) / 8)
@@ -367,3 +367,81 @@ def test_a_guard_warm_from_kept_timings_drafts_long_at_once():
     warm = GuardProposer(8, 1, 4, costs=CostTable.seeded(kept), prior=prior)
     assert cold.propose(cycle[:20], 8) == []
     assert warm.propose(cycle[:20], 8) == cycle[20:28]
+
+
+def _measured_by_the_definition(table, context):
+    """CostTable.measured spelled out: per row count, the median of the nearest octave's cell
+    (one holding TRUSTED samples first)."""
+    import statistics
+
+    from kolibri_cli.decode.costs import TRUSTED, octave
+
+    target, out = octave(context), {}
+    for rows in sorted({r for _, r in table._cells}):
+        held = {o: s for (o, r), s in table._cells.items() if r == rows}
+        trusted = [o for o, s in held.items() if len(s) >= TRUSTED]
+        o = min(trusted or held, key=lambda o: (abs(o - target), o))
+        out[rows] = statistics.median(held[o])
+    return out
+
+
+def test_a_measuring_table_answers_its_definition_bit_for_bit_after_random_passes():
+    """The table's shortcuts (one pass over the cells, its own median, answers kept while the
+    costs they read stand) change no answer: the same as a fresh table's of the same samples."""
+    import random
+
+    from kolibri_cli.decode.costs import CostTable
+
+    rng = random.Random(7)
+    table = CostTable()
+    for _ in range(400):
+        rows = rng.choice([1, 1, 1, 2, 3, 4, 5, 8, 16])
+        table.add(rows, rng.randint(1, 3000), rng.uniform(0.004, 0.02))
+        context = rng.randint(1, 3000)
+        assert table.measured(context) == _measured_by_the_definition(table, context)
+        top = rng.randint(1, 40)
+        fresh = CostTable.from_dict(table.to_dict())
+        assert np.array_equal(table.relative(context, top), fresh.relative(context, top))
+
+
+def _best_length_by_the_formula(acc, state, limit, c, run):
+    """GuardProposer.best_length as array formulas (`Acceptance`'s docstrings): the guard's
+    float loops must give the same draft, from the same numbers."""
+    from kolibri_cli.decode.proposers.guard import CAUTION, RUN
+
+    w = acc.prior.weight
+    prior = acc.prior.table(acc.states, acc.k)[state] * w
+    if state == RUN:
+        start = (run + 1) / (run + 2) * w if acc.prior.succession else prior[0]
+        pooled = (acc.accepted[RUN].sum() + start) / (acc.tried[RUN].sum() + w)
+        prior = np.full(acc.k, pooled * w)
+    rate = (acc.accepted[state] + prior) / (acc.tried[state] + w)
+    seen = acc.tried[state] + w
+    cautious = np.clip(rate - CAUTION * np.sqrt(rate * (1.0 - rate) / (seen + 1.0)), 0.0, 1.0)
+    assert acc.cautious(state, run) == cautious.tolist()
+    expected = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(cautious[:limit]))))
+    return int(np.argmax(expected / c[1:]))
+
+
+def test_the_guards_draft_length_is_its_formula_bit_for_bit():
+    import random
+
+    from kolibri_cli.decode.proposers.guard import DEFAULT_PRIOR, RUN, Acceptance
+
+    rng = random.Random(11)
+    for trial in range(3000):
+        prior = DEFAULT_PRIOR if trial % 2 else AcceptancePrior(((0.7, 0.5), (0.2,), (0.9,)),
+                                                                rng.choice([1.0, 4.0]))
+        k = rng.randint(1, 16)
+        acc = Acceptance(prior, states=5, k=k)
+        acc.tried[:] = np.array([[rng.randint(0, 40) for _ in range(k)] for _ in range(5)])
+        acc.accepted[:] = np.floor(acc.tried * np.array([[rng.random() for _ in range(k)]
+                                                         for _ in range(5)]))
+        state, limit, run = rng.choice([RUN, 1, 2, 3, 4]), rng.randint(1, k), rng.randint(0, 30)
+        c = np.array([0.0, 1.0, *sorted(rng.uniform(1.0, 3.0) for _ in range(limit))])
+        if rng.random() < 0.3:
+            c[rng.randint(2, limit + 1):] = np.inf  # beyond the table's reach
+        g = GuardProposer(k, 1, 4)
+        g._acceptance, g.costs = acc, type("Fixed", (), {"relative": lambda self, x, t, c=c: c})()
+        assert g.best_length(state, limit, 100, run) == _best_length_by_the_formula(
+            acc, state, limit, c, run)

@@ -1,7 +1,6 @@
 """Forward costs: c(n), the cost of an n-token forward relative to a 1-token forward, either
 given (a fixed model) or measured while generating (`CostTable`, by rows and context length)."""
 
-import statistics
 from collections import deque
 from collections.abc import Callable
 
@@ -89,7 +88,9 @@ class CostTable:
         self._given: Callable[[int], float] | None = None  # from_costs: c(n), any context
         self._cells: dict[tuple[int, int], deque] = {}  # (octave, rows) -> latest c(rows)
         self._ones: deque = deque(maxlen=REFERENCE)  # the latest 1-token timings (seconds)
-        self._cache: dict[tuple[int, int], np.ndarray] = {}  # (octave, top) -> c[0..top]
+        # octave -> c[0..top] for the largest top asked there: each c[n] is a function of n
+        # alone, so a smaller top's answer is a prefix of it
+        self._cache: dict[int, np.ndarray] = {}
 
     def add(self, rows: int, context: int, seconds: float) -> None:
         """Record one forward of `rows` tokens after `context` cached ones (no-op when frozen)."""
@@ -102,28 +103,36 @@ class CostTable:
             return
         if not self._ones:
             return
-        ratio = seconds / statistics.median(self._ones)
-        self._cells.setdefault((octave(context), int(rows)), deque(maxlen=KEEP)).append(ratio)
-        self._cache.clear()
+        ratio = seconds / _median(self._ones)
+        rows = int(rows)
+        asked = list(self._cache)  # the octaves answers are kept for
+        before = [self._cost(rows, o) for o in asked]
+        self._cells.setdefault((octave(context), rows), deque(maxlen=KEEP)).append(ratio)
+        if before != [self._cost(rows, o) for o in asked]:
+            self._cache.clear()  # kept answers stand while c(rows) reads the same everywhere
 
     def measured(self, context: int) -> dict[int, float]:
         """c(n) for every row count n timed so far, as read at this context length."""
-        target, out = octave(context), {}
-        for rows in sorted({r for _, r in self._cells}):
-            held = {o: s for (o, r), s in self._cells.items() if r == rows}
-            trusted = [o for o, s in held.items() if len(s) >= TRUSTED]
-            o = min(trusted or held, key=lambda o: (abs(o - target), o))
-            out[rows] = statistics.median(held[o])
-        return out
+        target, by_rows = octave(context), {}
+        for (o, r), s in self._cells.items():
+            by_rows.setdefault(r, {})[o] = s  # one pass over the cells, not one per row count
+        return {rows: _nearest(by_rows[rows], target) for rows in sorted(by_rows)}
+
+    def _cost(self, rows: int, target: int) -> float | None:
+        """measured(context)[rows] for a context in octave `target` (None: rows never timed)."""
+        held = {o: s for (o, r), s in self._cells.items() if r == rows}
+        return _nearest(held, target) if held else None
 
     def relative(self, context: int, top: int) -> np.ndarray:  # -> float64[top + 1]
         """c[n] for n = 1..top at this context length (c[0] unused, = 0; c[1] = 1)."""
-        key = (octave(context), int(top))
-        if key not in self._cache:
-            self._cache[key] = self._relative(*key)
+        oct_, top = octave(context), int(top)
+        kept = self._cache.get(oct_)
+        if kept is None or len(kept) <= top:
+            kept = self._cache[oct_] = self._relative(oct_, top)
+        answer = kept[: top + 1]  # [top + 1]
         if self.log is not None:
-            self.log.append(self._cache[key])
-        return self._cache[key]
+            self.log.append(answer)
+        return answer
 
     def _relative(self, oct_: int, top: int) -> np.ndarray:
         n = np.arange(top + 1, dtype=np.float64)  # [top + 1]
@@ -142,10 +151,10 @@ class CostTable:
             return np.where(n <= 1, 1.0, np.inf)  # no reference yet: a plain step first
         rows, costs = [1, *measured], [1.0, *measured.values()]
         top, c_top = rows[-1], costs[-1]
-        c = np.interp(np.minimum(n, top), rows, costs)
-        above = n > top
-        c[above] = c_top * (1.0 + DEFAULT_COST_SLOPE * (n[above] - top))
-        c[n > REACH * top] = np.inf
+        c = np.interp(n, rows, costs)  # c_top from n = top on
+        # n = 0, 1, 2, ...: the rows above top are a slice (fewer numpy calls than masks)
+        c[top + 1 :] = c_top * (1.0 + DEFAULT_COST_SLOPE * (n[top + 1 :] - top))
+        c[REACH * top + 1 :] = np.inf
         return c
 
     def to_dict(self) -> dict:
@@ -188,6 +197,22 @@ class CostTable:
         if self._given is not None:
             return self
         return CostTable.from_dict(self.to_dict(), frozen=True)
+
+
+def _nearest(held: dict[int, deque], target: int) -> float:
+    """The median of the cell nearest octave `target` among one row count's cells (octave ->
+    samples), a cell holding TRUSTED samples before any that holds fewer."""
+    trusted = [o for o, s in held.items() if len(s) >= TRUSTED]
+    o = min(trusted or held, key=lambda o: (abs(o - target), o))
+    return _median(held[o])
+
+
+def _median(samples) -> float:
+    """statistics.median (sorted, the middle one or the mean of the middle two), without its
+    overhead: the same number for the <= KEEP samples of a cell."""
+    ordered = sorted(samples)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2
 
 
 def _valid_cell(cell) -> bool:

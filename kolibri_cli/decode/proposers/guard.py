@@ -1,14 +1,17 @@
 """The guard: draft only where the expected gain is positive, from forward costs measured at the
 running context and acceptance learned online for this request."""
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
+from numba import njit
 
 from kolibri_cli.decode.costs import CostTable
 from kolibri_cli.decode.proposers.ngram import longest_match
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 
 RUN = 0  # state: the previous candidate predicted every token produced since it was made
 # Drafts are chosen on each rate's estimate less CAUTION standard deviations of it: a rejected
@@ -52,7 +55,11 @@ class Acceptance:
     """P(draft position i accepted | positions before it accepted), per state, learned from
     every candidate of this request — drafted or not: the tokens the model produces anyway show
     how far each candidate would have been accepted (choosing a token depends only on its
-    position, never on the drafts), so skipping a draft loses no evidence."""
+    position, never on the drafts), so skipping a draft loses no evidence.
+
+    Rates are computed on plain Python floats: a guard call works on k <= 16 of them, where each
+    numpy call would cost more than the arithmetic (the same IEEE operations in the same order,
+    so the same numbers bit for bit as the array formulas in the docstrings)."""
 
     prior: AcceptancePrior
     states: int
@@ -62,44 +69,88 @@ class Acceptance:
     pending: list[_Candidate] = field(init=False, default_factory=list)
 
     def __post_init__(self):
-        self._prior = self.prior.table(self.states, self.k) * self.prior.weight
+        self._prior = (self.prior.table(self.states, self.k) * self.prior.weight).tolist()
         self.tried = np.zeros((self.states, self.k))
         self.accepted = np.zeros((self.states, self.k))
 
-    def rates(self, state: int, run: int = 0) -> np.ndarray:  # -> float64[k]
-        """Per position: the prior plus this request's evidence. In a run, a position starts
-        from the run's pooled rate instead: a run is the text repeating, which every position
-        shares, so deep positions need not wait for evidence of their own. `run`: the tokens
-        the run has predicted in a row (the prior's `succession`)."""
+    def rates(self, state: int, run: int = 0) -> list[float]:  # -> [k]
+        """Per position: (accepted + prior rate * weight) / (tried + weight). In a run, a
+        position starts from the run's pooled rate instead: a run is the text repeating, which
+        every position shares, so deep positions need not wait for evidence of their own. `run`:
+        the tokens the run has predicted in a row (the prior's `succession`)."""
+        weight = self.prior.weight
         prior = self._prior[state]  # [k] prior rate * weight
         if state == RUN:
-            start = ((run + 1) / (run + 2) * self.prior.weight if self.prior.succession
-                     else prior[0])
-            pooled = (self.accepted[RUN].sum() + start) / (self.tried[RUN].sum()
-                                                           + self.prior.weight)
-            prior = np.full(self.k, pooled * self.prior.weight)
-        return (self.accepted[state] + prior) / (self.tried[state] + self.prior.weight)
+            start = (run + 1) / (run + 2) * weight if self.prior.succession else prior[0]
+            # sums of counts: whole numbers, exact in any order
+            pooled = (sum(self.accepted[RUN].tolist()) + start) / (sum(self.tried[RUN].tolist())
+                                                                  + weight)
+            prior = [pooled * weight] * self.k
+        return [(a + p) / (t + weight)
+                for a, p, t in zip(self.accepted[state].tolist(), prior,
+                                   self.tried[state].tolist(), strict=True)]
 
-    def cautious(self, state: int, run: int = 0) -> np.ndarray:  # -> float64[k]
-        """`rates` less CAUTION standard deviations, with the prior counted as `weight`
-        observations (a Beta posterior's spread): drafting waits for evidence."""
-        rate = self.rates(state, run)
-        seen = self.tried[state] + self.prior.weight
-        return np.clip(rate - CAUTION * np.sqrt(rate * (1.0 - rate) / (seen + 1.0)), 0.0, 1.0)
+    def cautious(self, state: int, run: int = 0) -> list[float]:  # -> [k]
+        """`rates` less CAUTION standard deviations, clipped to [0, 1], with the prior counted
+        as `weight` observations (a Beta posterior's spread, rate (1 - rate) / (tried + weight
+        + 1)): drafting waits for evidence."""
+        weight = self.prior.weight
+        return [_clip(r - CAUTION * _sqrt(r * (1.0 - r) / (t + weight + 1.0)))
+                for r, t in zip(self.rates(state, run), self.tried[state].tolist(), strict=True)]
 
     def add(self, candidate: _Candidate) -> None:
         self.pending.append(candidate)
 
     def learn(self, context: np.ndarray) -> None:
         """Compare pending candidates with the tokens produced since; drop finished ones."""
+        if not self.pending:
+            return
+        first = min(c.start + c.checked for c in self.pending)
+        produced = context[first:].tolist()  # the tokens no pending candidate has seen yet
         for c in self.pending:
+            tried, accepted = self.tried[c.state], self.accepted[c.state]  # [k] views
             while c.alive and c.checked < len(c.tokens) and c.start + c.checked < len(context):
                 i = c.checked
-                self.tried[c.state, i] += 1
-                c.alive = c.tokens[i] == context[c.start + i]
-                self.accepted[c.state, i] += c.alive
+                tried[i] += 1.0
+                c.alive = c.tokens[i] == produced[c.start + i - first]
+                accepted[i] += c.alive
                 c.checked += 1
         self.pending = [c for c in self.pending if c.alive and c.checked < len(c.tokens)]
+
+
+@njit(cache=True)
+def _starts_with(tokens, prefix):  # tokens: int64[T], prefix: int64[P <= T] -> bool
+    """np.array_equal(tokens[:P], prefix) without its temporaries (a guard call's biggest cost
+    once the context runs to hundreds of tokens)."""
+    for i in range(prefix.shape[0]):
+        if tokens[i] != prefix[i]:
+            return False
+    return True
+
+
+def _sqrt(x: float) -> float:
+    """np.sqrt on one float: NaN below zero (math.sqrt raises)."""
+    return math.sqrt(x) if x >= 0.0 else math.nan
+
+
+def _clip(x: float) -> float:
+    """np.clip(x, 0.0, 1.0) on one float: NaN stays NaN, -0.0 becomes 0.0."""
+    if 0.0 < x < 1.0 or x != x:
+        return x
+    return 0.0 if x <= 0.0 else 1.0
+
+
+def _first_max(values: list[float]) -> int:
+    """np.argmax: the first maximum, or the first NaN if any."""
+    best, where = values[0], 0
+    if best != best:
+        return 0
+    for i, v in enumerate(values):
+        if v != v:
+            return i
+        if v > best:
+            best, where = v, i
+    return where
 
 
 @dataclass
@@ -157,10 +208,15 @@ class GuardProposer:
         """The draft length in 0..limit with the most expected tokens per unit of cost."""
         if limit == 0:
             return 0
-        expected = 1.0 + np.concatenate(([0.0], np.cumsum(np.cumprod(
-            self._acceptance.cautious(state, run)[:limit]))))  # [limit + 1] tokens per pass
-        c = self.costs.relative(context, limit + 1)  # [limit + 2]
-        return int(np.argmax(expected / c[1:]))  # first maximum: the shorter draft on ties
+        c = self.costs.relative(context, limit + 1).tolist()  # [limit + 2]
+        rates = self._acceptance.cautious(state, run)
+        # expected[j] = 1 + sum_{i<j} prod_{l<=i} rates[l]: tokens per pass drafting j
+        value, reach, product = [1.0 / c[1]], 0.0, 1.0  # [limit + 1] tokens per unit cost
+        for j in range(limit):
+            product *= rates[j]
+            reach += product
+            value.append((1.0 + reach) / c[j + 2])
+        return _first_max(value)  # first maximum: the shorter draft on ties
 
     def _state(self, n: int, produced: int) -> int:
         """RUN if the last candidate agreed with every token produced since it was made."""
@@ -172,7 +228,7 @@ class GuardProposer:
     def _sync(self, tokens: np.ndarray) -> None:
         seen = len(self._seen)
         grown = 0 < seen < len(tokens) <= seen + self.k + 1
-        if not (grown and np.array_equal(tokens[:seen], self._seen)):
+        if not (grown and _starts_with(tokens, self._seen)):
             self._acceptance, self._last = self._new_acceptance(), None
         else:
             self._acceptance.learn(tokens)
