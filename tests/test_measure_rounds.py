@@ -171,3 +171,29 @@ def test_a_steps_peers_are_its_rounds_plain_and_configuration_steps(monkeypatch)
     plain_u, spec_u = measure._undisturbed_by_round(timed)
     assert plain_u == pytest.approx([4.0, 12.0])
     assert [u[0] for u in spec_u] == pytest.approx([4.0, 12.0])
+
+
+def test_the_overall_speedup_is_paired_as_a_goldens_is(monkeypatch):
+    """One golden, three rounds, every step of a run as long as the others but each round at
+    its own speed: plain x 1.0, 1.25, 1.1 and spec x 1.1, 1.0, 1.25. The rounds' own ratios have
+    the median (1 / 1.1) x plain steps / spec passes; the medians of the times alone would say
+    1.1 / 1.1. With one golden the overall speedup is that golden's."""
+    goldens = [golden(0, 24)]
+    plain_speed, spec_speed = iter([1.0, 1.25, 1.1]), iter([1.1, 1.0, 1.25])
+
+    def timed(run, speed):
+        run.step_s = [0.01 * speed] * len(run.step_s)
+        run.decode_s = sum(run.step_s)
+        return run
+
+    monkeypatch.setattr(measure, "generate_plain",
+                        lambda *a, **k: timed(generate_plain(*a, **k), next(plain_speed)))
+    monkeypatch.setattr(measure, "generate_spec",
+                        lambda *a, **k: timed(generate_spec(*a, **k), next(spec_speed)))
+    [m] = measure.measure_runs(MODELS[0], goldens, [simulate(goldens, 3, (1, 4), "vllm")],
+                               repeats=3, cost_repeats=1).values()
+    [g] = m.goldens
+    assert g.verify_passes < 23
+    assert g.speedup == pytest.approx(23 / g.verify_passes / 1.1)
+    assert m.speedup == pytest.approx(g.speedup)
+    assert m.spec_tokens_per_s / m.plain_tokens_per_s == pytest.approx(23 / g.verify_passes)

@@ -116,10 +116,11 @@ def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int 
                  step: Ticks | None = None, sampling: Sampling | None = None,
                  cost_repeats: int = COST_REPEATS,
                  statistic: Statistic = statistics.median) -> dict[RunKey, Measured]:
-    """Measure every configuration over every golden, interleaved; overall figures are sums of
-    the goldens' times, each the `statistic` of its rounds' undisturbed times (the median; `min`
-    is the least disturbed round). c(n) for the predictions is timed `cost_repeats` times per
-    golden."""
+    """Measure every configuration over every golden, interleaved; a golden's times are the
+    `statistic` of its rounds' undisturbed times (the median; `min` is the least disturbed
+    round), its speedup paired within rounds (`paired_speedup`), the overall speedup the sum of
+    the goldens' plain times over the sum of plain time / speedup. c(n) for the predictions is
+    timed `cost_repeats` times per golden."""
     warm, source = _warm_cells(model)
     arms = [_Arm(run, warm, source if run.proposer == "guard" and not run.costs else None)
             for run in runs]
@@ -268,7 +269,8 @@ def _golden_figures(golden: Golden, index: int, arm: _Arm, plains: list[Generati
         drafts_accepted=stats["drafts_accepted"],
         too_short=too_short_to_time(plains[0].new_tokens - 1),
     )
-    totals = {"plain_s": plain_s, "spec_s": spec_s, "tokens": steps,
+    paired_s = plain_s / measured.speedup if measured.speedup else spec_s
+    totals = {"plain_s": plain_s, "spec_s": spec_s, "paired_spec_s": paired_s, "tokens": steps,
               "predicted_plain_s": sim_counts.plain_steps * costs[1],
               "predicted_spec_s": spec_time(lengths, costs, per_pass),
               "rel_costs": rel, "proposer_s": per_pass * len(specs[0].passes),
@@ -289,14 +291,17 @@ def _counts_match(golden: Golden, plain: GenerationResult, spec: GenerationResul
 
 
 def _summary(arm: _Arm, repeats: int) -> Measured:
-    """Overall figures over the goldens long enough to time (over all when none is)."""
+    """Overall figures over the goldens long enough to time (over all when none is). The
+    speedup is paired as each golden's is: the goldens' plain times over the spec times their
+    own speedups give (plain_s / speedup), so a load that slowed one arm's median of a golden
+    moves the overall no more than that golden's paired ratio; spec tok/s stays the medians'."""
     timed = timed_only(arm.totals, arm.goldens)
     total = lambda key: sum(t[key] for t in timed)  # noqa: E731
     plain_s, spec_s = total("plain_s"), total("spec_s")
     return Measured(
         plain_tokens_per_s=total("tokens") / plain_s if plain_s else 0.0,
         spec_tokens_per_s=total("tokens") / spec_s if spec_s else 0.0,
-        speedup=plain_s / spec_s if spec_s else 0.0,
+        speedup=plain_s / paired_s if (paired_s := total("paired_spec_s")) else 0.0,
         predicted_speedup=div_or_none(total("predicted_plain_s"), total("predicted_spec_s")),
         costs=_median_costs([t["rel_costs"] for t in arm.totals], arm.run.k + 1),
         proposer_s_per_pass=total("proposer_s") / max(total("passes"), 1),
