@@ -19,6 +19,14 @@ RUN = 0  # state: the previous candidate predicted every token produced since it
 # out a draft made on thin evidence. With evidence the bound closes on the estimate. Chosen on
 # the tune split of Spec-Bench prompts (docs/guard.md), never on the shipped goldens.
 CAUTION = 0.5
+# The most a request may fall behind plain decoding on drafts the guard is not sure of, by its
+# own costs: with every such draft rejected it still costs at most 1 + RISK plain steps per token
+# produced (>= 0.97x of plain). Not tuned: the "never hurts" target itself.
+RISK = 0.03
+# A draft whose first token is, cautiously, more likely right than wrong is not held to that
+# budget (the text is copying: the first ten tokens of a copied answer are where drafts pay
+# most, and a request has no budget yet). On the tune split 0.4 and 0.5 model the same, 0.6 lower.
+SURE = 0.5
 
 
 @dataclass(frozen=True)
@@ -188,6 +196,7 @@ class GuardProposer:
         self._seen = np.zeros(0, dtype=np.int64)  # [T] the context at the last call
         self._last: _Candidate | None = None
         self._acceptance = self._new_acceptance()
+        self._ledger = Ledger()
 
     def propose(self, context, max_tokens: int) -> list[int]:
         tokens = np.ascontiguousarray(context, dtype=np.int64)  # [T]
@@ -195,28 +204,41 @@ class GuardProposer:
         start, n = longest_match(tokens, self.window_min, self.window_max)
         if start < 0:
             self._last = None
+            self._ledger.open(len(tokens), 1.0)
             return []
         state = self._state(n, len(tokens))
         run = self._last.run + self._last.checked if state == RUN else 0
         candidate = _Candidate(len(tokens), tokens[start : start + self.k].tolist(), state, run)
         self._acceptance.add(candidate)
         self._last = candidate
-        length = self.best_length(candidate.state, len(candidate.tokens), len(tokens), run)
-        return candidate.tokens[: min(length, max(max_tokens, 0))]
+        limit = min(len(candidate.tokens), max(max_tokens, 0))
+        length, cost = self._choose(candidate.state, limit, len(tokens), run)
+        self._ledger.open(len(tokens), cost)
+        return candidate.tokens[:length]
 
     def best_length(self, state: int, limit: int, context: int, run: int = 0) -> int:
-        """The draft length in 0..limit with the most expected tokens per unit of cost."""
+        """The draft length in 0..limit with the most expected tokens per unit of cost among
+        those the request can afford."""
+        return self._choose(state, limit, context, run)[0]
+
+    def _choose(self, state: int, limit: int, context: int, run: int = 0) -> tuple:
+        """(the draft length in 0..limit with the most expected tokens per unit of cost among
+        those the request can afford, its c(1 + length) relative to a plain step)"""
         if limit == 0:
-            return 0
+            return 0, 1.0
         c = self.costs.relative(context, limit + 1).tolist()  # [limit + 2]
         rates = self._acceptance.cautious(state, run)
+        budget = math.inf if rates[0] >= SURE else self._ledger.allowance(context)
         # expected[j] = 1 + sum_{i<j} prod_{l<=i} rates[l]: tokens per pass drafting j
         value, reach, product = [1.0 / c[1]], 0.0, 1.0  # [limit + 1] tokens per unit cost
         for j in range(limit):
+            if c[j + 2] - c[1] > budget:
+                break  # longer drafts cost more still (a draft of j + 1 tokens is not chosen)
             product *= rates[j]
             reach += product
             value.append((1.0 + reach) / c[j + 2])
-        return _first_max(value)  # first maximum: the shorter draft on ties
+        length = _first_max(value)  # first maximum: the shorter draft on ties
+        return length, c[length + 1]
 
     def _state(self, n: int, produced: int) -> int:
         """RUN if the last candidate agreed with every token produced since it was made."""
@@ -230,8 +252,10 @@ class GuardProposer:
         grown = 0 < seen < len(tokens) <= seen + self.k + 1
         if not (grown and _starts_with(tokens, self._seen)):
             self._acceptance, self._last = self._new_acceptance(), None
+            self._ledger = Ledger(origin=len(tokens))
         else:
             self._acceptance.learn(tokens)
+            self._ledger.settle(len(tokens))
         self._seen = tokens.copy()
 
     def _new_acceptance(self) -> Acceptance:
@@ -240,6 +264,32 @@ class GuardProposer:
     @property
     def window(self) -> tuple[int, int]:
         return self.window_min, self.window_max
+
+
+@dataclass
+class Ledger:
+    """A request's account with plain decoding, in plain steps at the running context: what its
+    settled passes produced less what they cost (a plain step adds 0, an accepted draft its
+    saving, a rejected one minus its extra cost)."""
+
+    origin: int = 0  # context length at the request's first pass
+    gain: float = 0.0
+    _open: tuple[int, float] | None = None  # (context length, relative cost) of the pass under way
+
+    def allowance(self, context: int) -> float:
+        """The most the next pass may cost above a plain step: with every token it drafts
+        rejected, the request has still cost at most 1 + RISK plain steps per token produced."""
+        return RISK * (context - self.origin + 1) + self.gain
+
+    def open(self, context: int, cost: float) -> None:
+        self._open = (context, cost)
+
+    def settle(self, context: int) -> None:
+        """The pass under way produced the tokens the context grew by."""
+        if self._open is not None:
+            start, cost = self._open
+            self.gain += (context - start) - cost
+            self._open = None
 
 
 # Worth 4 passes, so this request's own evidence soon outweighs it. Chosen on the held-out tune
