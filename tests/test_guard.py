@@ -287,7 +287,7 @@ def test_a_run_starts_from_its_own_length_by_succession():
     runs = []
     for n in range(4, len(text)):  # one token per step
         g.propose(text[:n], 0)
-        runs.append(g._last.run if g._last else None)
+        runs.append(g.last_run)
     # each step's candidate predicted the next token; 9 breaks the run (and matches nothing),
     # after it a fresh match starts a new run
     assert runs == [*range(15), None, *range(8)]
@@ -519,3 +519,31 @@ def test_the_guards_draft_length_is_its_formula_bit_for_bit():
         g._acceptance, g.costs = acc, type("Fixed", (), {"relative": lambda self, x, t, c=c: c})()
         assert g.best_length(state, limit, 100, run) == _best_length_by_the_formula(
             acc, state, limit, c, run)
+
+
+def _priced_by_the_formula(rows, costs, top):
+    """CostTable's pricing of measured costs as numpy array formulas: np.interp between the
+    timed row counts, a short slope above the most timed, unknown beyond REACH x them."""
+    from kolibri_cli.decode.costs import REACH
+
+    n = np.arange(top + 1, dtype=np.float64)  # [top + 1]
+    c = np.interp(n, rows, costs)
+    most = int(rows[-1])
+    c[most + 1 :] = costs[-1] * (1.0 + DEFAULT_COST_SLOPE * (n[most + 1 :] - most))
+    c[REACH * most + 1 :] = np.inf
+    return c
+
+
+def test_a_measuring_tables_pricing_is_numpys_interpolation_bit_for_bit():
+    import random
+
+    from kolibri_cli.decode.costs import _priced
+
+    rng = random.Random(5)
+    for _ in range(20000):
+        timed = sorted(rng.sample(range(2, 40), rng.randint(0, 10)))
+        rows = np.array([1, *timed], dtype=np.float64)
+        costs = np.array([1.0, *(rng.uniform(0.5, 6.0) for _ in timed)])
+        top = rng.randint(1, 60)
+        assert _priced(rows, costs, top).tobytes() == _priced_by_the_formula(
+            rows, costs, top).tobytes()

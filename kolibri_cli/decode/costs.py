@@ -5,7 +5,9 @@ from collections import deque
 from collections.abc import Callable
 
 import numpy as np
+from numba import njit
 
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 from kolibri_cli.errors import KolibriError
 
 DEFAULT_COST_SLOPE = 0.06  # c(n) = 1 + slope (n - 1) when nothing was measured: c(6) = 1.30
@@ -149,13 +151,8 @@ class CostTable:
         """Timed row counts as timed, linear between them, a short reach above (see the class)."""
         if not measured and not self._ones:
             return np.where(n <= 1, 1.0, np.inf)  # no reference yet: a plain step first
-        rows, costs = [1, *measured], [1.0, *measured.values()]
-        top, c_top = rows[-1], costs[-1]
-        c = np.interp(n, rows, costs)  # c_top from n = top on
-        # n = 0, 1, 2, ...: the rows above top are a slice (fewer numpy calls than masks)
-        c[top + 1 :] = c_top * (1.0 + DEFAULT_COST_SLOPE * (n[top + 1 :] - top))
-        c[REACH * top + 1 :] = np.inf
-        return c
+        rows = np.array([1, *measured], dtype=np.float64)  # [m] ascending
+        return _priced(rows, np.array([1.0, *measured.values()]), len(n) - 1)
 
     def to_dict(self) -> dict:
         """{"frozen", "ones": [seconds...], "cells": [[octave, rows, [c...]], ...]} — JSON-ready."""
@@ -197,6 +194,42 @@ class CostTable:
         if self._given is not None:
             return self
         return CostTable.from_dict(self.to_dict(), frozen=True)
+
+
+@njit(cache=True)
+def _priced(rows, costs, top):  # rows, costs: float64[m], rows ascending from 1 -> float64[top + 1]
+    """c[0..top] from the timed row counts: np.interp(n, rows, costs) with numpy's arithmetic
+    (the same bits), c_top (1 + DEFAULT_COST_SLOPE (n - m)) above the most rows timed (m), inf
+    above REACH m. One compiled call: a measuring table prices afresh after most drafted passes."""
+    c, m = np.empty(top + 1), rows.shape[0]  # [top + 1]
+    most, c_top = rows[m - 1], costs[m - 1]
+    j = 0
+    for n in range(top + 1):
+        x = float(n)
+        if x < rows[0]:
+            c[n] = costs[0]
+        elif x == most:
+            c[n] = c_top
+        elif x > most:
+            c[n] = np.inf if x > REACH * most else c_top * (1.0 + DEFAULT_COST_SLOPE * (x - most))
+        else:
+            while rows[j + 1] <= x:
+                j += 1
+            c[n] = costs[j] if rows[j] == x else _between(x, rows[j], rows[j + 1], costs[j],
+                                                          costs[j + 1])
+    return c
+
+
+@njit(cache=True)
+def _between(x, x0, x1, y0, y1):  # -> float
+    """numpy's interp between two points (x0 < x < x1), its NaN fallbacks included."""
+    slope = (y1 - y0) / (x1 - x0)
+    y = slope * (x - x0) + y0
+    if y != y:
+        y = slope * (x - x1) + y1
+        if y != y and y0 == y1:
+            y = y0
+    return y
 
 
 def _nearest(held: dict[int, deque], target: int) -> float:

@@ -148,18 +148,22 @@ def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
     run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv, proposer.k if trees else 0)
     run.commit([run.prefill()], on_tokens)
     passes, proposer_s = [], 0.0
+    # looked up once: each step runs right after a forward evicted the caches
+    drafter, verify = (draft_tree, run.verify_tree) if trees else (draft, run.verify)
+    timed, observe = _timer(proposer), getattr(proposer, "observe", None)
     marks = [time.perf_counter()]  # each verify pass's end, after the start
     while not run.done:
-        tp, budget = time.perf_counter(), max_tokens - len(run.out) - 1
-        drafts = (draft_tree if trees else draft)(proposer, run.context(), budget)
+        tp, budget, context = time.perf_counter(), max_tokens - len(run.out) - 1, run.context()
+        drafts = drafter(proposer, context, budget)
         proposer_s += time.perf_counter() - tp
-        context = len(run.context())
-        a, new = run.verify_tree(drafts) if trees else run.verify(drafts)
-        _time(proposer, 1 + len(drafts), context, run.forward_s)
+        a, new = verify(drafts)
+        if timed is not None:
+            timed(1 + len(drafts), len(context), run.forward_s)
         passes.append(VerifyPass(len(run.out), len(drafts), a,
                                  tuple(drafts.depths()) if trees else ()))
         produced = run.commit(new, on_tokens)
-        proposer_s += _observe(proposer, run.context(), passes[-1], run.done, produced)
+        if observe is not None:
+            proposer_s += _observe(observe, run.context(), passes[-1], run.done, produced)
         marks.append(time.perf_counter())
     result = run.result("spec", marks, forward_passes=1 + len(passes))
     result.passes, result.proposer_s = passes, proposer_s
@@ -226,7 +230,8 @@ class _Run:
         """Run [last, d1..dj] in one forward; choose tokens row by row while they equal the
         drafts (later rows draw no noise); return (accepted, the tokens this pass produces)."""
         pos, i = self.last_pos, len(self.out)
-        self.ids[pos + 1 : pos + 1 + len(drafts)] = drafts  # the context rows 1.. see
+        if drafts:
+            self.ids[pos + 1 : pos + 1 + len(drafts)] = drafts  # the context rows 1.. see
         t0 = time.perf_counter()
         logits = self.tf.forward([self.out[-1], *drafts], pos, self.cache)  # [j + 1, V]
         self.forward_s = time.perf_counter() - t0
@@ -292,25 +297,25 @@ def _common_prefix(a: Sequence[int], b: np.ndarray, cap: int) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _observe(proposer, context, done: VerifyPass, final: bool, produced: int) -> float:
-    """Tell a stateful proposer how the pass went — the same call the probe simulation makes —
-    and return the seconds it took (proposer time). On the final pass, drafts aimed past the last
-    token are not counted (GenerationResult.counted), exactly as in the simulation, which caps
-    drafts at the chain's end and so never proposes them."""
-    if not hasattr(proposer, "observe"):
-        return 0.0
+def _observe(observe, context, done: VerifyPass, final: bool, produced: int) -> float:
+    """Tell a stateful proposer how the pass went (its `observe`) — the same call the probe
+    simulation makes — and return the seconds it took (proposer time). On the final pass, drafts
+    aimed past the last token are not counted (GenerationResult.counted), exactly as in the
+    simulation, which caps drafts at the chain's end and so never proposes them."""
     t0 = time.perf_counter()
     if final:
         last = produced - 1
-        proposer.observe(context, done.aimed_before(last), min(done.accepted, last))
+        observe(context, done.aimed_before(last), min(done.accepted, last))
     else:
-        proposer.observe(context, done.drafted, done.accepted)
+        observe(context, done.drafted, done.accepted)
     return time.perf_counter() - t0
 
 
-def _time(proposer, rows: int, context: int, seconds: float) -> None:
-    """Give a cost-aware proposer the time of the forward it chose: `rows` tokens after
-    `context` (the length of the context it drafted from)."""
+def _timer(proposer) -> Callable[[int, int, float], None] | None:
+    """Where a cost-aware proposer takes the time of each forward it chose — `add(rows,
+    context, seconds)`: `rows` tokens after `context` (the length of the context it drafted
+    from) — or None. A frozen table takes none."""
     costs = getattr(proposer, "costs", None)
-    if hasattr(costs, "add"):
-        costs.add(rows, context, seconds)
+    if getattr(costs, "frozen", False):
+        return None
+    return getattr(costs, "add", None)

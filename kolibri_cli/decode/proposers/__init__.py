@@ -15,7 +15,7 @@ from functools import cache
 from typing import Protocol, runtime_checkable
 
 from kolibri_cli.decode.costs import CostTable, ReplayedCosts
-from kolibri_cli.decode.proposers import ngram
+from kolibri_cli.decode.proposers import guard, ngram
 from kolibri_cli.decode.proposers.adaptive import AdaptiveProposer
 from kolibri_cli.decode.proposers.adaptive_tree import AdaptiveTreeProposer
 from kolibri_cli.decode.proposers.guard import GuardProposer
@@ -135,6 +135,7 @@ def warm_up() -> None:
     """Compile (a machine's first run) or load from numba's cache the drafting kernels, once per
     process, so neither lands inside the first timed request."""
     ngram.warm_up()
+    guard.warm_up()
     simple.warm_up()
     ngram_mod.warm_up()
 

@@ -48,14 +48,29 @@ class AcceptancePrior:
         return np.array([[r[min(i, len(r) - 1)] for i in range(k)] for r in rows])
 
 
-@dataclass
-class _Candidate:
-    start: int  # context index of its first token
-    tokens: list[int]  # the full candidate (up to k tokens), drafted or not
-    state: int
-    run: int = 0  # tokens the candidates before it predicted in a row (0: a fresh match)
-    checked: int = 0  # positions compared with the tokens produced so far
-    alive: bool = True  # every compared position agreed
+# The guard's candidates: one row per candidate, the latest candidate_rows(k) of this
+# request (a candidate is finished k tokens after it was made, and the context grows between
+# calls, so at most k + 1 are ever pending). Columns:
+SOURCE = 0  # context index its tokens are read from (the continuation of the match)
+LENGTH = 1  # its tokens, up to k
+MADE = 2  # context length when it was made: the index its first token predicts
+STATE = 3  # RUN or the match length
+RAN = 4  # tokens the candidates before it predicted in a row (0: a fresh match)
+CHECKED = 5  # positions compared with the tokens produced so far
+ALIVE = 6  # 1 while every compared position agreed
+COLUMNS = 7
+# the guard's book: the context length at its last call, candidates made in this request, and
+# whether the last call made one
+SEEN, MADE_SO_FAR, HAS_LAST = 0, 1, 2
+# A request's ledger, its account with plain decoding in plain steps at the running context:
+# the context length at its first pass; what its settled passes produced less what they cost (a
+# plain step adds 0, an accepted draft its saving, a rejected one minus its extra cost); the
+# pass under way, (context length, relative cost), OPEN_AT -1 when none.
+ORIGIN, GAIN, OPEN_AT, OPEN_COST = 0, 1, 2, 3
+
+
+def candidate_rows(k: int) -> int:
+    return k + 2
 
 
 @dataclass
@@ -65,19 +80,18 @@ class Acceptance:
     how far each candidate would have been accepted (choosing a token depends only on its
     position, never on the drafts), so skipping a draft loses no evidence.
 
-    Rates are computed on plain Python floats: a guard call works on k <= 16 of them, where each
-    numpy call would cost more than the arithmetic (the same IEEE operations in the same order,
-    so the same numbers bit for bit as the array formulas in the docstrings)."""
+    The rates are computed by compiled loops (one call per guard step, not dozens of Python
+    and numpy ones on <= 16 floats): the same IEEE operations in the same order as the array
+    formulas in the docstrings, so the same numbers bit for bit."""
 
     prior: AcceptancePrior
     states: int
     k: int
     tried: np.ndarray = field(init=False)  # [states, k] positions compared
     accepted: np.ndarray = field(init=False)  # [states, k] ... and agreed
-    pending: list[_Candidate] = field(init=False, default_factory=list)
 
     def __post_init__(self):
-        self._prior = (self.prior.table(self.states, self.k) * self.prior.weight).tolist()
+        self.weighted = self.prior.table(self.states, self.k) * self.prior.weight  # [states, k]
         self.tried = np.zeros((self.states, self.k))
         self.accepted = np.zeros((self.states, self.k))
 
@@ -86,79 +100,162 @@ class Acceptance:
         position starts from the run's pooled rate instead: a run is the text repeating, which
         every position shares, so deep positions need not wait for evidence of their own. `run`:
         the tokens the run has predicted in a row (the prior's `succession`)."""
-        weight = self.prior.weight
-        prior = self._prior[state]  # [k] prior rate * weight
-        if state == RUN:
-            start = (run + 1) / (run + 2) * weight if self.prior.succession else prior[0]
-            # sums of counts: whole numbers, exact in any order
-            pooled = (sum(self.accepted[RUN].tolist()) + start) / (sum(self.tried[RUN].tolist())
-                                                                  + weight)
-            prior = [pooled * weight] * self.k
-        return [(a + p) / (t + weight)
-                for a, p, t in zip(self.accepted[state].tolist(), prior,
-                                   self.tried[state].tolist(), strict=True)]
+        return _per_position(*self._estimates(), state, run, False).tolist()
 
     def cautious(self, state: int, run: int = 0) -> list[float]:  # -> [k]
         """`rates` less CAUTION standard deviations, clipped to [0, 1], with the prior counted
         as `weight` observations (a Beta posterior's spread, rate (1 - rate) / (tried + weight
         + 1)): drafting waits for evidence."""
-        weight = self.prior.weight
-        return [_clip(r - CAUTION * _sqrt(r * (1.0 - r) / (t + weight + 1.0)))
-                for r, t in zip(self.rates(state, run), self.tried[state].tolist(), strict=True)]
+        return _per_position(*self._estimates(), state, run, True).tolist()
 
-    def add(self, candidate: _Candidate) -> None:
-        self.pending.append(candidate)
-
-    def learn(self, context: np.ndarray) -> None:
-        """Compare pending candidates with the tokens produced since; drop finished ones."""
-        if not self.pending:
-            return
-        first = min(c.start + c.checked for c in self.pending)
-        produced = context[first:].tolist()  # the tokens no pending candidate has seen yet
-        for c in self.pending:
-            tried, accepted = self.tried[c.state], self.accepted[c.state]  # [k] views
-            while c.alive and c.checked < len(c.tokens) and c.start + c.checked < len(context):
-                i = c.checked
-                tried[i] += 1.0
-                c.alive = c.tokens[i] == produced[c.start + i - first]
-                accepted[i] += c.alive
-                c.checked += 1
-        self.pending = [c for c in self.pending if c.alive and c.checked < len(c.tokens)]
+    def _estimates(self) -> tuple:
+        return (self.weighted, self.prior.weight, self.prior.succession, self.tried,
+                self.accepted)
 
 
 @njit(cache=True)
-def _starts_with(tokens, prefix):  # tokens: int64[T], prefix: int64[P <= T] -> bool
-    """np.array_equal(tokens[:P], prefix) without its temporaries (a guard call's biggest cost
-    once the context runs to hundreds of tokens)."""
-    for i in range(prefix.shape[0]):
-        if tokens[i] != prefix[i]:
-            return False
-    return True
+def _rate(weighted, weight, tried, accepted, state, i, pooled):  # -> float
+    """Acceptance.rates at position i (pooled: the run's pooled rate * weight, in RUN)."""
+    prior = pooled if state == RUN else weighted[state, i]
+    return (accepted[state, i] + prior) / (tried[state, i] + weight)
 
 
-def _sqrt(x: float) -> float:
-    """np.sqrt on one float: NaN below zero (math.sqrt raises)."""
-    return math.sqrt(x) if x >= 0.0 else math.nan
+@njit(cache=True)
+def _pooled(weighted, weight, succession, tried, accepted, run):  # -> float
+    """The run state's pooled rate * weight: every position's prior in a run."""
+    start = (run + 1) / (run + 2) * weight if succession else weighted[RUN, 0]
+    hits, seen = 0.0, 0.0  # sums of counts: whole numbers, exact in any order
+    for i in range(tried.shape[1]):
+        hits += accepted[RUN, i]
+        seen += tried[RUN, i]
+    return (hits + start) / (seen + weight) * weight
 
 
-def _clip(x: float) -> float:
-    """np.clip(x, 0.0, 1.0) on one float: NaN stays NaN, -0.0 becomes 0.0."""
+@njit(cache=True)
+def _cautious_rate(weighted, weight, tried, accepted, state, i, pooled):  # -> float
+    """Acceptance.cautious at position i: np.clip(rate - CAUTION sqrt(rate (1 - rate) /
+    (tried + weight + 1)), 0, 1) with np.sqrt's and np.clip's NaN and -0.0 rules."""
+    r = _rate(weighted, weight, tried, accepted, state, i, pooled)
+    spread = r * (1.0 - r) / (tried[state, i] + weight + 1.0)
+    x = r - CAUTION * (math.sqrt(spread) if spread >= 0.0 else math.nan)
     if 0.0 < x < 1.0 or x != x:
         return x
     return 0.0 if x <= 0.0 else 1.0
 
 
-def _first_max(values: list[float]) -> int:
-    """np.argmax: the first maximum, or the first NaN if any."""
-    best, where = values[0], 0
-    if best != best:
-        return 0
-    for i, v in enumerate(values):
-        if v != v:
-            return i
-        if v > best:
-            best, where = v, i
+@njit(cache=True)
+def _per_position(weighted, weight, succession, tried, accepted, state, run, cautious):
+    """Acceptance.rates or .cautious, all k positions. -> float64[k]"""
+    pooled = _pooled(weighted, weight, succession, tried, accepted, run) if state == RUN else 0.0
+    out = np.empty(tried.shape[1])  # [k]
+    for i in range(out.shape[0]):
+        if cautious:
+            out[i] = _cautious_rate(weighted, weight, tried, accepted, state, i, pooled)
+        else:
+            out[i] = _rate(weighted, weight, tried, accepted, state, i, pooled)
+    return out
+
+
+@njit(cache=True)
+def _choose(c, weighted, weight, succession, tried, accepted, state, run, limit, ledger,
+            context, sure, risk):  # c: float64[>= limit + 2], ledger: float64[4] -> int
+    """argmax over j = 0..limit of (1 + sum_{i<j} prod_{l<=i} p[l]) / c[j + 1], p the cautious
+    rates: expected tokens per unit cost; the first maximum (the shorter draft on ties), or the
+    first NaN. A draft not sure of its first token (p[0] < sure) is held to the ledger's
+    allowance, RISK (context - origin + 1) + gain: longer drafts cost more still, so the search
+    stops at the first that costs more above a plain step. Opens the ledger's pass."""
+    pooled = _pooled(weighted, weight, succession, tried, accepted, run) if state == RUN else 0.0
+    first = _cautious_rate(weighted, weight, tried, accepted, state, 0, pooled)
+    budget = np.inf if first >= sure else (
+        risk * (context - ledger[ORIGIN] + 1.0) + ledger[GAIN])
+    best, where = 1.0 / c[1], 0
+    nan = best != best
+    reach, product = 0.0, 1.0
+    for j in range(limit):
+        if c[j + 2] - c[1] > budget:
+            break  # longer drafts cost more still (a draft of j + 1 tokens is not chosen)
+        product *= _cautious_rate(weighted, weight, tried, accepted, state, j, pooled)
+        reach += product
+        value = (1.0 + reach) / c[j + 2]
+        if not nan and value != value:
+            nan, where = True, j + 1
+        if not nan and value > best:
+            best, where = value, j + 1
+    ledger[OPEN_AT], ledger[OPEN_COST] = context, c[where + 1]
     return where
+
+
+@njit(cache=True)
+def _advance(tokens, seen, book, candidates, tried, accepted, ledger, k, window_min,
+             window_max):
+    """One guard step before pricing: recognise a new request (the context is not the last one
+    grown by 1..k + 1 tokens: the estimates and the ledger restart) or learn from the tokens
+    produced since and settle the last pass; match; enter the candidate (none: the ledger opens
+    a plain step). -> (source, length, state, run), source -1 when nothing matched.
+    tokens: int64[T]; seen: int64[>= T] the context at the last call; book: int64[3];
+    candidates: int64[rows, COLUMNS]; tried, accepted: float64[states, k]; ledger: float64[4]."""
+    total, had = tokens.shape[0], book[SEEN]
+    grown = 0 < had < total <= had + k + 1
+    for i in range(had if grown else 0):
+        if tokens[i] != seen[i]:
+            grown = False
+            break
+    if grown:
+        _learn(tokens, book[MADE_SO_FAR], candidates, tried, accepted)
+        if ledger[OPEN_AT] >= 0:  # the pass under way produced the tokens the context grew by
+            ledger[GAIN] += (total - ledger[OPEN_AT]) - ledger[OPEN_COST]
+    else:
+        tried[:, :] = 0.0
+        accepted[:, :] = 0.0
+        book[MADE_SO_FAR], book[HAS_LAST], had = 0, 0, 0
+        ledger[ORIGIN], ledger[GAIN] = total, 0.0
+    ledger[OPEN_AT] = -1
+    seen[had:total] = tokens[had:]
+    book[SEEN] = total
+    source, n = longest_match(tokens, window_min, window_max)
+    if source < 0:
+        book[HAS_LAST] = 0
+        ledger[OPEN_AT], ledger[OPEN_COST] = total, 1.0
+        return -1, 0, 0, 0
+    state, run, rows = min(n, window_max), 0, candidates.shape[0]
+    if book[HAS_LAST]:
+        last = candidates[(book[MADE_SO_FAR] - 1) % rows]  # [COLUMNS]
+        if last[ALIVE] and 0 < total - last[MADE] == last[CHECKED]:
+            state, run = RUN, last[RAN] + last[CHECKED]
+    row = candidates[book[MADE_SO_FAR] % rows]  # [COLUMNS]
+    row[SOURCE], row[LENGTH], row[MADE] = source, min(k, total - source), total
+    row[STATE], row[RAN], row[CHECKED], row[ALIVE] = state, run, 0, 1
+    book[MADE_SO_FAR] += 1
+    book[HAS_LAST] = 1
+    return source, row[LENGTH], state, run
+
+
+@njit(cache=True)
+def _learn(tokens, made, candidates, tried, accepted):
+    """Compare the pending candidates (the latest rows, alive, not fully checked) with the
+    tokens produced since they were made."""
+    total, rows = tokens.shape[0], candidates.shape[0]
+    for c in range(max(made - rows, 0), made):
+        row = candidates[c % rows]  # [COLUMNS]
+        state = row[STATE]
+        while row[ALIVE] and row[CHECKED] < row[LENGTH] and row[MADE] + row[CHECKED] < total:
+            i = row[CHECKED]
+            tried[state, i] += 1.0
+            row[ALIVE] = tokens[row[SOURCE] + i] == tokens[row[MADE] + i]
+            accepted[state, i] += row[ALIVE]
+            row[CHECKED] += 1
+
+
+def warm_up() -> None:
+    """Compile (a machine's first run) or load from numba's cache this module's kernels."""
+    guard = GuardProposer(2, 1, 2, costs=CostTable.from_costs({1: 1.0, 2: 1.0}))
+    for n in range(3, 7):
+        guard.propose([1, 2] * n, 2)
+    guard._acceptance.rates(1)
+    table = CostTable()  # a measuring table's pricing
+    table.add(1, 8, 1.0)
+    table.add(2, 8, 1.2)
+    table.relative(8, 3)
 
 
 @dataclass
@@ -193,103 +290,53 @@ class GuardProposer:
         validate_k(self.k)
         validate_window(self.window_min, self.window_max)
         self.prior = self.prior or DEFAULT_PRIOR
-        self._seen = np.zeros(0, dtype=np.int64)  # [T] the context at the last call
-        self._last: _Candidate | None = None
-        self._acceptance = self._new_acceptance()
-        self._ledger = Ledger()
+        self._seen = np.zeros(256, dtype=np.int64)  # [>= T] the context at the last call
+        self._book = np.zeros(3, dtype=np.int64)  # SEEN, MADE_SO_FAR, HAS_LAST
+        self._candidates = np.zeros((candidate_rows(self.k), COLUMNS), dtype=np.int64)
+        self._ledger = np.array([0.0, 0.0, -1.0, 0.0])  # ORIGIN, GAIN, OPEN_AT, OPEN_COST
+        self._acceptance = Acceptance(self.prior, self.window_max + 1, self.k)
 
     def propose(self, context, max_tokens: int) -> list[int]:
+        # one compiled call for the bookkeeping and the match: a guard step runs right after
+        # a forward has evicted the caches, where every Python and numpy call is slow
         tokens = np.ascontiguousarray(context, dtype=np.int64)  # [T]
-        self._sync(tokens)
-        start, n = longest_match(tokens, self.window_min, self.window_max)
-        if start < 0:
-            self._last = None
-            self._ledger.open(len(tokens), 1.0)
+        if len(tokens) > len(self._seen):  # room for this context and as much again
+            self._seen = np.concatenate([self._seen, np.zeros(len(tokens), np.int64)])
+        a = self._acceptance
+        source, limit, state, run = _advance(tokens, self._seen, self._book, self._candidates,
+                                             a.tried, a.accepted, self._ledger, self.k,
+                                             self.window_min, self.window_max)
+        if source < 0:
             return []
-        state = self._state(n, len(tokens))
-        run = self._last.run + self._last.checked if state == RUN else 0
-        candidate = _Candidate(len(tokens), tokens[start : start + self.k].tolist(), state, run)
-        self._acceptance.add(candidate)
-        self._last = candidate
-        limit = min(len(candidate.tokens), max(max_tokens, 0))
-        length, cost = self._choose(candidate.state, limit, len(tokens), run)
-        self._ledger.open(len(tokens), cost)
-        return candidate.tokens[:length]
+        length = self._choose(state, min(limit, max(max_tokens, 0)), len(tokens), run,
+                              self._ledger)
+        return tokens[source : source + length].tolist()
 
     def best_length(self, state: int, limit: int, context: int, run: int = 0) -> int:
         """The draft length in 0..limit with the most expected tokens per unit of cost among
         those the request can afford."""
-        return self._choose(state, limit, context, run)[0]
+        return self._choose(state, limit, context, run, self._ledger.copy())
 
-    def _choose(self, state: int, limit: int, context: int, run: int = 0) -> tuple:
-        """(the draft length in 0..limit with the most expected tokens per unit of cost among
-        those the request can afford, its c(1 + length) relative to a plain step)"""
+    def _choose(self, state: int, limit: int, context: int, run: int, ledger) -> int:
+        """best_length, opening the pass in `ledger` (float64[4])."""
         if limit == 0:
-            return 0, 1.0
-        c = self.costs.relative(context, limit + 1).tolist()  # [limit + 2]
-        rates = self._acceptance.cautious(state, run)
-        budget = math.inf if rates[0] >= SURE else self._ledger.allowance(context)
-        # expected[j] = 1 + sum_{i<j} prod_{l<=i} rates[l]: tokens per pass drafting j
-        value, reach, product = [1.0 / c[1]], 0.0, 1.0  # [limit + 1] tokens per unit cost
-        for j in range(limit):
-            if c[j + 2] - c[1] > budget:
-                break  # longer drafts cost more still (a draft of j + 1 tokens is not chosen)
-            product *= rates[j]
-            reach += product
-            value.append((1.0 + reach) / c[j + 2])
-        length = _first_max(value)  # first maximum: the shorter draft on ties
-        return length, c[length + 1]
+            ledger[OPEN_AT], ledger[OPEN_COST] = context, 1.0
+            return 0
+        c = self.costs.relative(context, limit + 1)  # [limit + 2]
+        return _choose(c, *self._acceptance._estimates(), state, run, limit, ledger, context,
+                       SURE, RISK)
 
-    def _state(self, n: int, produced: int) -> int:
-        """RUN if the last candidate agreed with every token produced since it was made."""
-        last = self._last
-        if last is not None and last.alive and 0 < produced - last.start == last.checked:
-            return RUN
-        return min(n, self.window_max)
-
-    def _sync(self, tokens: np.ndarray) -> None:
-        seen = len(self._seen)
-        grown = 0 < seen < len(tokens) <= seen + self.k + 1
-        if not (grown and _starts_with(tokens, self._seen)):
-            self._acceptance, self._last = self._new_acceptance(), None
-            self._ledger = Ledger(origin=len(tokens))
-        else:
-            self._acceptance.learn(tokens)
-            self._ledger.settle(len(tokens))
-        self._seen = tokens.copy()
-
-    def _new_acceptance(self) -> Acceptance:
-        return Acceptance(self.prior, self.window_max + 1, self.k)
+    @property
+    def last_run(self) -> int | None:
+        """The run of the last call's candidate (None: it made none)."""
+        if not self._book[HAS_LAST]:
+            return None
+        return int(self._candidates[(self._book[MADE_SO_FAR] - 1) % len(self._candidates),
+                                    RAN])
 
     @property
     def window(self) -> tuple[int, int]:
         return self.window_min, self.window_max
-
-
-@dataclass
-class Ledger:
-    """A request's account with plain decoding, in plain steps at the running context: what its
-    settled passes produced less what they cost (a plain step adds 0, an accepted draft its
-    saving, a rejected one minus its extra cost)."""
-
-    origin: int = 0  # context length at the request's first pass
-    gain: float = 0.0
-    _open: tuple[int, float] | None = None  # (context length, relative cost) of the pass under way
-
-    def allowance(self, context: int) -> float:
-        """The most the next pass may cost above a plain step: with every token it drafts
-        rejected, the request has still cost at most 1 + RISK plain steps per token produced."""
-        return RISK * (context - self.origin + 1) + self.gain
-
-    def open(self, context: int, cost: float) -> None:
-        self._open = (context, cost)
-
-    def settle(self, context: int) -> None:
-        """The pass under way produced the tokens the context grew by."""
-        if self._open is not None:
-            start, cost = self._open
-            self.gain += (context - start) - cost
-            self._open = None
 
 
 # Worth 4 passes, so this request's own evidence soon outweighs it. Chosen on the held-out tune
