@@ -268,7 +268,10 @@ class GuardProposer:
     with p from `Acceptance`, taken cautiously (state s: RUN when the previous candidate is still
     right, else the match length) and c from the cost table at the running context length.
     j = 0 — a plain step — whenever no draft is expected to pay for itself; ties go to the
-    shorter draft. The choice is a function of the context and the table only: with a frozen
+    shorter draft. A draft whose first token is cautiously less likely right than SURE is held
+    to the request's ledger: with all of it rejected the request must still have cost at most
+    1 + RISK plain steps per token produced. The choice is a function of the context and the
+    table only: with a frozen
     table the probe's simulation reproduces it exactly; `kolibri generate` feeds the table with
     its own forward timings.
 
