@@ -39,10 +39,10 @@ def tiny_goldens(model, n: int = 40) -> list[Golden]:
 def feeding(monkeypatch, c) -> None:
     """Live runs time each forward as c(rows) seconds: the table a live guard fills then holds
     exactly the costs `model` feeds its replayed guard."""
-    def fed(proposer, rows, context, seconds):
-        proposer.costs.add(rows, context, c(rows))
+    def timer(proposer):
+        return lambda rows, context, seconds: proposer.costs.add(rows, context, c(rows))
 
-    monkeypatch.setattr(generate_module, "_time", fed)
+    monkeypatch.setattr(generate_module, "_timer", timer)
 
 
 @pytest.mark.parametrize("seed", [0, 2, 3])
