@@ -197,3 +197,58 @@ def test_the_overall_speedup_is_paired_as_a_goldens_is(monkeypatch):
     assert g.speedup == pytest.approx(23 / g.verify_passes / 1.1)
     assert m.speedup == pytest.approx(g.speedup)
     assert m.spec_tokens_per_s / m.plain_tokens_per_s == pytest.approx(23 / g.verify_passes)
+
+
+def test_the_median_interval_is_its_order_statistics_by_the_binomial():
+    """n = 12 rounds: P(Binomial(12, 1/2) <= 2) = 0.0193 <= 0.025 < P(<= 3) = 0.073, so the
+    interval runs from the 3rd to the 10th smallest; n = 24: 7th to 18th; under 6 rounds no
+    interval reaches 95% (even [min, max] covers 1 - 2 / 2**5 = 0.9375)."""
+    values = [0.9 + 0.01 * i for i in (7, 3, 11, 0, 5, 9, 1, 10, 2, 8, 4, 6)]  # 0.90 .. 1.01
+    assert measure.median_interval(values) == pytest.approx((0.92, 0.99))
+    assert measure.median_interval(list(range(24))) == (6, 17)
+    assert measure.median_interval([1.0] * 6) == (1.0, 1.0)
+    assert measure.median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert measure.median_interval([]) is None
+
+
+def test_the_median_interval_holds_the_true_median_as_often_as_it_says():
+    """Skewed noise (lognormal, true median 1): over 4000 sets of 12 draws the interval holds 1
+    in 1 - 2 P(Binomial(12, 1/2) <= 2) = 96.1% of them, whatever the noise's shape."""
+    import random
+
+    rng = random.Random(7)
+    held = sum(lo <= 1.0 <= hi for lo, hi in (
+        measure.median_interval([rng.lognormvariate(0.0, 0.5) for _ in range(12)])
+        for _ in range(4000)))
+    assert held / 4000 == pytest.approx(1 - 2 * 79 / 4096, abs=0.012)
+
+
+def test_a_goldens_interval_comes_from_its_rounds_own_ratios(monkeypatch):
+    """Six rounds of one golden, plain at speeds 1.0 .. 1.5 and spec always 1.0: the rounds'
+    ratios spread by 1.5x, so the golden's interval is their [min, max] (6 rounds) around the
+    median; with `min` as the statistic there is no interval."""
+    import statistics
+
+    goldens = [golden(0, 24)]
+
+    def run(statistic):
+        plain_speed = iter([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
+
+        def timed(result, speed):
+            result.step_s = [0.01 * speed] * len(result.step_s)
+            result.decode_s = sum(result.step_s)
+            return result
+
+        monkeypatch.setattr(measure, "generate_plain",
+                            lambda *a, **k: timed(generate_plain(*a, **k), next(plain_speed)))
+        monkeypatch.setattr(measure, "generate_spec",
+                            lambda *a, **k: timed(generate_spec(*a, **k), 1.0))
+        [m] = measure.measure_runs(MODELS[0], goldens, [simulate(goldens, 3, (1, 4), "vllm")],
+                                   repeats=6, cost_repeats=1, statistic=statistic).values()
+        return m.goldens[0]
+
+    g = run(statistics.median)
+    ratio = 23 / g.verify_passes  # plain steps over spec passes at equal speed
+    assert g.speedup_interval == pytest.approx((ratio * 1.0, ratio * 1.5))
+    assert g.speedup_interval[0] < g.speedup < g.speedup_interval[1]
+    assert run(min).speedup_interval is None

@@ -323,16 +323,20 @@ def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
         ("vllm", 5, (1, 4)): Measured(20.0, 22.0, 1.1, None, {1: 1.0}, 0.0, True, True,
                                       [golden("a", 1.7), golden("b", 0.9)]),
     }
+    measured[("vllm", 5, (1, 4))].goldens[1].speedup_interval = (0.85, 0.96)
     doc = guard_json(measured)
     assert doc == {"configurations": ["guard k=16 window=1-4", "vllm k=5 window=1-4"],
                    "goldens": {"a": [1.5, 1.7], "b": [0.98, 0.9]}, "left_out": [0, 0],
                    "overall": [1.2, 1.1],
-                   "worst": [{"id": "b", "speedup": 0.98}, {"id": "b", "speedup": 0.9}]}
-    assert measured[("vllm", 5, (1, 4))].to_json()["worst"] == {"id": "b", "speedup": 0.9}
+                   "worst": [{"id": "b", "speedup": 0.98, "interval": None},
+                             {"id": "b", "speedup": 0.9, "interval": [0.85, 0.96]}]}
+    assert measured[("vllm", 5, (1, 4))].to_json()["worst"] == {
+        "id": "b", "speedup": 0.9, "interval": (0.85, 0.96)}
     run_ = simulate(load_goldens(goldens), 5, (1, 4))
     text = render_markdown(ProbeConfig(goldens=[goldens]), [run_], "kolibri probe", measured)
     assert "## Guard: measured spec / plain per golden" in text
     assert "| worst | 0.98x | 0.90x |" in text
+    assert "| worst, 95% interval | - | 0.85x - 0.96x |" in text
     assert guard_table(measured).cols[2].header == "vllm k=5 window=1-4"
 
 

@@ -18,7 +18,8 @@ run, so a load that lasts seconds disturbs one of its rounds, not all. A golden 
 longest runs in more rounds (`rounds_per_golden`), so each is timed over about as many tokens.
 Each run's time counts a disturbed decode step at the median of its round's peers
 (`undisturbed_times`); a golden's speedup is the median over its rounds of plain / spec within a
-round, its times the medians. docs/probe.md, "Measured speedup", has the evidence.
+round, its times the medians, with a distribution-free 95% interval for that median
+(`median_interval`). docs/probe.md, "Measured speedup", has the evidence.
 Non-goals: rendering (report.py, render_probe.py).
 """
 
@@ -27,6 +28,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.callbacks import Ticks
@@ -211,9 +213,30 @@ def paired_speedup(plain_u: list[float], spec_u: list[float], statistic: Statist
     moments apart, so a load that lasts seconds slows both); with another statistic (`min`),
     the ratio of the rounds' statistics."""
     if statistic is statistics.median:
-        return statistics.median(p / s if s else 0.0 for p, s in zip(plain_u, spec_u, strict=True))
+        return statistics.median(paired_ratios(plain_u, spec_u))
     spec_s = statistic(spec_u)
     return statistic(plain_u) / spec_s if spec_s else 0.0
+
+
+def paired_ratios(plain_u: list[float], spec_u: list[float]) -> list[float]:
+    """Each round's plain / spec (0 for a spec time of 0)."""
+    return [p / s if s else 0.0 for p, s in zip(plain_u, spec_u, strict=True)]
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of `values` (independent draws): the
+    order statistics x(l) and x(n + 1 - l), with l the largest such that P(Binomial(n, 1/2) <
+    l) <= (1 - level) / 2, so the interval holds the true median with probability >= `level`
+    whatever the noise's shape. None with too few values (under 6 for 95%)."""
+    n, tail = len(values), Fraction((1.0 - level) / 2.0)
+    below, low = 0, 0  # 2**n P(Binomial(n, 1/2) <= low - 1): whole numbers, exact for any n
+    while low < n and Fraction(below + math.comb(n, low), 2**n) <= tail:
+        below += math.comb(n, low)
+        low += 1
+    if low == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[low - 1], ordered[n - low]
 
 
 def undisturbed_times(runs: list[GenerationResult]) -> list[float]:
@@ -259,6 +282,8 @@ def _golden_figures(golden: Golden, index: int, arm: _Arm, plains: list[Generati
         plain_tokens_per_s=steps / plain_s if plain_s else 0.0,
         spec_tokens_per_s=steps / spec_s if spec_s else 0.0,
         speedup=paired_speedup(*undisturbed, statistic),
+        speedup_interval=median_interval(paired_ratios(*undisturbed))
+        if statistic is statistics.median else None,
         predicted_speedup=predicted_speedup(sim_counts.plain_steps, lengths, costs, per_pass),
         spec_equals_plain=all(s.output_ids == p.output_ids
                               for p, s in zip(plains, specs, strict=True)),

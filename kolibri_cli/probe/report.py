@@ -57,6 +57,9 @@ class MeasuredGolden:
     simulated_accepted: int | None = None  # must equal the server's own counters above
     too_short: bool = False  # under MIN_TIMED_STEPS decode steps: its speedup is timing noise,
     # left out of the overall figures and the worst (kolibri's measurement and a server's)
+    # (low, high): a distribution-free 95% interval for `speedup`, the median of the rounds'
+    # paired ratios (`median_interval`); None with too few rounds or another statistic
+    speedup_interval: tuple[float, float] | None = None
 
 
 @dataclass
@@ -107,7 +110,8 @@ class Measured:
         doc["prediction_error"] = self.prediction_error
         doc["goldens"] = [vars(g).copy() for g in self.goldens]
         worst = self.worst
-        doc["worst"] = None if worst is None else {"id": worst.id, "speedup": worst.speedup}
+        doc["worst"] = None if worst is None else {"id": worst.id, "speedup": worst.speedup,
+                                                   "interval": worst.speedup_interval}
         return doc
 
 
@@ -134,7 +138,18 @@ def guard_rows(measured: dict[RunKey, Measured]) -> tuple[list[str], list[list]]
     rows.append(["overall", *[m.speedup for m in ms]])
     rows.append(["worst", *[m.worst.speedup if m.worst else None for m in ms]])
     rows.append(["worst golden", *[str(m.worst.id) if m.worst else "" for m in ms]])
+    rows.append([WORST_INTERVAL, *[interval_text(m.worst) if m.worst else "" for m in ms]])
     return names, rows
+
+
+WORST_INTERVAL = "worst, 95% interval"
+
+
+def interval_text(g: MeasuredGolden) -> str:
+    """A golden's 95% interval as the guard report shows it ("-" with too few rounds)."""
+    if g.speedup_interval is None:
+        return "-"
+    return " - ".join(fmt_ratio(x) for x in g.speedup_interval)
 
 
 def guard_json(measured: dict[RunKey, Measured]) -> dict | None:
@@ -142,12 +157,14 @@ def guard_json(measured: dict[RunKey, Measured]) -> dict | None:
     if not measured:
         return None
     names, rows = guard_rows(measured)
-    per, (left_out, overall, worst, worst_id) = rows[:-4], rows[-4:]
-    pairs = zip(worst_id[1:], worst[1:], strict=True)
+    per, (left_out, overall, worst, worst_id, _) = rows[:-5], rows[-5:]
+    intervals = [m.worst.speedup_interval if m.worst else None for m in measured.values()]
+    triples = zip(worst_id[1:], worst[1:], intervals, strict=True)
     return {"configurations": names,
             "goldens": {r[0]: [None if x == TOO_SHORT else x for x in r[1:]] for r in per},
             "left_out": [int(n) for n in left_out[1:]], "overall": overall[1:],
-            "worst": [{"id": i, "speedup": x} for i, x in pairs]}
+            "worst": [{"id": i, "speedup": x, "interval": None if v is None else list(v)}
+                      for i, x, v in triples]}
 
 
 # ---- JSON ---------------------------------------------------------------------------------
