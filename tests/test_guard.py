@@ -293,6 +293,21 @@ def test_a_run_starts_from_its_own_length_by_succession():
     assert runs == [*range(15), None, *range(8)]
 
 
+def test_a_candidate_drafted_whole_and_accepted_whole_goes_on_as_a_run():
+    """A candidate that was right at every position but ran out before the pass ended (a short
+    continuation of a recent match: the 2-cycle's first passes) does not end the run: the next
+    candidate continues it, its run counting what the candidates before it predicted. A
+    candidate contradicted at any position ends it."""
+    g = GuardProposer(8, 1, 4, costs=CostTable.from_costs({1: 1.0, 2: 1.0}))
+    text = [50, 51, 52, 53] + [7, 8] * 8
+    assert g.propose(text[:8], 4) == [7, 8]  # 7 8 7 8: the match's continuation, 2 tokens
+    assert g.last_run == 0
+    g.propose(text[:11], 4)  # both drafts accepted and a third token produced
+    assert g.last_run == 2
+    g.propose(text[:11] + [52], 4)  # the next candidate said 8 and 52 came: a fresh match
+    assert g.last_run == 0
+
+
 def test_a_new_request_restarts_acceptance():
     g = GuardProposer(4, 1, 2, costs=CostTable.from_costs({1: 1.0, 2: 1.1}))
     cycle = [5, 6, 7] * 10

@@ -13,7 +13,9 @@ from kolibri_cli.decode.proposers.ngram import longest_match
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 
-RUN = 0  # state: the previous candidate predicted every token produced since it was made
+# state: the previous candidate predicted every token produced since it was made, or every token
+# it had (drafted whole, accepted whole, the pass's own token past its end)
+RUN = 0
 # Drafts are chosen on each rate's estimate less CAUTION standard deviations of it: a rejected
 # draft's cost is certain, its gain is not, and a request of a few dozen tokens cannot average
 # out a draft made on thin evidence. With evidence the bound closes on the estimate. Chosen on
@@ -220,7 +222,8 @@ def _advance(tokens, seen, book, candidates, tried, accepted, ledger, k, window_
     state, run, rows = min(n, window_max), 0, candidates.shape[0]
     if book[HAS_LAST]:
         last = candidates[(book[MADE_SO_FAR] - 1) % rows]  # [COLUMNS]
-        if last[ALIVE] and 0 < total - last[MADE] == last[CHECKED]:
+        if last[ALIVE] and 0 < last[CHECKED] and (total - last[MADE] == last[CHECKED]
+                                                   or last[CHECKED] == last[LENGTH]):
             state, run = RUN, last[RAN] + last[CHECKED]
     row = candidates[book[MADE_SO_FAR] % rows]  # [COLUMNS]
     row[SOURCE], row[LENGTH], row[MADE] = source, min(k, total - source), total
