@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from test_block_models import avx2_split_logits, split_logits, tiny_gguf
 
-from kolibri_cli.engine import blocks, simd
+from kolibri_cli.engine import blocks, int8, simd
+from kolibri_cli.engine import matmul as matmul_module
 from kolibri_cli.engine.matmul import matmul
 from kolibri_cli.engine.model import load_model
 from kolibri_cli.engine.weights import Matrix, Rows, stacked
@@ -148,6 +149,14 @@ def test_matmul_is_the_fixed_order_dot():
         while len(v) > 1:
             v = (v[:len(v) // 2] + v[len(v) // 2:]).astype(np.float32)
         assert out[0, r] == v[0]
+
+
+def test_verify_tiles_cover_every_block_type():
+    """The verify tiles are compiled one per block type (matmul.ORDER): a type missing there
+    would take F32's tile and read its blocks as floats."""
+    exact = {code for code in blocks.TYPES if code not in (int8.Q4_1X, int8.Q8_0X)}
+    assert sorted(matmul_module.ORDER) == sorted(exact)
+    assert {blocks.BY_NAME[name].code for name in QUANT + FLOAT} == exact  # all tested above
 
 
 def test_units_follow_row_addresses():

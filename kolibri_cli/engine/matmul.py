@@ -25,6 +25,7 @@ from kolibri_cli.engine import int8
 from kolibri_cli.engine.blocks import (
     BF16,
     F16,
+    F32,
     Q4_0,
     Q4_1,
     Q4_K,
@@ -62,7 +63,7 @@ FEW = 32  # up to this many tokens (verify passes), each part is decoded once pe
 @njit(inline="always", cache=True)
 def _typed(t, op, a):
     """op(part, scales, weights per block, parts per block, bytes per block, a) with the decoder
-    of block type t: the one place the kernel dispatches on the type"""
+    of block type t: the dispatch on the type of decode and prefill (verify: `_verify_tile`)"""
     if t == Q4_1:
         return op(part_q4_1, no_scales, 32, 1, 24, a)
     if t == Q8_0:
@@ -132,9 +133,14 @@ def _decode_unit(d, unit, x, out):
 
 
 # ---------------------------------------------------------------- a few tokens (verify)
+# Each verify tile is compiled for one block type and token count, a function of its own (66 in
+# all): numba's passes take time growing faster than a function's size (its SSA pass with the
+# square), so the 44 copies of the 2x8 tile in one function took 67 s to compile, all 66 tiles
+# apart ~28 s. `_verify_tile` makes one copy; `_on_type` calls the copy of a unit's block type.
+# _fma32 is left to LLVM to inline (it does): inlined by numba, it doubled the tiles' compile.
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
 def _fma32(lo, hi, x, e, acc):
     """acc after the part lo, hi times x[e : e+32]: the two FMAs of every tile, in their order"""
     return vfma(hi, vload(x, e + 16), vfma(lo, vload(x, e), acc))
@@ -171,43 +177,6 @@ def _dot4xg_of(part, scales, per_block, parts, nbytes, a):
     return vsum16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33)
 
 
-@njit(cache=True)
-def _dot4xg(t, d, o0, o1, o2, o3, x, j, jn, kp):
-    """_dot4xg_of for tokens j..j+jn-1 of x [L*kp] (flat)"""
-    j1, j2, j3 = (j + 1) * kp, (j + 2) * kp, (j + 3) * kp
-    return _typed(t, _dot4xg_of, (d, o0, o1, o2, o3, x, j * kp, j1, j2, j3, jn, kp))
-
-
-@njit(inline="always", cache=True)
-def _dot4x2_of(part, scales, per_block, parts, nbytes, a):
-    """Lane 4i + q = row at o_i . token at element j_q of x (q < 2): _dot4xg_of's 2-token case
-    with only its 8 live sums   a = (d, o0..o3, x, j0, j1, kp)"""
-    d, o0, o1, o2, o3, x, j0, j1, kp = a
-    z = vzero()
-    a00 = a01 = a10 = a11 = a20 = a21 = a30 = a31 = z
-    for b in range(kp // per_block):
-        ob = nbytes * b
-        v0, v1 = scales(d, o0 + ob), scales(d, o1 + ob)
-        v2, v3 = scales(d, o2 + ob), scales(d, o3 + ob)
-        for p in range(parts):
-            e = per_block * b + 32 * p
-            lo0, hi0 = part(d, o0 + ob, p, v0)
-            lo1, hi1 = part(d, o1 + ob, p, v1)
-            lo2, hi2 = part(d, o2 + ob, p, v2)
-            lo3, hi3 = part(d, o3 + ob, p, v3)
-            a00, a10 = _fma32(lo0, hi0, x, j0 + e, a00), _fma32(lo1, hi1, x, j0 + e, a10)
-            a20, a30 = _fma32(lo2, hi2, x, j0 + e, a20), _fma32(lo3, hi3, x, j0 + e, a30)
-            a01, a11 = _fma32(lo0, hi0, x, j1 + e, a01), _fma32(lo1, hi1, x, j1 + e, a11)
-            a21, a31 = _fma32(lo2, hi2, x, j1 + e, a21), _fma32(lo3, hi3, x, j1 + e, a31)
-    return vsum16(a00, a01, z, z, a10, a11, z, z, a20, a21, z, z, a30, a31, z, z)
-
-
-@njit(cache=True)
-def _dot4x2(t, d, o0, o1, o2, o3, x, j, kp):
-    """_dot4x2_of for tokens j, j+1 of x [L*kp] (flat)"""
-    return _typed(t, _dot4x2_of, (d, o0, o1, o2, o3, x, j * kp, (j + 1) * kp, kp))
-
-
 @njit(inline="always", cache=True)
 def _dot2x8_of(part, scales, per_block, parts, nbytes, a):
     """Lane 8i + q = row at o_i . token at element j + q*kp of x (i < 2, q < jn, 5 <= jn <= 8):
@@ -240,18 +209,120 @@ def _dot2x8_of(part, scales, per_block, parts, nbytes, a):
     return vsum16(a00, a01, a02, a03, a04, a05, a06, a07, a10, a11, a12, a13, a14, a15, a16, a17)
 
 
+def _verify_tile(t, n):
+    """The verify tile for block type t and n tokens (2, 5..8, each compiled on its own; 0: 3 or
+    4, the count in a): _dot4xg_of(a) for n <= 4, else _dot2x8_of(a). t and n are constants
+    of the closure, so numba drops the other branches before it inlines the tile, and the
+    count's tests fold away. The decoders are `_typed`'s, written out again: numba inlines a
+    decoder only where a call names it."""
+
+    @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+    def tile(a):
+        a = a[:-2] + (n, a[-1]) if n else a  # a = (..., count, kp)
+        if n <= 4:
+            if t == Q4_1:
+                return _dot4xg_of(part_q4_1, no_scales, 32, 1, 24, a)
+            if t == Q8_0:
+                return _dot4xg_of(part_q8_0, no_scales, 32, 1, 36, a)
+            if t == Q4_K:
+                return _dot4xg_of(part_q4_k, scales_k, 256, 8, 144, a)
+            if t == Q6_K:
+                return _dot4xg_of(part_q6_k, scales_q6_k, 256, 8, 210, a)
+            if t == Q5_K:
+                return _dot4xg_of(part_q5_k, scales_k, 256, 8, 176, a)
+            if t == Q4_0:
+                return _dot4xg_of(part_q4_0, no_scales, 32, 1, 20, a)
+            if t == Q5_0:
+                return _dot4xg_of(part_q5_0, no_scales, 32, 1, 24, a)
+            if t == Q5_1:
+                return _dot4xg_of(part_q5_1, no_scales, 32, 1, 28, a)
+            if t == F16:
+                return _dot4xg_of(part_f16, no_scales, 32, 1, 64, a)
+            if t == BF16:
+                return _dot4xg_of(part_bf16, no_scales, 32, 1, 64, a)
+            return _dot4xg_of(part_f32, no_scales, 32, 1, 128, a)
+        if t == Q4_1:
+            return _dot2x8_of(part_q4_1, no_scales, 32, 1, 24, a)
+        if t == Q8_0:
+            return _dot2x8_of(part_q8_0, no_scales, 32, 1, 36, a)
+        if t == Q4_K:
+            return _dot2x8_of(part_q4_k, scales_k, 256, 8, 144, a)
+        if t == Q6_K:
+            return _dot2x8_of(part_q6_k, scales_q6_k, 256, 8, 210, a)
+        if t == Q5_K:
+            return _dot2x8_of(part_q5_k, scales_k, 256, 8, 176, a)
+        if t == Q4_0:
+            return _dot2x8_of(part_q4_0, no_scales, 32, 1, 20, a)
+        if t == Q5_0:
+            return _dot2x8_of(part_q5_0, no_scales, 32, 1, 24, a)
+        if t == Q5_1:
+            return _dot2x8_of(part_q5_1, no_scales, 32, 1, 28, a)
+        if t == F16:
+            return _dot2x8_of(part_f16, no_scales, 32, 1, 64, a)
+        if t == BF16:
+            return _dot2x8_of(part_bf16, no_scales, 32, 1, 64, a)
+        return _dot2x8_of(part_f32, no_scales, 32, 1, 128, a)
+
+    return tile
+
+
+ORDER = (Q4_1, Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q5_0, Q5_1, F16, BF16, F32)  # _on_type's order
+# _TILES[n] = (n, then the tiles for n tokens (0: 3 or 4), one per block type in ORDER). n comes
+# first because numba tries to type a tuple that starts with a function as one function type,
+# with a warning.
+_TILES = {n: (n, *(_verify_tile(t, n) for t in ORDER)) for n in (2, 0, 5, 6, 7, 8)}
+_TILES2, _TILES34, _TILES5, _TILES6, _TILES7, _TILES8 = (_TILES[n] for n in (2, 0, 5, 6, 7, 8))
+
+
+@njit(inline="always", cache=True)
+def _on_type(t, tiles, a):
+    """tiles[1 + i](a) for block type t = ORDER[i] (any other type: F32's, the last)"""
+    if t == Q4_1:
+        return tiles[1](a)
+    if t == Q8_0:
+        return tiles[2](a)
+    if t == Q4_K:
+        return tiles[3](a)
+    if t == Q6_K:
+        return tiles[4](a)
+    if t == Q5_K:
+        return tiles[5](a)
+    if t == Q4_0:
+        return tiles[6](a)
+    if t == Q5_0:
+        return tiles[7](a)
+    if t == Q5_1:
+        return tiles[8](a)
+    if t == F16:
+        return tiles[9](a)
+    if t == BF16:
+        return tiles[10](a)
+    return tiles[11](a)
+
+
+@njit(cache=True)
+def _dot4xg(t, d, o0, o1, o2, o3, x, j, jn, kp):
+    """_dot4xg_of for tokens j..j+jn-1 of x [L*kp] (flat), 2 <= jn <= 4: 2 compiled on its own
+    (its 8 live sums only), 3 and 4 together"""
+    e = j * kp
+    if jn == 2:
+        return _on_type(t, _TILES2, (d, o0, o1, o2, o3, x, e, e + kp, e, e, 2, kp))
+    a = (d, o0, o1, o2, o3, x, e, e + kp, e + 2 * kp, e + 3 * kp, jn, kp)
+    return _on_type(t, _TILES34, a)
+
+
 @njit(cache=True)
 def _dot2x8(t, d, o0, o1, x, j, jn, kp):
     """_dot2x8_of for tokens j..j+jn-1 of x [L*kp] (flat), compiled for each jn (a loop with
     jn's tests inside ran 10-40% slower)"""
     e = j * kp
     if jn == 5:
-        return _typed(t, _dot2x8_of, (d, o0, o1, x, e, 5, kp))
+        return _on_type(t, _TILES5, (d, o0, o1, x, e, 5, kp))
     if jn == 6:
-        return _typed(t, _dot2x8_of, (d, o0, o1, x, e, 6, kp))
+        return _on_type(t, _TILES6, (d, o0, o1, x, e, 6, kp))
     if jn == 7:
-        return _typed(t, _dot2x8_of, (d, o0, o1, x, e, 7, kp))
-    return _typed(t, _dot2x8_of, (d, o0, o1, x, e, 8, kp))
+        return _on_type(t, _TILES7, (d, o0, o1, x, e, 7, kp))
+    return _on_type(t, _TILES8, (d, o0, o1, x, e, 8, kp))
 
 
 @njit(inline="always", cache=True)
@@ -269,10 +340,7 @@ def _few_unit(d, unit, x, t0, t1, out):
             for i in range(n):
                 out[j, r0 + i] = vlane(s, i)
         elif jn <= 4:
-            if jn == 2:
-                s = _dot4x2(t, d, o0, o1, o2, o3, xf, j, kp)
-            else:
-                s = _dot4xg(t, d, o0, o1, o2, o3, xf, j, jn, kp)
+            s = _dot4xg(t, d, o0, o1, o2, o3, xf, j, jn, kp)
             for i in range(n):
                 for q in range(jn):
                     out[j + q, r0 + i] = vlane(s, 4 * i + q)
@@ -380,7 +448,7 @@ def _tiles_unit(d, unit, x, t0, t1, out, w):
         j += jn
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def _units(d, units, u0, u1, x, t0, t1, out, w):
     """Units u0..u1-1 in one compiled loop (no call per unit when decoding)   w [4*Kp] scratch"""
     if x.shape[0] == 1:
@@ -398,7 +466,7 @@ def _units(d, units, u0, u1, x, t0, t1, out, w):
 # One parallel function serves the three matmul kinds, so the type dispatch above is compiled
 # into one parallel region (numba re-optimizes callees inside every caller).
 
-PLAIN, ADD, GATE_UP = 0, 1, 2
+PLAIN, ADD, GATE_UP = 0, 1, 2  # passed as np.int64: numba would compile _run for each literal
 CHUNKS = 16  # contiguous runs of units per call, each with its own L1 scratch when L > 1
 
 
@@ -432,7 +500,7 @@ def _epilogue(kind, units, u0, u1, t0, t1, out, dest):
                     dest[j, r] = _silu(out[j, r]) * out[j, n_ff + r]
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def _any_units(d, units, u0, u1, x, xs, t0, t1, out, w):
     """Units u0..u1-1 of either numeric path: the int8 path's (x quantized as xs) or the exact"""
     if units[u0, 2] < int8.Q4_1X:
@@ -470,23 +538,23 @@ def _run(kind, x, w, out, dest):
         _parallel(kind, x, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def matmul(x, w, out):
     """out = x @ w.T   x [L, K], w = (data, units) of [N, K] -> out [L, N]"""
-    _run(PLAIN, x, w, out, out)
+    _run(np.int64(PLAIN), x, w, out, out)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def matmul_add(x, w, tmp, h):
     """h += x @ w.T (the residual add fused in)   x [L, K], w [D, K], tmp/h [L, D]"""
-    _run(ADD, x, w, tmp, h)
+    _run(np.int64(ADD), x, w, tmp, h)
 
 
-@njit(cache=True)
+@njit(inline="always", cache=True)
 def gate_up_silu(x, w, gu, act):
     """act = silu(x @ gate.T) * (x @ up.T)
     x [L, D], w [2F, D] units of gate then of up, gu [L, 2F] scratch -> act [L, F]"""
-    _run(GATE_UP, x, w, gu, act)
+    _run(np.int64(GATE_UP), x, w, gu, act)
 
 
 @njit(cache=True)
