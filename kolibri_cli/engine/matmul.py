@@ -133,11 +133,14 @@ def _decode_unit(d, unit, x, out):
 
 
 # ---------------------------------------------------------------- a few tokens (verify)
-# Each verify tile is compiled for one block type and token count, a function of its own (66 in
-# all): numba's passes take time growing faster than a function's size (its SSA pass with the
-# square), so the 44 copies of the 2x8 tile in one function took 67 s to compile, all 66 tiles
-# apart ~28 s. `_verify_tile` makes one copy; `_on_type` calls the copy of a unit's block type.
-# _fma32 is left to LLVM to inline (it does): inlined by numba, it doubled the tiles' compile.
+# Each block type's verify tiles (one per token count: 2, 3-4, 5, 6, 7, 8) are one function of
+# their own, `_verify_unit(t)`, called once per unit: numba's passes take time growing faster
+# than a function's size (its SSA pass with the square), so the 44 copies of the 2x8 tile in one
+# function took 67 s to compile, 11 functions of 6 tiles ~47 s. The tiles are inlined there:
+# compiled apart (66 functions, ~28 s), the default model's verify passes ran 5-8% slower at 2,
+# 5 or 6 tokens, called through a dispatch function or straight from the unit loop (its units
+# are short, K = 576). _fma32 is left to LLVM to inline (it does): inlined by numba, it doubled
+# the tiles' compile.
 
 
 @njit(cache=True)
@@ -210,13 +213,13 @@ def _dot2x8_of(part, scales, per_block, parts, nbytes, a):
 
 
 def _verify_tile(t, n):
-    """The verify tile for block type t and n tokens (2, 5..8, each compiled on its own; 0: 3 or
-    4, the count in a): _dot4xg_of(a) for n <= 4, else _dot2x8_of(a). t and n are constants
-    of the closure, so numba drops the other branches before it inlines the tile, and the
-    count's tests fold away. The decoders are `_typed`'s, written out again: numba inlines a
-    decoder only where a call names it."""
+    """The verify tile for block type t and n tokens (2, 5..8; 0: 3 or 4, the count in a):
+    _dot4xg_of(a) for n <= 4, else _dot2x8_of(a). t and n are constants of the closure, so
+    numba drops the other branches before it inlines the tile, and the count's tests fold
+    away. The decoders are `_typed`'s, written out again: numba inlines a decoder only where a
+    call names it."""
 
-    @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+    @njit(inline="always", cache=True)
     def tile(a):
         a = a[:-2] + (n, a[-1]) if n else a  # a = (..., count, kp)
         if n <= 4:
@@ -266,92 +269,89 @@ def _verify_tile(t, n):
     return tile
 
 
+@njit(inline="always", cache=True)
+def _put(s, out, j, r0, rows, toks, lanes):
+    """out[j + q, r0 + i] = lane lanes*i + q of s, for i < rows, q < toks"""
+    for i in range(rows):
+        for q in range(toks):
+            out[j + q, r0 + i] = vlane(s, lanes * i + q)
+
+
+def _verify_unit(t):
+    """`_few_unit` for units of block type t: its six tiles inlined, one call per unit."""
+    tile2, tile34, tile5, tile6, tile7, tile8 = (_verify_tile(t, n) for n in (2, 0, 5, 6, 7, 8))
+
+    @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+    def unit_of(a):
+        d, unit, x, t0, t1, out = a
+        r0, n, o, stride = unit[0], unit[1], unit[3], unit[4]
+        o0, o1, o2, o3 = _row_offsets(o, stride, n)
+        kp = x.shape[1]
+        xf = x.reshape(-1)
+        j = t0
+        while j < t1:
+            jn, e = min(8, t1 - j), j * kp
+            if jn == 1:
+                _put(_dot4(unit[2], d, o0, o1, o2, o3, x[j], kp), out, j, r0, n, 1, 1)
+            elif jn == 2:
+                s = tile2((d, o0, o1, o2, o3, xf, e, e + kp, e, e, 2, kp))
+                _put(s, out, j, r0, n, 2, 4)
+            elif jn <= 4:
+                s = tile34((d, o0, o1, o2, o3, xf, e, e + kp, e + 2 * kp, e + 3 * kp, jn, kp))
+                _put(s, out, j, r0, n, jn, 4)
+            else:
+                for i0 in range(0, n, 2):
+                    a2 = (d, o0, o1, xf, e, jn, kp) if i0 == 0 else (d, o2, o3, xf, e, jn, kp)
+                    if jn == 5:
+                        s = tile5(a2)
+                    elif jn == 6:
+                        s = tile6(a2)
+                    elif jn == 7:
+                        s = tile7(a2)
+                    else:
+                        s = tile8(a2)
+                    _put(s, out, j, r0 + i0, min(2, n - i0), jn, 8)
+            j += jn
+
+    return unit_of
+
+
 ORDER = (Q4_1, Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q5_0, Q5_1, F16, BF16, F32)  # _on_type's order
-# _TILES[n] = (n, then the tiles for n tokens (0: 3 or 4), one per block type in ORDER). n comes
-# first because numba tries to type a tuple that starts with a function as one function type,
-# with a warning.
-_TILES = {n: (n, *(_verify_tile(t, n) for t in ORDER)) for n in (2, 0, 5, 6, 7, 8)}
-_TILES2, _TILES34, _TILES5, _TILES6, _TILES7, _TILES8 = (_TILES[n] for n in (2, 0, 5, 6, 7, 8))
+# _VERIFY = (0, then the verify unit of each block type in ORDER). The 0 comes first because
+# numba tries to type a tuple that starts with a function as one function type, with a warning.
+_VERIFY = (0, *(_verify_unit(t) for t in ORDER))
 
 
 @njit(inline="always", cache=True)
-def _on_type(t, tiles, a):
-    """tiles[1 + i](a) for block type t = ORDER[i] (any other type: F32's, the last)"""
+def _on_type(t, fns, a):
+    """fns[1 + i](a) for block type t = ORDER[i] (any other type: F32's, the last)"""
     if t == Q4_1:
-        return tiles[1](a)
+        return fns[1](a)
     if t == Q8_0:
-        return tiles[2](a)
+        return fns[2](a)
     if t == Q4_K:
-        return tiles[3](a)
+        return fns[3](a)
     if t == Q6_K:
-        return tiles[4](a)
+        return fns[4](a)
     if t == Q5_K:
-        return tiles[5](a)
+        return fns[5](a)
     if t == Q4_0:
-        return tiles[6](a)
+        return fns[6](a)
     if t == Q5_0:
-        return tiles[7](a)
+        return fns[7](a)
     if t == Q5_1:
-        return tiles[8](a)
+        return fns[8](a)
     if t == F16:
-        return tiles[9](a)
+        return fns[9](a)
     if t == BF16:
-        return tiles[10](a)
-    return tiles[11](a)
-
-
-@njit(cache=True)
-def _dot4xg(t, d, o0, o1, o2, o3, x, j, jn, kp):
-    """_dot4xg_of for tokens j..j+jn-1 of x [L*kp] (flat), 2 <= jn <= 4: 2 compiled on its own
-    (its 8 live sums only), 3 and 4 together"""
-    e = j * kp
-    if jn == 2:
-        return _on_type(t, _TILES2, (d, o0, o1, o2, o3, x, e, e + kp, e, e, 2, kp))
-    a = (d, o0, o1, o2, o3, x, e, e + kp, e + 2 * kp, e + 3 * kp, jn, kp)
-    return _on_type(t, _TILES34, a)
-
-
-@njit(cache=True)
-def _dot2x8(t, d, o0, o1, x, j, jn, kp):
-    """_dot2x8_of for tokens j..j+jn-1 of x [L*kp] (flat), compiled for each jn (a loop with
-    jn's tests inside ran 10-40% slower)"""
-    e = j * kp
-    if jn == 5:
-        return _on_type(t, _TILES5, (d, o0, o1, x, e, 5, kp))
-    if jn == 6:
-        return _on_type(t, _TILES6, (d, o0, o1, x, e, 6, kp))
-    if jn == 7:
-        return _on_type(t, _TILES7, (d, o0, o1, x, e, 7, kp))
-    return _on_type(t, _TILES8, (d, o0, o1, x, e, 8, kp))
+        return fns[10](a)
+    return fns[11](a)
 
 
 @njit(inline="always", cache=True)
 def _few_unit(d, unit, x, t0, t1, out):
     """out[t, r0 + i] = row i . x[t] for t0 <= t < t1, in groups of <= 8 tokens   x [L, Kp]"""
-    r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
-    o0, o1, o2, o3 = _row_offsets(o, stride, n)
-    kp = x.shape[1]
-    xf = x.reshape(-1)
-    j = t0
-    while j < t1:
-        jn = min(8, t1 - j)
-        if jn == 1:
-            s = _dot4(t, d, o0, o1, o2, o3, x[j], kp)
-            for i in range(n):
-                out[j, r0 + i] = vlane(s, i)
-        elif jn <= 4:
-            s = _dot4xg(t, d, o0, o1, o2, o3, xf, j, jn, kp)
-            for i in range(n):
-                for q in range(jn):
-                    out[j + q, r0 + i] = vlane(s, 4 * i + q)
-        else:
-            for i0 in range(0, n, 2):
-                pa, pb = (o0, o1) if i0 == 0 else (o2, o3)
-                s = _dot2x8(t, d, pa, pb, xf, j, jn, kp)
-                for i in range(min(2, n - i0)):
-                    for q in range(jn):
-                        out[j + q, r0 + i0 + i] = vlane(s, 8 * i + q)
-        j += jn
+    _on_type(unit[2], _VERIFY, (d, unit, x, t0, t1, out))
 
 
 # ---------------------------------------------------------------- many tokens: decode once, tile
