@@ -27,6 +27,20 @@ def result(steps: list[float], drafted: list[int] | None = None) -> GenerationRe
                             mode=mode, passes=passes, step_s=steps)
 
 
+def at_speeds(monkeypatch, plain: list[float], spec: list[float]) -> None:
+    """The measured probe's plain and spec runs, each run's every step 10 ms x its speed: the
+    speeds in turn (one a run), as a whole run slowed or sped up by the machine."""
+    speeds = {"plain": iter(plain), "spec": iter(spec)}
+
+    def timed(run):
+        run.step_s = [0.01 * next(speeds[run.mode])] * len(run.step_s)
+        run.decode_s = sum(run.step_s)
+        return run
+
+    monkeypatch.setattr(measure, "generate_plain", lambda *a, **k: timed(generate_plain(*a, **k)))
+    monkeypatch.setattr(measure, "generate_spec", lambda *a, **k: timed(generate_spec(*a, **k)))
+
+
 def test_step_times_add_up_to_the_decode_time_one_per_forward():
     model, prompt = MODELS[0], PROMPTS[0]
     plain = generate_plain(model, prompt, 20)
@@ -179,17 +193,7 @@ def test_the_overall_speedup_is_paired_as_a_goldens_is(monkeypatch):
     the median (1 / 1.1) x plain steps / spec passes; the medians of the times alone would say
     1.1 / 1.1. With one golden the overall speedup is that golden's."""
     goldens = [golden(0, 24)]
-    plain_speed, spec_speed = iter([1.0, 1.25, 1.1]), iter([1.1, 1.0, 1.25])
-
-    def timed(run, speed):
-        run.step_s = [0.01 * speed] * len(run.step_s)
-        run.decode_s = sum(run.step_s)
-        return run
-
-    monkeypatch.setattr(measure, "generate_plain",
-                        lambda *a, **k: timed(generate_plain(*a, **k), next(plain_speed)))
-    monkeypatch.setattr(measure, "generate_spec",
-                        lambda *a, **k: timed(generate_spec(*a, **k), next(spec_speed)))
+    at_speeds(monkeypatch, [1.0, 1.25, 1.1], [1.1, 1.0, 1.25])
     [m] = measure.measure_runs(MODELS[0], goldens, [simulate(goldens, 3, (1, 4), "vllm")],
                                repeats=3, cost_repeats=1).values()
     [g] = m.goldens
@@ -232,17 +236,7 @@ def test_a_goldens_interval_comes_from_its_rounds_own_ratios(monkeypatch):
     goldens = [golden(0, 24)]
 
     def run(statistic):
-        plain_speed = iter([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])
-
-        def timed(result, speed):
-            result.step_s = [0.01 * speed] * len(result.step_s)
-            result.decode_s = sum(result.step_s)
-            return result
-
-        monkeypatch.setattr(measure, "generate_plain",
-                            lambda *a, **k: timed(generate_plain(*a, **k), next(plain_speed)))
-        monkeypatch.setattr(measure, "generate_spec",
-                            lambda *a, **k: timed(generate_spec(*a, **k), 1.0))
+        at_speeds(monkeypatch, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], [1.0] * 6)
         [m] = measure.measure_runs(MODELS[0], goldens, [simulate(goldens, 3, (1, 4), "vllm")],
                                    repeats=6, cost_repeats=1, statistic=statistic).values()
         return m.goldens[0]
