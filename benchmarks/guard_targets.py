@@ -4,7 +4,7 @@ run per goldens file (docs/guard.md).
     python benchmarks/guard_targets.py prompts QUESTION.jsonl OUTDIR
     python benchmarks/guard_targets.py run --tune TUNE.jsonl --goldens A.jsonl [--goldens B.jsonl]
         [--bench] [--threads N] [--repeats 3] [--fixed 2] [--max-tokens N] [--null]
-        [--statistic median|min] [--json OUT]
+        [--statistic median|min] [--warm] [--json OUT]
 
     python benchmarks/guard_targets.py model --costs C1,C2,... --tune TUNE.jsonl --goldens A.jsonl
         [--bench] [--fixed 2] [--max-tokens N]
@@ -26,7 +26,11 @@ disjoint) as prompt files for `kolibri goldens record`.
 4. `--null`: also a guard that never drafts, so a golden's ratio is noise and the spec loop's
    own overhead alone (an A/A check of how low the worst golden goes without any drafting);
 5. `--bench`: the bench chain (a 2-cycle) likewise, against the fixed settings that simulate
-   best on it.
+   best on it;
+6. `--warm`: first, what a user's earlier `kolibri generate --spec` runs leave behind: the
+   guard generates each tune-split golden's first tokens (its prompt, as many tokens as
+   measured) and keeps its timings in the kolibri home, so the measured guard starts from kept
+   timings instead of calibrating (each block prints where its costs started from).
 
 `model`: no timing, exact counts. The guard as `kolibri generate` runs it (an empty cost table
 that every pass then feeds, here with the time the given c(n) says), beside the best `--fixed`
@@ -49,8 +53,15 @@ import time
 
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.timing import verify_costs
-from kolibri_cli.decode.costs import BENCH_CONTEXT, CostTable, cost_model, octave
-from kolibri_cli.decode.generate import generate_plain
+from kolibri_cli.decode.costs import (
+    BENCH_CONTEXT,
+    CostTable,
+    cost_model,
+    keep_table,
+    octave,
+    warm_table,
+)
+from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.goldens.chains import Golden, load_goldens, read_prompts
 from kolibri_cli.probe.measure import measure_runs
@@ -126,8 +137,10 @@ def measure_block(model, name: str, goldens: list[Golden], fixed: list, costs: d
                             statistic=STATISTICS[statistic])
     after = load()
     say(f"   after:  {after} ({time.time() - t0:.0f} s)")
+    started = next(m.guard_costs_from for m in measured.values())  # the live guard's (first)
+    say(f"   the guard's costs started from: {started}")
     out = {"goldens": len(goldens), "before": before, "after": after,
-           "seconds": round(time.time() - t0, 1), "runs": {}}
+           "seconds": round(time.time() - t0, 1), "guard_costs_from": started, "runs": {}}
     for run, model_run, m in zip(runs, modelled, measured.values(), strict=True):
         worst = m.worst
         # the goldens whose 95% interval lies wholly under the target: surely slower than it
@@ -172,6 +185,23 @@ def bench_golden(model) -> Golden:
                   model.sha256, {"engine": "kolibri"}, list(model.eos_ids))
 
 
+def warm(model, tune: list[Golden]) -> None:
+    """The guard over each tune golden's prompt for as many tokens as its (cut) output, keeping
+    its timings after each, as `kolibri generate --spec` does (cli/options.py)."""
+    from kolibri_cli.engine.jit import get_threads
+
+    threads, t0 = get_threads(), time.time()
+    _, before = warm_table(model.sha256, model.numerics, threads)
+    for g in tune:
+        table, _ = warm_table(model.sha256, model.numerics, threads)
+        generate_spec(model, g.prompt_ids, len(g.output_ids),
+                      make_proposer("guard", GUARD_K, (1, 4), table))
+        keep_table(table, model.sha256, model.numerics, threads)
+    table, after = warm_table(model.sha256, model.numerics, threads)
+    say(f"warm: the guard over {len(tune)} tune prompts ({time.time() - t0:.0f} s); kept "
+        f"timings before: {before}, after: {after} ({len(table.cells())} cells)")
+
+
 def run(args) -> None:
     from kolibri_cli.engine.jit import get_threads, set_threads
 
@@ -184,11 +214,13 @@ def run(args) -> None:
     costs = verify_costs(model.transformer, GUARD_K + 1, context, 5)
     say(f"c(n) at {context} cached positions, n = 1..{GUARD_K + 1}: "
         + ", ".join(f"{c:.2f}" for c in costs.values()))
+    if args.warm:
+        warm(model, tune)
     fixed = rank_fixed(tune, costs, args.fixed)
     say("best fixed on the tune split (modelled): "
         + "; ".join(f"{r.name} {r.modelled_speedup():.3f}x" for r in fixed))
     report = {"threads": get_threads(), "repeats": args.repeats, "max_tokens": args.max_tokens,
-              "statistic": args.statistic,
+              "statistic": args.statistic, "warm": args.warm,
               "costs": costs, "context": context,
               "fixed": [[r.proposer, r.k, list(r.window), r.modelled_speedup()] for r in fixed],
               "blocks": {}}
@@ -303,6 +335,8 @@ def main(argv: list[str]) -> dict | None:
     r.add_argument("--statistic", choices=sorted(STATISTICS), default="median",
                    help="a golden's figures from its rounds: median (of each round's ratio), "
                    "or min (the least disturbed times)")
+    r.add_argument("--warm", action="store_true", help="first keep the guard's timings from "
+                   "the tune prompts, as earlier `kolibri generate --spec` runs would")
     r.add_argument("--null", action="store_true", help="also a guard that never drafts (k 1, "
                    "c(2) huge): the spread noise and the spec loop alone give per golden")
     m = sub.add_parser("model", help="the guard and the best fixed settings modelled (no timing)")

@@ -141,3 +141,23 @@ def test_statistic_is_min_or_median():
     assert targets.STATISTICS == {"min": min, "median": statistics.median}
     with pytest.raises(SystemExit):
         targets.main(["run", "--tune", "t.jsonl", "--statistic", "mean"])
+
+
+def test_warm_keeps_the_guards_timings_so_the_measured_guard_starts_from_them(kolibri_home):
+    """`run --warm`: the guard over the tune goldens keeps its timings as `kolibri generate`
+    does, so the measured guard, which calibrated from nothing before, starts from them."""
+    from types import SimpleNamespace
+
+    from kolibri_cli.decode.costs import warm_table
+    from kolibri_cli.engine.jit import get_threads
+
+    tiny = MODELS[0]
+    model = SimpleNamespace(**vars(tiny), sha256="ab" * 32, numerics="float32", name="tiny")
+    goldens = tiny_goldens(model, 24)
+    assert targets.measure_block(model, "tiny", goldens[:1], [], COSTS, 1)[
+        "guard_costs_from"] == "none"
+    targets.warm(model, goldens[1:])
+    table, source = warm_table(model.sha256, model.numerics, get_threads())
+    assert source == "kept" and table.cells()  # multi-row passes were timed and kept
+    assert targets.measure_block(model, "tiny", goldens[:1], [], COSTS, 1)[
+        "guard_costs_from"] == "kept"
