@@ -465,9 +465,9 @@ def _measured_by_the_definition(table, context):
 
     from kolibri_cli.decode.costs import TRUSTED, octave
 
-    target, out = octave(context), {}
-    for rows in sorted({r for _, r in table._cells}):
-        held = {o: s for (o, r), s in table._cells.items() if r == rows}
+    target, out, cells = octave(context), {}, table.cells()
+    for rows in sorted({r for _, r, _ in cells}):
+        held = {o: s for o, r, s in cells if r == rows}
         trusted = [o for o, s in held.items() if len(s) >= TRUSTED]
         o = min(trusted or held, key=lambda o: (abs(o - target), o))
         out[rows] = statistics.median(held[o])

@@ -88,10 +88,11 @@ class CostTable:
         self.frozen = frozen
         self.log: list[np.ndarray] | None = [] if log else None  # every answer of `relative`
         self._given: Callable[[int], float] | None = None  # from_costs: c(n), any context
-        self._cells: dict[tuple[int, int], deque] = {}  # (octave, rows) -> latest c(rows)
+        self._cells: dict[int, dict[int, _Cell]] = {}  # rows -> octave -> latest c(rows)
         self._ones: deque = deque(maxlen=REFERENCE)  # the latest 1-token timings (seconds)
-        # octave -> c[0..top] for the largest top asked there: each c[n] is a function of n
-        # alone, so a smaller top's answer is a prefix of it
+        # per octave asked: `measured` there (kept current by `add`), and c[0..top] for the
+        # largest top asked, each c[n] a function of n alone (a smaller top's is a prefix)
+        self._measured: dict[int, dict[int, float]] = {}
         self._cache: dict[int, np.ndarray] = {}
 
     def add(self, rows: int, context: int, seconds: float) -> None:
@@ -105,25 +106,31 @@ class CostTable:
             return
         if not self._ones:
             return
-        ratio = seconds / _median(self._ones)
-        rows = int(rows)
-        asked = list(self._cache)  # the octaves answers are kept for
-        before = [self._cost(rows, o) for o in asked]
-        self._cells.setdefault((octave(context), rows), deque(maxlen=KEEP)).append(ratio)
-        if before != [self._cost(rows, o) for o in asked]:
-            self._cache.clear()  # kept answers stand while c(rows) reads the same everywhere
+        ratio, rows, o = seconds / _median(self._ones), int(rows), octave(context)
+        if rows not in self._cells:  # a new row count: every octave reads another c(n)
+            self._measured.clear()
+            self._cache.clear()
+        held = self._cells.setdefault(rows, {})
+        if o in held:
+            held[o].add(ratio)
+        else:
+            held[o] = _Cell([ratio])
+        self._reread(rows)
+
+    def _reread(self, rows: int) -> None:
+        """Read c(rows) afresh at every octave asked (a cell reaching TRUSTED samples may be
+        read for other octaves too); answers stand where it reads the same."""
+        held = self._cells[rows]
+        for o, measured in self._measured.items():
+            cost = _nearest(held, o)
+            if measured.get(rows) != cost:
+                measured[rows] = cost
+                self._cache.pop(o, None)
 
     def measured(self, context: int) -> dict[int, float]:
         """c(n) for every row count n timed so far, as read at this context length."""
-        target, by_rows = octave(context), {}
-        for (o, r), s in self._cells.items():
-            by_rows.setdefault(r, {})[o] = s  # one pass over the cells, not one per row count
-        return {rows: _nearest(by_rows[rows], target) for rows in sorted(by_rows)}
-
-    def _cost(self, rows: int, target: int) -> float | None:
-        """measured(context)[rows] for a context in octave `target` (None: rows never timed)."""
-        held = {o: s for (o, r), s in self._cells.items() if r == rows}
-        return _nearest(held, target) if held else None
+        target = octave(context)
+        return {rows: _nearest(self._cells[rows], target) for rows in sorted(self._cells)}
 
     def relative(self, context: int, top: int) -> np.ndarray:  # -> float64[top + 1]
         """c[n] for n = 1..top at this context length (c[0] unused, = 0; c[1] = 1)."""
@@ -143,7 +150,9 @@ class CostTable:
         elif self.frozen and not self._cells:
             c = 1.0 + DEFAULT_COST_SLOPE * (n - 1)
         else:
-            c = self._interpolated(self.measured(1 << oct_), n)
+            if oct_ not in self._measured:
+                self._measured[oct_] = self.measured(1 << oct_)
+            c = self._interpolated(self._measured[oct_], n)
         c[0] = 0.0
         return c
 
@@ -156,15 +165,16 @@ class CostTable:
 
     def to_dict(self) -> dict:
         """{"frozen", "ones": [seconds...], "cells": [[octave, rows, [c...]], ...]} — JSON-ready."""
+        cells = sorted((o, r) for r, held in self._cells.items() for o in held)
         return {"frozen": self.frozen, "ones": list(self._ones),
-                "cells": [[o, r, list(s)] for (o, r), s in sorted(self._cells.items())]}
+                "cells": [[o, r, list(self._cells[r][o].samples)] for o, r in cells]}
 
     @classmethod
     def from_dict(cls, obj: dict, frozen: bool | None = None) -> "CostTable":
         table = cls(frozen=bool(obj.get("frozen", False)) if frozen is None else frozen)
         table._ones.extend(obj.get("ones", []))
         for o, r, samples in obj.get("cells", []):
-            table._cells[int(o), int(r)] = deque(samples, maxlen=KEEP)
+            table._cells.setdefault(int(r), {})[int(o)] = _Cell(samples)
         return table
 
     @classmethod
@@ -175,7 +185,7 @@ class CostTable:
         for cell in cells if isinstance(cells, list) else []:
             if _valid_cell(cell):
                 o, r, samples = cell
-                table._cells[o, r] = deque(map(float, samples), maxlen=KEEP)
+                table._cells.setdefault(r, {})[o] = _Cell(map(float, samples))
         return table
 
     def cells(self) -> list:
@@ -232,12 +242,26 @@ def _between(x, x0, x1, y0, y1):  # -> float
     return y
 
 
-def _nearest(held: dict[int, deque], target: int) -> float:
+class _Cell:
+    """The latest KEEP samples of c(rows) at one (octave, rows), and their median."""
+
+    __slots__ = ("samples", "median")
+
+    def __init__(self, samples):
+        self.samples = deque(samples, maxlen=KEEP)
+        self.median = _median(self.samples)
+
+    def add(self, sample: float) -> None:
+        self.samples.append(sample)
+        self.median = _median(self.samples)
+
+
+def _nearest(held: dict[int, _Cell], target: int) -> float:
     """The median of the cell nearest octave `target` among one row count's cells (octave ->
-    samples), a cell holding TRUSTED samples before any that holds fewer."""
-    trusted = [o for o, s in held.items() if len(s) >= TRUSTED]
+    cell), a cell holding TRUSTED samples before any that holds fewer."""
+    trusted = [o for o, cell in held.items() if len(cell.samples) >= TRUSTED]
     o = min(trusted or held, key=lambda o: (abs(o - target), o))
-    return _median(held[o])
+    return held[o].median
 
 
 def _median(samples) -> float:
