@@ -39,9 +39,11 @@ class AcceptancePrior:
 
     rates: tuple[tuple[float, ...], ...]  # [states][positions]
     weight: float
-    # In a run that has predicted r tokens in a row, start from (r + 1) / (r + 2) (Laplace's
-    # rule of succession) instead of the run state's rate: a run of one token continues less
-    # often than a run of twenty.
+    # In a run that has predicted r tokens in a row, start from (r + 2 p) / (r + 2) instead of
+    # the run state's rate: a run of one token continues less often than a run of twenty. p is
+    # the estimated rate of the first token of the fresh match that started the run (the rule of
+    # succession's uniform prior, p = 1/2, centred on that match's evidence instead): a run
+    # started by a 1-gram coincidence is not yet sure of its next token.
     succession: bool = False
 
     def table(self, states: int, k: int) -> np.ndarray:  # -> float64[states, k]
@@ -60,7 +62,8 @@ STATE = 3  # RUN or the match length
 RAN = 4  # tokens the candidates before it predicted in a row (0: a fresh match)
 CHECKED = 5  # positions compared with the tokens produced so far
 ALIVE = 6  # 1 while every compared position agreed
-COLUMNS = 7
+START = 7  # the match length that started its run (its own STATE when fresh)
+COLUMNS = 8
 # the guard's book: the context length at its last call, candidates made in this request, and
 # whether the last call made one
 SEEN, MADE_SO_FAR, HAS_LAST = 0, 1, 2
@@ -97,18 +100,19 @@ class Acceptance:
         self.tried = np.zeros((self.states, self.k))
         self.accepted = np.zeros((self.states, self.k))
 
-    def rates(self, state: int, run: int = 0) -> list[float]:  # -> [k]
+    def rates(self, state: int, run: int = 0, start: int = 0) -> list[float]:  # -> [k]
         """Per position: (accepted + prior rate * weight) / (tried + weight). In a run, a
         position starts from the run's pooled rate instead: a run is the text repeating, which
         every position shares, so deep positions need not wait for evidence of their own. `run`:
-        the tokens the run has predicted in a row (the prior's `succession`)."""
-        return _per_position(*self._estimates(), state, run, False).tolist()
+        the tokens the run has predicted in a row, `start` the length of the match that began
+        it (the prior's `succession`; 0: unknown, the rule of succession's 1/2)."""
+        return _per_position(*self._estimates(), state, run, start, False).tolist()
 
-    def cautious(self, state: int, run: int = 0) -> list[float]:  # -> [k]
+    def cautious(self, state: int, run: int = 0, start: int = 0) -> list[float]:  # -> [k]
         """`rates` less CAUTION standard deviations, clipped to [0, 1], with the prior counted
         as `weight` observations (a Beta posterior's spread, rate (1 - rate) / (tried + weight
         + 1)): drafting waits for evidence."""
-        return _per_position(*self._estimates(), state, run, True).tolist()
+        return _per_position(*self._estimates(), state, run, start, True).tolist()
 
     def _estimates(self) -> tuple:
         return (self.weighted, self.prior.weight, self.prior.succession, self.tried,
@@ -123,9 +127,12 @@ def _rate(weighted, weight, tried, accepted, state, i, pooled):  # -> float
 
 
 @njit(cache=True)
-def _pooled(weighted, weight, succession, tried, accepted, run):  # -> float
-    """The run state's pooled rate * weight: every position's prior in a run."""
-    start = (run + 1) / (run + 2) * weight if succession else weighted[RUN, 0]
+def _pooled(weighted, weight, succession, tried, accepted, run, began):  # -> float
+    """The run state's pooled rate * weight: every position's prior in a run (began: the
+    match length that started it, 0 unknown)."""
+    p = 0.5 if began <= 0 else (accepted[began, 0] + weighted[began, 0]) / (
+        tried[began, 0] + weight)
+    start = (run + 2.0 * p) / (run + 2) * weight if succession else weighted[RUN, 0]
     hits, seen = 0.0, 0.0  # sums of counts: whole numbers, exact in any order
     for i in range(tried.shape[1]):
         hits += accepted[RUN, i]
@@ -146,9 +153,10 @@ def _cautious_rate(weighted, weight, tried, accepted, state, i, pooled):  # -> f
 
 
 @njit(cache=True)
-def _per_position(weighted, weight, succession, tried, accepted, state, run, cautious):
+def _per_position(weighted, weight, succession, tried, accepted, state, run, began, cautious):
     """Acceptance.rates or .cautious, all k positions. -> float64[k]"""
-    pooled = _pooled(weighted, weight, succession, tried, accepted, run) if state == RUN else 0.0
+    pooled = (_pooled(weighted, weight, succession, tried, accepted, run, began)
+              if state == RUN else 0.0)
     out = np.empty(tried.shape[1])  # [k]
     for i in range(out.shape[0]):
         if cautious:
@@ -159,14 +167,15 @@ def _per_position(weighted, weight, succession, tried, accepted, state, run, cau
 
 
 @njit(cache=True)
-def _choose(c, weighted, weight, succession, tried, accepted, state, run, limit, ledger,
+def _choose(c, weighted, weight, succession, tried, accepted, state, run, began, limit, ledger,
             context, sure, risk):  # c: float64[>= limit + 2], ledger: float64[4] -> int
     """argmax over j = 0..limit of (1 + sum_{i<j} prod_{l<=i} p[l]) / c[j + 1], p the cautious
     rates: expected tokens per unit cost; the first maximum (the shorter draft on ties), or the
     first NaN. A draft not sure of its first token (p[0] < sure) is held to the ledger's
     allowance, RISK (context - origin + 1) + gain: longer drafts cost more still, so the search
     stops at the first that costs more above a plain step. Opens the ledger's pass."""
-    pooled = _pooled(weighted, weight, succession, tried, accepted, run) if state == RUN else 0.0
+    pooled = (_pooled(weighted, weight, succession, tried, accepted, run, began)
+              if state == RUN else 0.0)
     first = _cautious_rate(weighted, weight, tried, accepted, state, 0, pooled)
     budget = np.inf if first >= sure else (
         risk * (context - ledger[ORIGIN] + 1.0) + ledger[GAIN])
@@ -193,7 +202,8 @@ def _advance(tokens, seen, book, candidates, tried, accepted, ledger, k, window_
     """One guard step before pricing: recognise a new request (the context is not the last one
     grown by 1..k + 1 tokens: the estimates and the ledger restart) or learn from the tokens
     produced since and settle the last pass; match; enter the candidate (none: the ledger opens
-    a plain step). -> (source, length, state, run), source -1 when nothing matched.
+    a plain step). -> (source, length, state, run, began), source -1 when nothing matched
+    (began: the match length that started the run, the state itself when fresh).
     tokens: int64[T]; seen: int64[>= T] the context at the last call; book: int64[3];
     candidates: int64[rows, COLUMNS]; tried, accepted: float64[states, k]; ledger: float64[4]."""
     total, had = tokens.shape[0], book[SEEN]
@@ -218,19 +228,21 @@ def _advance(tokens, seen, book, candidates, tried, accepted, ledger, k, window_
     if source < 0:
         book[HAS_LAST] = 0
         ledger[OPEN_AT], ledger[OPEN_COST] = total, 1.0
-        return -1, 0, 0, 0
+        return -1, 0, 0, 0, 0
     state, run, rows = min(n, window_max), 0, candidates.shape[0]
+    began = state
     if book[HAS_LAST]:
         last = candidates[(book[MADE_SO_FAR] - 1) % rows]  # [COLUMNS]
         if last[ALIVE] and 0 < last[CHECKED] and (total - last[MADE] == last[CHECKED]
                                                    or last[CHECKED] == last[LENGTH]):
-            state, run = RUN, last[RAN] + last[CHECKED]
+            state, run, began = RUN, last[RAN] + last[CHECKED], last[START]
     row = candidates[book[MADE_SO_FAR] % rows]  # [COLUMNS]
     row[SOURCE], row[LENGTH], row[MADE] = source, min(k, total - source), total
     row[STATE], row[RAN], row[CHECKED], row[ALIVE] = state, run, 0, 1
+    row[START] = began
     book[MADE_SO_FAR] += 1
     book[HAS_LAST] = 1
-    return source, row[LENGTH], state, run
+    return source, row[LENGTH], state, run, began
 
 
 @njit(cache=True)
@@ -309,28 +321,30 @@ class GuardProposer:
         if len(tokens) > len(self._seen):  # room for this context and as much again
             self._seen = np.concatenate([self._seen, np.zeros(len(tokens), np.int64)])
         a = self._acceptance
-        source, limit, state, run = _advance(tokens, self._seen, self._book, self._candidates,
-                                             a.tried, a.accepted, self._ledger, self.k,
-                                             self.window_min, self.window_max)
+        source, limit, state, run, began = _advance(
+            tokens, self._seen, self._book, self._candidates, a.tried, a.accepted, self._ledger,
+            self.k, self.window_min, self.window_max)
         if source < 0:
             return []
         length = self._choose(state, min(limit, max(max_tokens, 0)), len(tokens), run,
-                              self._ledger)
+                              self._ledger, began)
         return tokens[source : source + length].tolist()
 
-    def best_length(self, state: int, limit: int, context: int, run: int = 0) -> int:
+    def best_length(self, state: int, limit: int, context: int, run: int = 0,
+                    began: int = 0) -> int:
         """The draft length in 0..limit with the most expected tokens per unit of cost among
-        those the request can afford."""
-        return self._choose(state, limit, context, run, self._ledger.copy())
+        those the request can afford (began: the match length that started the run)."""
+        return self._choose(state, limit, context, run, self._ledger.copy(), began)
 
-    def _choose(self, state: int, limit: int, context: int, run: int, ledger) -> int:
+    def _choose(self, state: int, limit: int, context: int, run: int, ledger,
+                began: int = 0) -> int:
         """best_length, opening the pass in `ledger` (float64[4])."""
         if limit == 0:
             ledger[OPEN_AT], ledger[OPEN_COST] = context, 1.0
             return 0
         c = self.costs.relative(context, limit + 1)  # [limit + 2]
-        return _choose(c, *self._acceptance._estimates(), state, run, limit, ledger, context,
-                       SURE, RISK)
+        return _choose(c, *self._acceptance._estimates(), state, run, began, limit, ledger,
+                       context, SURE, RISK)
 
     @property
     def last_run(self) -> int | None:
@@ -339,6 +353,14 @@ class GuardProposer:
             return None
         return int(self._candidates[(self._book[MADE_SO_FAR] - 1) % len(self._candidates),
                                     RAN])
+
+    @property
+    def last_began(self) -> int | None:
+        """The match length that began the last call's candidate's run (None: it made none)."""
+        if not self._book[HAS_LAST]:
+            return None
+        return int(self._candidates[(self._book[MADE_SO_FAR] - 1) % len(self._candidates),
+                                    START])
 
     @property
     def window(self) -> tuple[int, int]:
