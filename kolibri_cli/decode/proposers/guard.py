@@ -349,18 +349,19 @@ class GuardProposer:
     @property
     def last_run(self) -> int | None:
         """The run of the last call's candidate (None: it made none)."""
-        if not self._book[HAS_LAST]:
-            return None
-        return int(self._candidates[(self._book[MADE_SO_FAR] - 1) % len(self._candidates),
-                                    RAN])
+        return self._last(RAN)
 
     @property
     def last_began(self) -> int | None:
         """The match length that began the last call's candidate's run (None: it made none)."""
+        return self._last(START)
+
+    def _last(self, column: int) -> int | None:
+        """A column of the last call's candidate (None: it made none)."""
         if not self._book[HAS_LAST]:
             return None
         return int(self._candidates[(self._book[MADE_SO_FAR] - 1) % len(self._candidates),
-                                    START])
+                                    column])
 
     @property
     def window(self) -> tuple[int, int]:
