@@ -130,8 +130,7 @@ def _rate(weighted, weight, tried, accepted, state, i, pooled):  # -> float
 def _pooled(weighted, weight, succession, tried, accepted, run, began):  # -> float
     """The run state's pooled rate * weight: every position's prior in a run (began: the
     match length that started it, 0 unknown)."""
-    p = 0.5 if began <= 0 else (accepted[began, 0] + weighted[began, 0]) / (
-        tried[began, 0] + weight)
+    p = 0.5 if began <= 0 else _rate(weighted, weight, tried, accepted, began, 0, 0.0)
     start = (run + 2.0 * p) / (run + 2) * weight if succession else weighted[RUN, 0]
     hits, seen = 0.0, 0.0  # sums of counts: whole numbers, exact in any order
     for i in range(tried.shape[1]):
