@@ -325,18 +325,20 @@ def test_a_run_begun_by_a_weak_match_starts_from_that_matchs_rate():
     assert seen == [(0, 1), (0, 2), (1, 2)]
 
 
-def test_a_candidate_drafted_whole_and_accepted_whole_goes_on_as_a_run():
-    """A candidate that was right at every position but ran out before the pass ended (a short
-    continuation of a recent match: the 2-cycle's first passes) does not end the run: the next
-    candidate continues it, its run counting what the candidates before it predicted. A
-    candidate contradicted at any position ends it."""
+def test_a_short_repeat_drafts_on_past_the_end_of_the_context():
+    """A match d tokens back whose continuation reaches the end of the context predicts the text
+    repeats with period d: its candidate goes on from the occurrence again (a 2-cycle drafts k
+    tokens at its first match, not the 2 it has seen). A candidate right at every position goes
+    on as a run; one contradicted at any position ends it."""
     g = GuardProposer(8, 1, 4, costs=CostTable.from_costs({1: 1.0, 2: 1.0}))
+    assert g.propose([1, 2, 3, 4, 5, 6, 4, 5, 6], 8) == [4, 5, 6, 4, 5, 6, 4, 5]  # period 3
+    g = GuardProposer(4, 1, 4, costs=CostTable.from_costs({1: 1.0, 2: 1.0}))
     text = [50, 51, 52, 53] + [7, 8] * 8
-    assert g.propose(text[:8], 4) == [7, 8]  # 7 8 7 8: the match's continuation, 2 tokens
+    assert g.propose(text[:8], 4) == [7, 8, 7, 8]  # 2 tokens seen after the match, 4 drafted
     assert g.last_run == 0
-    g.propose(text[:11], 4)  # both drafts accepted and a third token produced
-    assert g.last_run == 2
-    g.propose(text[:11] + [52], 4)  # the next candidate said 8 and 52 came: a fresh match
+    g.propose(text[:13], 4)  # all four accepted and a fifth token produced
+    assert g.last_run == 4
+    g.propose(text[:13] + [52], 4)  # the next candidate said 8 and 52 came: a fresh match
     assert g.last_run == 0
 
 

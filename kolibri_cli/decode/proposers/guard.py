@@ -55,8 +55,11 @@ class AcceptancePrior:
 # The guard's candidates: one row per candidate, the latest candidate_rows(k) of this
 # request (a candidate is finished k tokens after it was made, and the context grows between
 # calls, so at most k + 1 are ever pending). Columns:
-SOURCE = 0  # context index its tokens are read from (the continuation of the match)
-LENGTH = 1  # its tokens, up to k
+# context index its tokens are read from: the continuation of the match, repeating from SOURCE
+# again where it reaches MADE (a match d tokens back predicts the text repeats with period d;
+# while the candidate agrees, the produced token at SOURCE + i is the one it predicted there)
+SOURCE = 0
+LENGTH = 1  # its tokens: k
 MADE = 2  # context length when it was made: the index its first token predicts
 STATE = 3  # RUN or the match length
 RAN = 4  # tokens the candidates before it predicted in a row (0: a fresh match)
@@ -236,7 +239,7 @@ def _advance(tokens, seen, book, candidates, tried, accepted, ledger, k, window_
                                                    or last[CHECKED] == last[LENGTH]):
             state, run, began = RUN, last[RAN] + last[CHECKED], last[START]
     row = candidates[book[MADE_SO_FAR] % rows]  # [COLUMNS]
-    row[SOURCE], row[LENGTH], row[MADE] = source, min(k, total - source), total
+    row[SOURCE], row[LENGTH], row[MADE] = source, k, total
     row[STATE], row[RAN], row[CHECKED], row[ALIVE] = state, run, 0, 1
     row[START] = began
     book[MADE_SO_FAR] += 1
@@ -327,7 +330,8 @@ class GuardProposer:
             return []
         length = self._choose(state, min(limit, max(max_tokens, 0)), len(tokens), run,
                               self._ledger, began)
-        return tokens[source : source + length].tolist()
+        period = len(tokens) - source  # the match's continuation, repeated past the end
+        return [int(tokens[source + i % period]) for i in range(length)]
 
     def best_length(self, state: int, limit: int, context: int, run: int = 0,
                     began: int = 0) -> int:
