@@ -164,7 +164,7 @@ def test_a_draft_that_pays_only_on_thin_evidence_waits_for_more():
 def test_no_match_no_draft_and_the_budget_cuts():
     g = guard(rate=0.9)
     assert g.propose([1, 2, 3], 5) == []
-    assert g.propose([1, 2, 3, 1, 2], 5) == [3, 1, 2]
+    assert g.propose([1, 2, 3, 1, 2], 5) == [3, 1, 2, 3]  # k 4: 3 1 2, then repeating
     assert g.propose([1, 2, 3, 1, 2, 3, 1, 2], 2) == [3, 1]
 
 
@@ -237,7 +237,7 @@ def test_a_sure_draft_is_not_held_to_the_budget():
     """At a request's first pass nothing is in hand (1 token's 3%): a draft whose first token is
     cautiously more likely right than wrong is made all the same; an unsure one waits."""
     sure, unsure = guard(rate=0.9), guard(rate=0.4)
-    assert sure.propose([1, 2, 3, 1, 2], 5) == [3, 1, 2]  # c(4) - 1 = 0.3 > 0.03
+    assert sure.propose([1, 2, 3, 1, 2], 5) == [3, 1, 2, 3]  # c(5) - 1 = 0.4 > 0.03
     assert unsure.propose([1, 2, 3, 1, 2], 5) == []  # 0.4 x 1 token would pay at c(2) = 1.1
     assert unsure.best_length(1, 1, 100) == 1  # with 100 tokens' budget it drafts
 

@@ -277,7 +277,8 @@ def warm_up() -> None:
 
 @dataclass
 class GuardProposer:
-    """vLLM's match (longest n in the window, leftmost occurrence) gives up to k candidate tokens;
+    """vLLM's match (longest n in the window, leftmost occurrence) gives k candidate tokens (its
+    continuation, repeating from the occurrence again where it reaches the context's end);
     the guard drafts the prefix length j in 0..k maximising the expected tokens per unit cost,
 
         (1 + sum_{i<=j} prod_{l<i} p[s][l]) / c(1 + j, context),
