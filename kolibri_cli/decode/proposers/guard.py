@@ -54,19 +54,18 @@ class AcceptancePrior:
 
 # The guard's candidates: one row per candidate, the latest candidate_rows(k) of this
 # request (a candidate is finished k tokens after it was made, and the context grows between
-# calls, so at most k + 1 are ever pending). Columns:
+# calls, so at most k + 1 are ever pending), each k tokens long. Columns:
 # context index its tokens are read from: the continuation of the match, repeating from SOURCE
 # again where it reaches MADE (a match d tokens back predicts the text repeats with period d;
 # while the candidate agrees, the produced token at SOURCE + i is the one it predicted there)
 SOURCE = 0
-LENGTH = 1  # its tokens: k
-MADE = 2  # context length when it was made: the index its first token predicts
-STATE = 3  # RUN or the match length
-RAN = 4  # tokens the candidates before it predicted in a row (0: a fresh match)
-CHECKED = 5  # positions compared with the tokens produced so far
-ALIVE = 6  # 1 while every compared position agreed
-START = 7  # the match length that started its run (its own STATE when fresh)
-COLUMNS = 8
+MADE = 1  # context length when it was made: the index its first token predicts
+STATE = 2  # RUN or the match length
+RAN = 3  # tokens the candidates before it predicted in a row (0: a fresh match)
+CHECKED = 4  # positions compared with the tokens produced so far
+ALIVE = 5  # 1 while every compared position agreed
+START = 6  # the match length that started its run (its own STATE when fresh)
+COLUMNS = 7
 # the guard's book: the context length at its last call, candidates made in this request, and
 # whether the last call made one
 SEEN, MADE_SO_FAR, HAS_LAST = 0, 1, 2
@@ -236,26 +235,26 @@ def _advance(tokens, seen, book, candidates, tried, accepted, ledger, k, window_
     if book[HAS_LAST]:
         last = candidates[(book[MADE_SO_FAR] - 1) % rows]  # [COLUMNS]
         if last[ALIVE] and 0 < last[CHECKED] and (total - last[MADE] == last[CHECKED]
-                                                   or last[CHECKED] == last[LENGTH]):
+                                                   or last[CHECKED] == k):
             state, run, began = RUN, last[RAN] + last[CHECKED], last[START]
     row = candidates[book[MADE_SO_FAR] % rows]  # [COLUMNS]
-    row[SOURCE], row[LENGTH], row[MADE] = source, k, total
+    row[SOURCE], row[MADE] = source, total
     row[STATE], row[RAN], row[CHECKED], row[ALIVE] = state, run, 0, 1
     row[START] = began
     book[MADE_SO_FAR] += 1
     book[HAS_LAST] = 1
-    return source, row[LENGTH], state, run, began
+    return source, k, state, run, began
 
 
 @njit(cache=True)
 def _learn(tokens, made, candidates, tried, accepted):
     """Compare the pending candidates (the latest rows, alive, not fully checked) with the
     tokens produced since they were made."""
-    total, rows = tokens.shape[0], candidates.shape[0]
+    total, rows, k = tokens.shape[0], candidates.shape[0], tried.shape[1]
     for c in range(max(made - rows, 0), made):
         row = candidates[c % rows]  # [COLUMNS]
         state = row[STATE]
-        while row[ALIVE] and row[CHECKED] < row[LENGTH] and row[MADE] + row[CHECKED] < total:
+        while row[ALIVE] and row[CHECKED] < k and row[MADE] + row[CHECKED] < total:
             i = row[CHECKED]
             tried[state, i] += 1.0
             row[ALIVE] = tokens[row[SOURCE] + i] == tokens[row[MADE] + i]
