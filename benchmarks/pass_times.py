@@ -17,7 +17,7 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 
-from guard_targets import bench_golden
+from guard_targets import GUARD_K, bench_golden
 
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.decode.costs import CostTable, warm_table
@@ -46,7 +46,8 @@ def main(argv: list[str]) -> None:
     print(f"threads {get_threads()}; the guard's costs start from: {source} "
           f"({len(kept.cells())} cells)")
     arms = {"plain": None,
-            "guard": lambda: make_proposer("guard", 16, (1, 4), CostTable.seeded(kept.cells())),
+            "guard": lambda: make_proposer("guard", GUARD_K, (1, 4),
+                                           CostTable.seeded(kept.cells())),
             f"vllm k={args.k} window={args.window}":
                 lambda: make_proposer("vllm", args.k, window)}
     names, results = list(arms), {name: [] for name in arms}
@@ -76,7 +77,8 @@ def main(argv: list[str]) -> None:
                 by_rows[rows].append(seconds)
         print("   pass time / plain step by rows: " + " ".join(
             f"{rows}:{statistics.median(v) / step:.2f}" for rows, v in sorted(by_rows.items())))
-    rel = verify_costs(model.transformer, 17, len(golden.prompt_ids) + NEW_TOKENS // 2, 3)
+    middle = len(golden.prompt_ids) + NEW_TOKENS // 2
+    rel = verify_costs(model.transformer, max(args.k, GUARD_K) + 1, middle, 3)
     print("verify_costs c(n) at the chain's middle: " + " ".join(
         f"{n}:{c:.2f}" for n, c in sorted(rel.items())))
 
