@@ -1,6 +1,7 @@
 """`kolibri chat` through a real pseudo-terminal (pexpect): streamed turns with stats, history
 kept, /spec and /reset, Ctrl-C stopping an answer without leaving; `kolibri --version`."""
 
+import io
 import json
 import os
 import signal
@@ -41,8 +42,21 @@ def _spawn(args: list[str], home) -> "pexpect.spawn":
     child = pexpect.spawn(sys.executable, ["-m", "kolibri_cli", "chat", *args], env=env,
                           encoding="utf-8", timeout=120, dimensions=(50, 200),
                           preexec_fn=_as_from_a_shell)
-    child.expect(">>> ")
+    child.logfile_read = io.StringIO()  # the whole transcript, for a failure's message
+    child.expect(">>> ", timeout=900)  # the first model load of a test session compiles (~2 min)
     return child
+
+
+def _expect(child, pattern, since: int = 0) -> None:
+    """child.expect, failing with what the terminal showed from `since` (a transcript offset;
+    pexpect's own message keeps its last 100 characters)."""
+    try:
+        child.expect(pattern)
+    except pexpect.TIMEOUT:
+        shown = child.logfile_read.getvalue()
+        pytest.fail(f"no {pattern!r} within {child.timeout} s; the terminal showed "
+                    f"{len(shown) - since} characters since, first:\n{shown[since:][:3000]}"
+                    f"\n... last:\n{shown[-300:]}")
 
 
 def test_version():
@@ -87,8 +101,9 @@ def test_ctrl_c_stops_the_answer_not_the_session(pulled_default):
     child.sendline("Write a very long story about a dragon who learns to cook. Use many chapters.")
     child.expect_exact("Use many chapters.")  # the line's echo: chat may still be reading it
     child.expect(r"\w+ \w+ \w+ \w+")  # the answer is streaming
+    sent = len(child.logfile_read.getvalue())
     child.sendintr()
-    child.expect(r"\(answer stopped\)")
+    _expect(child, r"\(answer stopped\)", since=max(0, sent - 600))
     child.expect(">>> ")
     child.sendline("/exit")
     child.expect(pexpect.EOF)

@@ -77,6 +77,6 @@ def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
     from kolibri_cli.engine.kernel import is_compiled
 
     if notify and not is_compiled():
-        notify("compiling the forward kernel (first run only, seconds) ...")
+        notify("compiling the forward kernel (first run only; 2-3 minutes on 2 cores) ...")
     model.transformer.warm_up()
     return model
