@@ -52,9 +52,10 @@ def _expect(child, pattern, since: int = 0) -> None:
     pexpect's own message keeps its last 100 characters)."""
     try:
         child.expect(pattern)
-    except pexpect.TIMEOUT:
+    except (pexpect.TIMEOUT, pexpect.EOF) as e:
         shown = child.logfile_read.getvalue()
-        pytest.fail(f"no {pattern!r} within {child.timeout} s; the terminal showed "
+        pytest.fail(f"no {pattern!r} ({type(e).__name__} after {child.timeout} s at most); "
+                    f"the terminal showed "
                     f"{len(shown) - since} characters since, first:\n{shown[since:][:3000]}"
                     f"\n... last:\n{shown[-300:]}")
 
@@ -154,3 +155,58 @@ def test_a_template_error_in_chat_names_no_option_chat_lacks(tiny_llama_folder, 
     assert "error: the chat template failed to render (ZeroDivisionError" in r.stderr
     assert "kolibri chat needs the model's chat template" in r.stderr
     assert "use --raw" not in r.stderr
+
+
+# Ctrl-C lands inside a forward, where numba's argument conversion would turn the
+# KeyboardInterrupt into a TypeError of its own (seen in CI: "can't unbox a <class
+# 'numba.typed.typedlist.List'> as a <NULL>", and the chat session ended as "a kolibri bug"). The
+# patched forward does the same with an exception raised inside it: SIGINT at its AT-th call.
+SIGINT_IN_A_FORWARD = """
+import os, signal, sys
+from kolibri_cli.cli import app
+from kolibri_cli.engine import kernel
+
+real, calls = kernel.Transformer.forward, []
+
+def forward(self, *args, **kwargs):
+    calls.append(1)
+    for _ in range(int(os.environ["PRESSES"]) if len(calls) == int(os.environ["AT"]) else 0):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(100000))  # the handler runs in here, as inside numba's conversion
+        except KeyboardInterrupt:
+            raise TypeError("can't unbox a List as a <NULL>") from None
+    return real(self, *args, **kwargs)
+
+kernel.Transformer.forward = forward
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a shell
+app(sys.argv[1:], prog_name="kolibri")
+"""
+
+
+def _with_sigint_in_a_forward(args, home, at: int, presses: int, stdin: str = ""):
+    import subprocess
+
+    env = dict(os.environ, KOLIBRI_HOME=str(home), AT=str(at), PRESSES=str(presses))
+    env.pop("KOLIBRI_DEBUG", None)
+    return subprocess.run([sys.executable, "-c", SIGINT_IN_A_FORWARD, *args], input=stdin,
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_ctrl_c_inside_a_forward_stops_the_answer_at_the_next_token(chat_folder, tmp_path):
+    """One Ctrl-C during an answer is acted on at the next token, never inside the forward it
+    lands in; the session goes on to the next line."""
+    p = _with_sigint_in_a_forward(["chat", "--model", str(chat_folder), "-n", "60"], tmp_path,
+                                  at=3, presses=1, stdin="hello there\n/exit\n")
+    assert p.returncode == 0, p.stderr
+    assert "(answer stopped)" in p.stderr and "internal error" not in p.stderr, p.stderr
+
+
+def test_a_second_ctrl_c_inside_a_forward_is_an_interrupt_not_a_bug(chat_folder, tmp_path):
+    """A second Ctrl-C before the next token interrupts at once; where numba would report it as
+    its own TypeError, the command still ends as interrupted (exit 130), not as a bug."""
+    p = _with_sigint_in_a_forward(["generate", "--model", str(chat_folder), "-n", "60", "hello"],
+                                  tmp_path, at=3, presses=2)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == "interrupted", p.stderr
+    assert "internal error" not in p.stderr and "Traceback" not in p.stderr, p.stderr

@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 import typer
@@ -23,7 +24,7 @@ class _Group(TyperGroup):
 
     def main(self, *args, **kwargs):
         _reserve_closed_std_fds()
-        with _sigterm_as_exit():
+        with _signals_as_exits():
             return super().main(*args, **kwargs)
 
     def invoke(self, ctx):
@@ -66,6 +67,11 @@ class _Group(TyperGroup):
         except Exception as e:  # a bug: still one line, with the way to see it whole
             if debug:
                 raise
+            code = _recent_signal()
+            if code:  # raised inside a compiled call's argument conversion, numba reports a
+                # signal's exception as its own TypeError: the user's Ctrl-C, not a bug
+                typer.echo("\ninterrupted" if code == signal.SIGINT else "\nterminated", err=True)
+                raise typer.Exit(128 + code) from None
             _error_line(f"internal error ({type(e).__name__}: {e}); this is a kolibri bug — "
                         "KOLIBRI_DEBUG=1 shows the traceback")
             raise typer.Exit(1) from None
@@ -76,10 +82,26 @@ class Terminated(SystemExit):
     Ctrl-C. A SystemExit, so no `except Exception` (nor chat's Ctrl-C handler) takes it."""
 
 
+# (signal, time.monotonic()) of each SIGINT and SIGTERM this command received and did not
+# defer, latest last: the error boundary reads them
+_SIGNALLED: list[tuple[int, float]] = []
+SIGNAL_RECENT_S = 10.0  # an exception this soon after a signal is taken for the signal's
+
+
+def _recent_signal() -> int | None:
+    """The latest signal, if it came SIGNAL_RECENT_S or less ago (chat goes on after a Ctrl-C at
+    its prompt: a bug much later is still a bug)."""
+    if _SIGNALLED and time.monotonic() - _SIGNALLED[-1][1] <= SIGNAL_RECENT_S:
+        return _SIGNALLED[-1][0]
+    return None
+
+
 @contextmanager
-def _sigterm_as_exit():
+def _signals_as_exits():
     """SIGTERM raises Terminated (exit 143) while a command runs; a second one kills at once, and
-    a forked worker keeps the default (its parent cleans up)."""
+    a forked worker keeps the default (its parent cleans up). Ctrl-C raises KeyboardInterrupt as
+    Python's own handler does (unless the shell ignores it), and both are noted in _SIGNALLED."""
+    _SIGNALLED.clear()
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread (a test runner's worker, say)
         return
@@ -89,13 +111,53 @@ def _sigterm_as_exit():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if os.getpid() != pid:
             os.kill(os.getpid(), signum)
+        _SIGNALLED.append((signum, time.monotonic()))
         raise Terminated(128 + signum)
 
+    def interrupt(signum, frame):
+        _SIGNALLED.append((signum, time.monotonic()))
+        raise KeyboardInterrupt
+
     previous = signal.signal(signal.SIGTERM, terminate)
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)
+
+
+@contextmanager
+def interrupt_between_tokens():
+    """Ctrl-C while an answer is generated raises KeyboardInterrupt at the next token — from the
+    `check` this yields, which the token callback calls — not wherever the signal lands: inside a
+    compiled call's argument conversion numba turns the exception into a TypeError of its own,
+    or loses it, and the answer then runs on. A second Ctrl-C before that next token interrupts
+    at once (a prompt's prefill, say, that takes too long)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None)):
+        yield lambda: None
+        return
+    pressed: list[int] = []
+
+    def defer(signum, frame):
+        if pressed:
+            _SIGNALLED.append((signum, time.monotonic()))
+            raise KeyboardInterrupt
+        pressed.append(signum)
+
+    def check() -> None:
+        if pressed:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, defer)
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _error_line(message: str) -> None:

@@ -115,6 +115,7 @@ def _command(line: str, conversation, settings: dict) -> bool:
 
 def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
     from kolibri_cli.cli import render
+    from kolibri_cli.cli.app import interrupt_between_tokens
     from kolibri_cli.cli.generate import stats_line
     from kolibri_cli.engine.template import ChatTemplateError
     from kolibri_cli.errors import KolibriError
@@ -122,8 +123,9 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
     streamer = render.TextStreamer(conversation.model.tokenizer, settings["stop"])
     drafter = settings["new_proposer"]() if settings["spec"] else None
     try:
-        result = conversation.reply(line, max_tokens, drafter, settings["sampling"],
-                                    settings["stop"], streamer)
+        with interrupt_between_tokens() as check:
+            result = conversation.reply(line, max_tokens, drafter, settings["sampling"],
+                                        settings["stop"], render.stop_when(streamer, check))
     except KeyboardInterrupt:
         streamer.finish()
         _say("(answer stopped)")

@@ -43,6 +43,7 @@ def generate(
     """Generate text, plainly or with n-gram speculation: the same ids either way, greedy or
     sampled (the noise is keyed by seed and position)."""
     from kolibri_cli.cli import render
+    from kolibri_cli.cli.app import interrupt_between_tokens
     from kolibri_cli.decode.generate import generate_plain, generate_spec
 
     if max_tokens < 1:
@@ -73,10 +74,12 @@ def generate(
         return _compare(m, ids, max_tokens, drafter, as_json, how, pricing, given_costs)
     streamer = None if as_json else render.TextStreamer(m.tokenizer, how["stop"])
     try:
-        if drafter:
-            result = generate_spec(m, ids, max_tokens, drafter, streamer, **how)
-        else:
-            result = generate_plain(m, ids, max_tokens, streamer, **how)
+        with interrupt_between_tokens() as check:
+            on_tokens = render.stop_when(streamer, check)
+            if drafter:
+                result = generate_spec(m, ids, max_tokens, drafter, on_tokens, **how)
+            else:
+                result = generate_plain(m, ids, max_tokens, on_tokens, **how)
     finally:
         if streamer:
             streamer.finish()
