@@ -67,9 +67,8 @@ class _Group(TyperGroup):
         except Exception as e:  # a bug: still one line, with the way to see it whole
             if debug:
                 raise
-            code = _recent_signal()
-            if code:  # raised inside a compiled call's argument conversion, numba reports a
-                # signal's exception as its own TypeError: the user's Ctrl-C, not a bug
+            code = _signal_behind(e)
+            if code:  # the user's Ctrl-C or SIGTERM, not a bug
                 typer.echo("\ninterrupted" if code == signal.SIGINT else "\nterminated", err=True)
                 raise typer.Exit(128 + code) from None
             _error_line(f"internal error ({type(e).__name__}: {e}); this is a kolibri bug — "
@@ -82,25 +81,31 @@ class Terminated(SystemExit):
     Ctrl-C. A SystemExit, so no `except Exception` (nor chat's Ctrl-C handler) takes it."""
 
 
-# (signal, time.monotonic()) of each SIGINT and SIGTERM this command received and did not
-# defer, latest last: the error boundary reads them
+# (signal, time.monotonic()) of each SIGINT and SIGTERM that raised in this command, latest last
 _SIGNALLED: list[tuple[int, float]] = []
-SIGNAL_RECENT_S = 10.0  # an exception this soon after a signal is taken for the signal's
+SIGNAL_RECENT_S = 10.0
 
 
-def _recent_signal() -> int | None:
-    """The latest signal, if it came SIGNAL_RECENT_S or less ago (chat goes on after a Ctrl-C at
-    its prompt: a bug much later is still a bug)."""
+def _signal_behind(e: BaseException) -> int | None:
+    """The signal an exception really is: numba's argument conversion of a typed List runs Python
+    code, and replaces an exception a signal raises there with its own TypeError."""
+    if not (isinstance(e, TypeError) and str(e).startswith("can't unbox")):
+        return None
     if _SIGNALLED and time.monotonic() - _SIGNALLED[-1][1] <= SIGNAL_RECENT_S:
         return _SIGNALLED[-1][0]
     return None
+
+
+def _interrupt(signum, frame):
+    _SIGNALLED.append((signum, time.monotonic()))
+    raise KeyboardInterrupt
 
 
 @contextmanager
 def _signals_as_exits():
     """SIGTERM raises Terminated (exit 143) while a command runs; a second one kills at once, and
     a forked worker keeps the default (its parent cleans up). Ctrl-C raises KeyboardInterrupt as
-    Python's own handler does (unless the shell ignores it), and both are noted in _SIGNALLED."""
+    Python's own handler does (unless the shell ignores it); both are noted in _SIGNALLED."""
     _SIGNALLED.clear()
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread (a test runner's worker, say)
@@ -114,50 +119,52 @@ def _signals_as_exits():
         _SIGNALLED.append((signum, time.monotonic()))
         raise Terminated(128 + signum)
 
-    def interrupt(signum, frame):
-        _SIGNALLED.append((signum, time.monotonic()))
-        raise KeyboardInterrupt
-
     previous = signal.signal(signal.SIGTERM, terminate)
-    previous_int = signal.getsignal(signal.SIGINT)
-    if previous_int is signal.default_int_handler:
-        signal.signal(signal.SIGINT, interrupt)
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        signal.signal(signal.SIGINT, _interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if previous_int is signal.default_int_handler:
-            signal.signal(signal.SIGINT, previous_int)
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @contextmanager
-def interrupt_between_tokens():
-    """Ctrl-C while an answer is generated raises KeyboardInterrupt at the next token — from the
-    `check` this yields, which the token callback calls — not wherever the signal lands: inside a
-    compiled call's argument conversion numba turns the exception into a TypeError of its own,
-    or loses it, and the answer then runs on. A second Ctrl-C before that next token interrupts
-    at once (a prompt's prefill, say, that takes too long)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None)):
-        yield lambda: None
-        return
+def interrupt_between_tokens(streamer=None):
+    """A token callback (streaming to `streamer`, if any) at which a first Ctrl-C stops the
+    generation, instead of wherever the signal lands (inside numba's argument conversion it
+    becomes a TypeError, or is lost); a second Ctrl-C stops it at once."""
     pressed: list[int] = []
 
-    def defer(signum, frame):
+    def on_tokens(new_ids: list[int]) -> None:
+        if streamer is not None:
+            streamer(new_ids)
         if pressed:
-            _SIGNALLED.append((signum, time.monotonic()))
             raise KeyboardInterrupt
-        pressed.append(signum)
 
-    def check() -> None:
-        if pressed:
-            raise KeyboardInterrupt
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) not in (signal.default_int_handler, _interrupt)):
+        yield on_tokens  # Ctrl-C ignored (nohup) or someone else's: left as it is
+        return
+
+    def defer(signum, frame):
+        pressed.append(signum)
+        if len(pressed) > 1:
+            _interrupt(signum, frame)
 
     previous = signal.signal(signal.SIGINT, defer)
     try:
-        yield check
+        yield on_tokens
+    except TypeError as e:  # a second Ctrl-C inside numba's conversion
+        if _signal_behind(e):
+            raise KeyboardInterrupt from None
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
+    if pressed:  # pressed after the last token: still a Ctrl-C
+        raise KeyboardInterrupt
 
 
 def _error_line(message: str) -> None:

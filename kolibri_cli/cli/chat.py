@@ -123,9 +123,9 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
     streamer = render.TextStreamer(conversation.model.tokenizer, settings["stop"])
     drafter = settings["new_proposer"]() if settings["spec"] else None
     try:
-        with interrupt_between_tokens() as check:
+        with interrupt_between_tokens(streamer) as on_tokens:
             result = conversation.reply(line, max_tokens, drafter, settings["sampling"],
-                                        settings["stop"], render.stop_when(streamer, check))
+                                        settings["stop"], on_tokens)
     except KeyboardInterrupt:
         streamer.finish()
         _say("(answer stopped)")

@@ -74,8 +74,7 @@ def generate(
         return _compare(m, ids, max_tokens, drafter, as_json, how, pricing, given_costs)
     streamer = None if as_json else render.TextStreamer(m.tokenizer, how["stop"])
     try:
-        with interrupt_between_tokens() as check:
-            on_tokens = render.stop_when(streamer, check)
+        with interrupt_between_tokens(streamer) as on_tokens:
             if drafter:
                 result = generate_spec(m, ids, max_tokens, drafter, on_tokens, **how)
             else:

@@ -54,17 +54,6 @@ def progress_bar(description: str = ""):
             bar.stop()
 
 
-def stop_when(streamer, check):
-    """A token callback: stream the new ids (when there is a streamer), then `check()` (which
-    raises to stop the generation between tokens)."""
-    def on_tokens(new_ids: list[int]) -> None:
-        if streamer is not None:
-            streamer(new_ids)
-        check()
-
-    return on_tokens
-
-
 class TextStreamer:
     """Prints decoded text as ids arrive, holding back an incomplete UTF-8 sequence and any tail
     that could be the start of a stop string (never printed)."""
