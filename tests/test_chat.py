@@ -5,6 +5,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -189,13 +190,9 @@ app(sys.argv[1:], prog_name="kolibri")
 
 def _with_sigint_in_a_forward(args, home, at: int, presses: int = 0, stdin: str = "",
                               bug: bool = False):
-    import subprocess
-
-    env = dict(os.environ, KOLIBRI_HOME=str(home), AT=str(at), PRESSES=str(presses))
+    env = dict(os.environ, KOLIBRI_HOME=str(home), AT=str(at), PRESSES=str(presses),
+               BUG="1" if bug else "")
     env.pop("KOLIBRI_DEBUG", None)
-    env.pop("BUG", None)
-    if bug:
-        env["BUG"] = "1"
     return subprocess.run([sys.executable, "-c", SIGINT_IN_A_FORWARD, *args], input=stdin,
                           capture_output=True, text=True, env=env, timeout=600)
 

@@ -81,9 +81,14 @@ class Terminated(SystemExit):
     Ctrl-C. A SystemExit, so no `except Exception` (nor chat's Ctrl-C handler) takes it."""
 
 
-# (signal, time.monotonic()) of each SIGINT and SIGTERM that raised in this command, latest last
-_SIGNALLED: list[tuple[int, float]] = []
+# (signal, time.monotonic()) of the latest SIGINT or SIGTERM that raised in this command
+_last_signal: tuple[int, float] | None = None
 SIGNAL_RECENT_S = 10.0
+
+
+def _note_signal(signum: int | None) -> None:
+    global _last_signal
+    _last_signal = None if signum is None else (signum, time.monotonic())
 
 
 def _signal_behind(e: BaseException) -> int | None:
@@ -91,13 +96,13 @@ def _signal_behind(e: BaseException) -> int | None:
     code, and replaces an exception a signal raises there with its own TypeError."""
     if not (isinstance(e, TypeError) and str(e).startswith("can't unbox")):
         return None
-    if _SIGNALLED and time.monotonic() - _SIGNALLED[-1][1] <= SIGNAL_RECENT_S:
-        return _SIGNALLED[-1][0]
+    if _last_signal and time.monotonic() - _last_signal[1] <= SIGNAL_RECENT_S:
+        return _last_signal[0]
     return None
 
 
 def _interrupt(signum, frame):
-    _SIGNALLED.append((signum, time.monotonic()))
+    _note_signal(signum)
     raise KeyboardInterrupt
 
 
@@ -105,8 +110,8 @@ def _interrupt(signum, frame):
 def _signals_as_exits():
     """SIGTERM raises Terminated (exit 143) while a command runs; a second one kills at once, and
     a forked worker keeps the default (its parent cleans up). Ctrl-C raises KeyboardInterrupt as
-    Python's own handler does (unless the shell ignores it); both are noted in _SIGNALLED."""
-    _SIGNALLED.clear()
+    Python's own handler does (unless the shell ignores it); both are noted for the boundary."""
+    _note_signal(None)
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread (a test runner's worker, say)
         return
@@ -116,7 +121,7 @@ def _signals_as_exits():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if os.getpid() != pid:
             os.kill(os.getpid(), signum)
-        _SIGNALLED.append((signum, time.monotonic()))
+        _note_signal(signum)
         raise Terminated(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, terminate)
