@@ -49,15 +49,15 @@ from pathlib import Path
 from kolibri_cli.store.atomic import write_text_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAT_PROMPTS = ROOT / "kolibri_cli/goldens/data/prompts/chat.jsonl"
-CHAT_GOLDENS = ROOT / "kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl"
+CHAT_PROMPTS = ROOT / "goldens/prompts/chat.jsonl"
+CHAT_GOLDENS = ROOT / "goldens/smollm2-135m-instruct/chat.jsonl"
 DOC = ROOT / "docs" / "feasibility.md"
 BUILD = ROOT / "build"
 COSTS_FILE = BUILD / "feasibility-bench.json"
 CHAT_JSON = BUILD / "feasibility-chat.json"
 SPEC_BENCH_DIR = BUILD / "spec_bench"
 BENCH_HEADING = "## Speed on this machine (`kolibri bench`)"
-CHAT_HEADING = "## Chat goldens (kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl)"
+CHAT_HEADING = "## Chat goldens (goldens/smollm2-135m-instruct/chat.jsonl)"
 TREES_HEADING = "## Chains vs trees (chat goldens)"
 LLAMACPP_HEADING = "## llama.cpp's types at their upstream defaults (chat goldens, simulated)"
 SPEC_BENCH_HEADING = "## Spec-Bench prompts (simulated, and measured on 2 per category)"

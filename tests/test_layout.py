@@ -1,8 +1,11 @@
 """The package layout's promises: layer rules hold, light modules stay light, data ships."""
 
+import json
+import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -32,14 +35,52 @@ def test_light_modules_do_not_load_the_kernel_or_the_terminal(module):
     assert out.stdout.strip() == "[]"
 
 
-def test_wheel_ships_the_default_goldens(tmp_path):
-    """A plain (non-editable) install must carry the goldens `kolibri probe` reads by default."""
-    source = tmp_path / "src"  # a copy: building writes build/ and *.egg-info beside the code
+def test_every_package_is_listed_in_pyproject():
+    """pyproject lists the packages (discovery cannot map goldens/ into the wheel): a package
+    missing from the list would be missing from every non-editable install."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts)
+             for p in (ROOT / "kolibri_cli").rglob("__init__.py")}
+    assert listed - {"kolibri_cli.goldens.shipped"} == found
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """A wheel built from a copy of the repository (building writes build/ and *.egg-info)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "src"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
         ".*", "build", "*.egg-info", "__pycache__", "tests", "docs"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(source)], check=True, capture_output=True)
-    (wheel,) = tmp_path.glob("kolibri-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "kolibri_cli/goldens/data/smollm2-135m-instruct/chat.jsonl" in names
-    assert "kolibri_cli/goldens/data/prompts/chat.jsonl" in names
+                    "-q", "-w", str(tmp), str(source)], check=True, capture_output=True)
+    (built,) = tmp.glob("kolibri-*.whl")
+    return built
+
+
+def test_wheel_ships_the_goldens_and_the_licence(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {f"kolibri_cli/goldens/shipped/{p.relative_to(ROOT / 'goldens').as_posix()}"
+               for p in (ROOT / "goldens").rglob("*.jsonl")}
+    assert len(shipped) >= 3 and shipped <= names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+
+def test_probe_finds_the_shipped_goldens_from_a_wheel_install(wheel, tmp_path):
+    """`kolibri probe` with no --goldens, run from a plain install of the wheel (its
+    dependencies from this venv) in a folder outside the repository."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q",
+                    "--target", str(site), str(wheel)], check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(site), "KOLIBRI_HOME": str(tmp_path / "home")}
+    code = ("import sys, kolibri_cli; print(kolibri_cli.__file__, file=sys.stderr); "
+            "from kolibri_cli.cli import app; app()")
+    out = subprocess.run([sys.executable, "-c", code, "probe", "--json"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr.startswith(str(site / "kolibri_cli"))
+    report = json.loads(out.stdout)
+    (goldens,) = report["config"]["goldens"]
+    assert Path(goldens) == site / "kolibri_cli" / "goldens" / "shipped" / "smollm2-135m-instruct"
+    chat = ROOT / "goldens" / "smollm2-135m-instruct" / "chat.jsonl"
+    assert report["throughput"]["chains"] == len(chat.read_text().splitlines()) == 18

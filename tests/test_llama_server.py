@@ -11,14 +11,14 @@ from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
 from kolibri_cli.decode.proposers import LlamaCppSimpleProposer
-from kolibri_cli.goldens.chains import DEFAULT_CHAT, SHIPPED_GOLDENS, load_goldens
+from kolibri_cli.goldens.chains import CHAT_PROMPTS, DEFAULT_CHAT, load_goldens
 from kolibri_cli.probe.simulate import ServerCounting, simulate_chain
 from kolibri_cli.servers import spec_args, synth_args
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.model]
 
 EOS = (2,)
-DEFAULT_PROMPTS = SHIPPED_GOLDENS / "prompts" / "chat.jsonl"
+DEFAULT_PROMPTS = CHAT_PROMPTS
 # Two chains that run to the cap and two that stop on eos well before it (summarize-meeting at
 # 78 tokens, extract-dates at 44 on this server), where the chain-end counting matters.
 IDS = ("code-write-stack", "summarize-meeting", "extract-dates", "qa-tides")

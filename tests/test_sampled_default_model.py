@@ -1,5 +1,5 @@
 """The default model sampled at T = 0.7: goldens recorded with 3 seeds (tests/data, the first 48
-ids of `kolibri goldens record --prompts kolibri_cli/goldens/data/prompts/chat.jsonl --engine
+ids of `kolibri goldens record --prompts goldens/prompts/chat.jsonl --engine
 kolibri --temperature 0.7 --seed 0 --seeds 3 -n 128`) are reproduced exactly by the plain and the
 speculative generator, and the real spec runs' counts equal the simulation's."""
 

@@ -15,9 +15,18 @@ from kolibri_cli.errors import KolibriError
 from kolibri_cli.store.atomic import write_text_atomic
 from kolibri_cli.text import read_text_file, shown
 
-# The goldens shipped with kolibri (package data): the default of `kolibri probe`.
-SHIPPED_GOLDENS = Path(__file__).parent / "data"
-DEFAULT_CHAT = SHIPPED_GOLDENS / "smollm2-135m-instruct" / "chat.jsonl"
+
+def _shipped_root() -> Path:
+    """The goldens shipped with kolibri: a wheel carries the repository's goldens/ inside the
+    package (pyproject's package-dir); a checkout (an editable install) reads them in place."""
+    in_wheel = Path(__file__).parent / "shipped"
+    return in_wheel if in_wheel.is_dir() else Path(__file__).parents[2] / "goldens"
+
+
+SHIPPED = _shipped_root()  # <model>/, prompts/, <engine>/<model>/: each holding <set>.jsonl
+SHIPPED_GOLDENS = SHIPPED / "smollm2-135m-instruct"  # the default of `kolibri probe`
+DEFAULT_CHAT = SHIPPED_GOLDENS / "chat.jsonl"
+CHAT_PROMPTS = SHIPPED / "prompts" / "chat.jsonl"  # what DEFAULT_CHAT was recorded from
 
 MAX_TOKEN_ID = 2**31 - 1  # ids are int32 in every tokenizer and kernel; vocabularies are far below
 
