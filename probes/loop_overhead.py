@@ -1,7 +1,7 @@
 """Where the speculative loop's own time goes: a guard that never drafts against plain decoding,
 per pass, split into the forward, the proposer and the rest of the loop.
 
-    python benchmarks/loop_overhead.py [--rounds 6] [--goldens 6] [--threads N]
+    python probes/loop_overhead.py [--rounds 6] [--goldens 6] [--threads N]
 
 The guard (k 1) is given c(2) = infinity, so it drafts nothing and every pass is one token, as
 a plain step is: what is left between the two is the loop's bookkeeping (the null arm of

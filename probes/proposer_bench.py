@@ -1,6 +1,6 @@
 """Benchmark: n-gram proposer time per call at long contexts (not a test; prints figures).
 
-    .venv/bin/python benchmarks/proposer_bench.py [--context 8192] [--repeats 2000]
+    .venv/bin/python probes/proposer_bench.py [--context 8192] [--repeats 2000]
 
 Contexts: random ids over a 49152-token vocabulary (suffix rarely matches: the scan runs to the
 end), a small 50-token alphabet (many partial matches: KMP fallbacks), and a periodic text (the

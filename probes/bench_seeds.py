@@ -1,7 +1,7 @@
 """How the bench chain's seed was chosen: simulate k=5 window 1-4 over the default model's
 greedy continuation of the bench prompt for seeds 0..N-1 and print the pass ratio of each.
 
-    python benchmarks/bench_seeds.py [N]
+    python probes/bench_seeds.py [N]
 
 A seed whose chain cycles from the start reaches the top ratio (63 plain steps / 14 passes);
 kolibri_cli.bench.chain.BENCH_SEED is the smallest such seed whose cycle has period 2.

@@ -1,7 +1,7 @@
 """Write a Llama-3-8B-shaped Q4_K_M GGUF of random blocks (32 layers, d 4096, FFN 14336, 32/8
 heads, vocab 128256; ~4.9 GB, ~20 s) to measure a model of that size on this machine.
 
-    .venv/bin/python benchmarks/synthetic_gguf.py OUT.gguf [--layers 32] [--seed 0]
+    .venv/bin/python probes/synthetic_gguf.py OUT.gguf [--layers 32] [--seed 0]
     kolibri model import OUT.gguf && kolibri bench --model OUT --peer llama.cpp --prefill 0
 """
 

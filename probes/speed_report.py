@@ -1,7 +1,7 @@
 """Regenerate the measured section of docs/bench.md: kolibri against its own float32 kernel of an
 earlier commit and against llama.cpp, on the same machine in one run.
 
-    .venv/bin/python benchmarks/speed_report.py --baseline 9c0ce10 [--rounds 3] [--repeats 5]
+    .venv/bin/python probes/speed_report.py --baseline 9c0ce10 [--rounds 3] [--repeats 5]
         [--big llama8b.gguf] [--peer-bin PATH]
 
 1. `kolibri bench --json --peer llama.cpp` (this checkout) and `kolibri bench --json` of the
@@ -102,7 +102,7 @@ def section(d: dict, big: dict | None, rev: str) -> str:
     plain, base = m(new, "plain_tokens_per_s"), m(old, "plain_tokens_per_s")
     n = max(int(c) for c in new[0]["costs"])
     peer = new[-1]["peer"]
-    lines = [BEGIN, "", f"Measured by `python benchmarks/speed_report.py --baseline {rev}` "
+    lines = [BEGIN, "", f"Measured by `python probes/speed_report.py --baseline {rev}` "
              f"({len(new)} alternating rounds, medians; {new[0]['threads']} threads; peer: "
              f"llama.cpp {peer['version']}, llama-bench on the same GGUF, last round; 1-minute "
              f"load average {', '.join(f'{x:.1f}' for x in d['load'])} on 2 cores, "
@@ -136,7 +136,7 @@ def section(d: dict, big: dict | None, rev: str) -> str:
     if big:
         b, p = big["bench"], big["bench"]["peer"]
         lines += ["", f"Llama-3-8B-shaped Q4_K_M GGUF of random blocks "
-                  f"(`benchmarks/synthetic_gguf.py`, {big['name']}): "
+                  f"(`probes/synthetic_gguf.py`, {big['name']}): "
                   f"{b['bytes_per_token'] / 1e9:.2f} GB per token, peak RSS of a 16-token "
                   f"generate {big['rss'] / 1e9:.2f} GB; plain decode "
                   f"{b['plain_tokens_per_s']:.2f} tok/s, llama.cpp "
@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--baseline", required=True, help="git revision with the float32 kernel")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5, help="kolibri bench --repeats")
-    ap.add_argument("--big", type=Path, help="a big GGUF (benchmarks/synthetic_gguf.py)")
+    ap.add_argument("--big", type=Path, help="a big GGUF (probes/synthetic_gguf.py)")
     ap.add_argument("--peer-bin", help="llama-bench (default: kolibri bench's search)")
     args = ap.parse_args()
     BUILD.mkdir(exist_ok=True)

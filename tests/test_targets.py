@@ -1,8 +1,12 @@
-"""benchmarks/guard_targets.py: `model` gives the counts the simulation and a live run fed the
-same costs give, and `run --statistic min` takes each golden's least disturbed round."""
+"""probe/targets.py: `model_targets` gives the counts the simulation and a live run fed the
+same costs give, and a measured block takes each golden's time as the statistic of its rounds;
+probes/guard_targets.py parses its options."""
 
-import importlib.util
+import json
 import statistics
+import subprocess
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,23 +16,13 @@ from kolibri_cli.decode import generate as generate_module
 from kolibri_cli.decode.costs import BENCH_CONTEXT, CostTable, cost_model, octave
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer
-from kolibri_cli.goldens.chains import Golden, save_goldens
-from kolibri_cli.probe import measure
+from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.probe import measure, targets
+from kolibri_cli.probe.shard import simulate
 
 COSTS = {1: 1.0, 2: 1.49, 3: 1.72, 4: 1.86, 5: 2.23, 6: 2.28, 7: 2.52, 8: 2.66, 9: 3.06}
 PROMPTS = [[5, 6, 7, 8] * 5, [9, 3, 9, 3, 9] * 3, [11, 12, 13, 14, 15, 16, 11, 12],
            [21, 22, 23] * 4 + [24, 25]]
-
-
-def load_targets():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "guard_targets.py"
-    spec = importlib.util.spec_from_file_location("guard_targets", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-targets = load_targets()
 
 
 def tiny_goldens(model, n: int = 40) -> list[Golden]:
@@ -62,20 +56,16 @@ def test_a_measuring_guard_replayed_drafts_as_a_live_run_fed_the_same_costs(monk
     assert drafted_any  # the comparison covered drafting, not only plain steps
 
 
-def test_model_gives_the_simulations_figures_for_every_arm(monkeypatch, tmp_path):
+def test_model_gives_the_simulations_figures_for_every_arm(monkeypatch):
     """The guard given c(n) and the fixed settings: the probe simulation's modelled speedup; the
     measuring guard: the passes of live runs timed as c(rows). Overall and worst golden."""
     model, c = MODELS[0], cost_model(COSTS)
     goldens = tiny_goldens(model)
-    path = tmp_path / "tiny.jsonl"
-    save_goldens(path, goldens)
-    costs = ",".join(str(COSTS[n]) for n in sorted(COSTS))
-    report = targets.main(["model", "--costs", costs, "--tune", str(path), "--goldens",
-                           str(path), "--fixed", "2"])[str(path)]
+    report = targets.model_targets(COSTS, goldens, {"tiny": goldens}, 2)["tiny"]
     measuring, warm, given, *fixed = report.values()
     assert len(fixed) == 2
 
-    sim = targets.simulate(goldens, targets.GUARD_K, (1, 4), "guard", COSTS)
+    sim = simulate(goldens, targets.GUARD_K, (1, 4), "guard", COSTS)
     assert given["overall"] == pytest.approx(sim.modelled_speedup())
     per_golden = [sim.modelled_speedup(chain.counts) for chain in sim.goldens]
     assert given["worst"] == pytest.approx(min(per_golden))
@@ -128,7 +118,7 @@ def test_run_takes_each_goldens_time_as_the_statistic_of_its_rounds(monkeypatch,
     golden = tiny_goldens(model, 12)[:1]
     plain_s, spec_s = [3.0, 1.0, 2.0], [1.5, 4.0, 5.0]
     scripted(monkeypatch, plain_s, spec_s)
-    block = targets.measure_block(model, "tiny", golden, [], COSTS, 3, statistic=statistic)
+    block = targets.measure_block(model, golden, [], COSTS, 3, statistic=statistic)
     guard = next(iter(block["runs"].values()))
     overall, per_golden = {"min": (1 / 1.5, 1 / 1.5), "median": (0.4, 0.4)}[statistic]
     assert guard["per_golden"][0] == pytest.approx(per_golden)
@@ -139,8 +129,10 @@ def test_run_takes_each_goldens_time_as_the_statistic_of_its_rounds(monkeypatch,
 
 def test_statistic_is_min_or_median():
     assert targets.STATISTICS == {"min": min, "median": statistics.median}
-    with pytest.raises(SystemExit):
-        targets.main(["run", "--tune", "t.jsonl", "--statistic", "mean"])
+    script = Path(__file__).parents[1] / "probes" / "guard_targets.py"
+    out = subprocess.run([sys.executable, str(script), "run", "--tune", "t.jsonl",
+                          "--statistic", "mean"], capture_output=True, text=True)
+    assert out.returncode == 2 and "invalid choice: 'mean'" in out.stderr
 
 
 def test_warm_keeps_the_guards_timings_so_the_measured_guard_starts_from_them(kolibri_home):
@@ -154,10 +146,28 @@ def test_warm_keeps_the_guards_timings_so_the_measured_guard_starts_from_them(ko
     tiny = MODELS[0]
     model = SimpleNamespace(**vars(tiny), sha256="ab" * 32, numerics="float32", name="tiny")
     goldens = tiny_goldens(model, 24)
-    assert targets.measure_block(model, "tiny", goldens[:1], [], COSTS, 1)[
+    assert targets.measure_block(model, goldens[:1], [], COSTS, 1)[
         "guard_costs_from"] == "none"
     targets.warm(model, goldens[1:])
     table, source = warm_table(model.sha256, model.numerics, get_threads())
     assert source == "kept" and table.cells()  # multi-row passes were timed and kept
-    assert targets.measure_block(model, "tiny", goldens[:1], [], COSTS, 1)[
+    assert targets.measure_block(model, goldens[:1], [], COSTS, 1)[
         "guard_costs_from"] == "kept"
+
+
+def test_splits_are_disjoint_first_turns_five_per_category(tmp_path):
+    """Spec-Bench's question file in, two prompt files of 30 out; MT-Bench's ids are one
+    category."""
+    rows = [{"question_id": i, "category": "writing" if i <= 160 else f"cat{(i - 161) // 80}",
+             "turns": [f"question {i}", "a second turn"]} for i in range(81, 500)]
+    question = tmp_path / "question.jsonl"
+    question.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tune, report = targets.write_splits(question, tmp_path / "splits")
+    splits = [[json.loads(line) for line in p.read_text().splitlines()] for p in (tune, report)]
+    assert [len(s) for s in splits] == [30, 30]
+    assert not {p["id"] for p in splits[0]} & {p["id"] for p in splits[1]}
+    for split in splits:
+        assert all(p["prompt"] == f"question {p['id']}" for p in split)
+        assert all(p["category"] == "mt_bench" for p in split if p["id"] <= 160)
+        counts = Counter(p["category"] for p in split)
+        assert len(counts) == 6 and set(counts.values()) == {5}

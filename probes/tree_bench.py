@@ -1,6 +1,6 @@
 """Benchmark: chains vs trees head to head on the chat goldens (not a test; prints ratios).
 
-    .venv/bin/python benchmarks/tree_bench.py [--proposer suffix:8:1-4 --proposer adaptive-tree:16]
+    .venv/bin/python probes/tree_bench.py [--proposer suffix:8:1-4 --proposer adaptive-tree:16]
         [--rounds 5] [--threads 2] [--json]
 
 Each round runs every golden plainly and with every proposer given (NAME[:K[:WINDOW]], default

@@ -1,7 +1,7 @@
 """Per-pass times on the bench chain (a 2-cycle): the guard, warm from the kept timings as
 `kolibri generate --spec` starts, against a fixed rule, each pass's time in plain steps.
 
-    python benchmarks/pass_times.py [--runs 16] [--k 16] [--window 1-2] [--threads N]
+    python probes/pass_times.py [--runs 16] [--k 16] [--window 1-2] [--threads N]
 
 Plain, the guard and vllm (`--k`, `--window`) take turns over `--runs` rounds. Printed per
 configuration: the median decode time and speedup, the draft sequences (rows per pass) most
@@ -17,13 +17,12 @@ import statistics
 import sys
 from collections import Counter, defaultdict
 
-from guard_targets import GUARD_K, bench_golden
-
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.decode.costs import CostTable, warm_table
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.engine.jit import get_threads, set_threads
+from kolibri_cli.probe.targets import GUARD_K, bench_golden
 from kolibri_cli.store.models import open_model
 
 NEW_TOKENS = 64
