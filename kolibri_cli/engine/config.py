@@ -23,7 +23,6 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
-SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 MAX_CONTEXT = 1 << 24  # positions are float32 in the RoPE tables: exact up to 2^24
 MAX_LAYERS = 1024  # an order of magnitude above the deepest released decoders

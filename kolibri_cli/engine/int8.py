@@ -55,7 +55,6 @@ from kolibri_cli.engine.simd import (
 
 Q4_1X, Q8_0X = 103, 108  # kernel storage codes of the int8 layouts (no GGML type uses them)
 SB = 128  # weights per super-block
-BLOCK_BYTES = {Q4_1X: 24, Q8_0X: 36}  # per 32 weights: Q4_1 d m qs[16]; Q8_0 d lo[16] hi[16]
 
 
 # ---------------------------------------------------------------- weights: repacked at load

@@ -22,7 +22,8 @@ Speed: matmuls run parallel over units of R weight rows strided across the matri
 sequential streams per thread for the prefetcher); a unit's rows stay in L1/L2 while the L tokens
 pass in register tiles, so an L-token forward reads the weights from memory once. Each layer is
 five parallel regions plus a little serial work on the calling thread; the whole stack is one
-compiled call (`cache=True`: compiled once per machine, ~11 s, then ~0.02 s to load).
+compiled call (`cache=True`: compiled once per machine and kernel source, 2-3 minutes on 2
+cores, then loaded from numba's cache).
 
 Memory: weights + the KV cache + O(CHUNK) activations, whatever the prompt length. An input
 longer than CHUNK tokens runs as consecutive kernel calls (invisible in the bits, by batch
@@ -30,7 +31,11 @@ invariance); attention keeps one row of scores per running thread; `prefill` com
 head for the last token only; the KV cache commits memory only for positions written (no
 transparent huge pages); RoPE tables cover the positions used so far, not the whole context.
 
-Non-goals: quantized weights, float16/bfloat16, batches of independent sequences, sampling,
+Weights: float32 rows or GGUF blocks (F16, BF16, Q4/Q5/Q6/Q8 kinds), decoded to float32 in
+registers by `matmul`, whose sums give a quantized row bitwise the float32 row's result (the
+opt-in int8 path, `int8`, is a numeric path of its own).
+
+Non-goals: float16/bfloat16 arithmetic, batches of independent sequences, sampling,
 dynamic/longrope RoPE, I/O of any kind (the caller loads weights).
 """
 

@@ -314,15 +314,6 @@ def _unpermuted_rows(n_rows: int, n_head: int) -> np.ndarray:
     return unpermute(np.arange(n_rows)[:, None], n_head)[:, 0]
 
 
-def dequantized_tensors(reader, config: dict):
-    """Yield (hf_name, float32 array [out, in]) for every tensor; llama Q/K un-permuted."""
-    for t in _weight_tensors(reader):
-        w = _dequantize(t)
-        name = hf_name(t.name)
-        heads = _permuted_heads(name, config)
-        yield name, np.ascontiguousarray(unpermute(w, heads) if heads else w)
-
-
 def build_tokenizer(reader):
     """A `tokenizers` byte-level BPE equal to llama.cpp's tokenization of this GGUF."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers
