@@ -35,12 +35,13 @@ The chunks, in the order the whole run takes them (each fits a 15-minute window 
                      seeds (build/chat-t0.7.jsonl, kept for reruns), and `kolibri probe --json`
                      over them and over the greedy chat goldens: greedy vs sampled.
 
-Each section says which command wrote it, when (date, commit, load), how long it took, and the
-c(n) it used with that measurement's date.
+Each section says which command wrote it, at which commit on which CPU (and the load), how long
+it took, and the c(n) it used.
 """
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -87,18 +88,28 @@ def kolibri(*args: str) -> str:
     return subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
 
 
-def _when() -> str:
-    """Date, commit and 1-minute load average: the figures swing with the shared host's load."""
+def _cpu() -> str:
+    """The CPU's model name: every figure below is this CPU's."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    return next((line.split(":", 1)[1].strip() for line in lines
+                 if line.startswith("model name")), platform.machine())
+
+
+def _provenance() -> str:
+    """Commit, CPU and 1-minute load average: the figures swing with the shared host's load."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.strip()
-    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} at commit {commit or '?'}; "
-            f"1-minute load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    return (f"commit {commit or '?'} on {_cpu()} ({os.cpu_count()} cores), 1-minute load "
+            f"average {os.getloadavg()[0]:.1f}")
 
 
 def measure_costs() -> dict:
     """One `kolibri bench --k 8` run, stored: its c(1..9) prices every later chunk's drafts
     (15 repeats: at the default 5, c(5) swung 2.0-2.3 between back-to-back runs)."""
-    when, start = _when(), time.monotonic()
+    when, start = _provenance(), time.monotonic()
     bench = json.loads(kolibri("bench", "--k", "8", "--repeats", "15", "--json"))
     print(f"costs: {(time.monotonic() - start) / 60:.1f} min", file=sys.stderr)
     stored = {"command": "kolibri bench --k 8 --repeats 15 --json", "when": when,
@@ -118,7 +129,7 @@ def costs_arg(stored: dict) -> str:
 
 def costs_note(stored: dict) -> str:
     return (f"c(n) for the modelled speedups and the adaptive proposers: `{stored['command']}` "
-            f"measured {stored['when']} (build/feasibility-bench.json, shared by every chunk): "
+            f"at {stored['when']} (build/feasibility-bench.json, shared by every chunk): "
             f"{costs_arg(stored)}.")
 
 
@@ -127,7 +138,7 @@ def bench_section(stored: dict) -> str:
     costs = ", ".join(f"c({n}) = {c:.2f}" for n, c in b["costs"].items())
     storage = ", ".join(f"{t} x{n}" for t, n in b["storage"].items())
     return "\n".join([
-        f"`{stored['command']}`, measured {stored['when']} when it started; the same run's "
+        f"`{stored['command']}` at {stored['when']} when it started; the same run's "
         "c(n) prices every section regenerated after it (each section names the c(n) it used).\n",
         f"- read bandwidth {b['bandwidth_gb_s']:.1f} GB/s; {b['bytes_per_token'] / 1e6:.0f} MB of "
         f"weights per token as stored ({storage}): bound {b['bound_tokens_per_s']:.1f} tok/s",
@@ -148,6 +159,11 @@ CHAIN_SWEEP = ("1,2,3,5,8", "1-2,1-3,1-4,2-4,3-5,5-5")
 TREE_SWEEP = ("2,4,8,12,16", "1-4,1-12")
 
 
+# The sections of the probe's Markdown report kept here; the whole report (per golden, each
+# measured configuration's figures) is build/feasibility-chat.md.
+CHAT_KEEP = ("Proposers compared", "Sweep", "Totals", "Acceptance per draft position", "Guard")
+
+
 def chat_section(stored: dict) -> str:
     """The chain proposers' report on the chat goldens; its JSON is kept for `trees`."""
     costs = costs_arg(stored)
@@ -156,7 +172,16 @@ def chat_section(stored: dict) -> str:
     text = (BUILD / "feasibility-chat.md").read_text()
     body = text.split("\n", 1)[1].replace("../docs/feasibility.png", "feasibility.png")
     body = "\n".join(line for line in body.split("\n") if not line.startswith("Regenerate with"))
-    return costs_note(stored) + "\n" + body.replace("\n## ", "\n### ")
+    intro, *sections = body.split("\n## ")
+    kept = [sec for sec in sections if sec.startswith(CHAT_KEEP)]
+    dropped = [sec.split("\n", 1)[0] for sec in sections if not sec.startswith(CHAT_KEEP)]
+    print(f"chat: left in build/feasibility-chat.md: {'; '.join(dropped)}", file=sys.stderr)
+    return "\n".join([
+        costs_note(stored) + "\n", intro.strip("\n") + "\n",
+        *("### " + sec.rstrip("\n") + "\n" for sec in kept),
+        "Per golden, and each measured configuration's figures: build/feasibility-chat.md, "
+        "written by the same command.\n",
+    ])
 
 
 def chat_probe(stored: dict) -> dict | None:
@@ -420,7 +445,7 @@ HEADER = ("# Feasibility: n-gram speculation for SmolLM2-135M-Instruct on this C
           "probes/feasibility.py CHUNK` (`--help` lists them; each fits a 15-minute window). "
           "Every figure below is printed by the kolibri commands that script runs; only "
           "Spec-Bench's published figures are quoted (from its Leaderboard.md). Each section "
-          "names the command, date, commit and load of its run, and the c(n) it used.\n")
+          "names the command, the commit and CPU of its run, and the c(n) it used.\n")
 
 
 def _trees(stored: dict) -> str:
@@ -444,11 +469,11 @@ CHUNKS = {
 
 def run_chunk(name: str, stored: dict) -> None:
     heading, make = CHUNKS[name]
-    when, start = _when(), time.monotonic()
+    when, start = _provenance(), time.monotonic()
     body = make(stored)
     took = (time.monotonic() - start) / 60
     print(f"{name}: {took:.1f} min", file=sys.stderr)
-    stamp = (f"_Regenerated by `python probes/feasibility.py {name}`, started {when}; took "
+    stamp = (f"_Regenerated by `python probes/feasibility.py {name}` at {when}; took "
              f"{took:.1f} min._\n")
     update_section(heading, f"{heading}\n\n{stamp}\n{body}")
 

@@ -1,5 +1,5 @@
 """The guard's targets, measured or modelled: the guard against the best fixed settings
-(docs/guard.md, "Targets"; the figures come from kolibri_cli/probe/targets.py).
+(docs/guard.md, "The targets"; the figures come from kolibri_cli/probe/targets.py).
 
     python probes/guard_targets.py prompts QUESTION.jsonl OUTDIR
     python probes/guard_targets.py run --tune TUNE.jsonl --goldens A.jsonl [--goldens B.jsonl]

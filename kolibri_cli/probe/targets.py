@@ -1,5 +1,5 @@
 """The guard's targets: the guard against the best fixed settings, modelled from exact counts or
-measured with the model in one interleaved run per goldens file (docs/guard.md, "Targets").
+measured with the model in one interleaved run per goldens file (docs/guard.md, "The targets").
 
 The fixed settings are chosen on a tune split by exact simulation under a c(n) (nothing looks at
 the reported goldens). Modelled: the guard as `kolibri generate` runs it (a cost table fed each
