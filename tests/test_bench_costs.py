@@ -33,9 +33,9 @@ def goldens(tmp_path):
 
 
 def entry(sha=SHA, threads=2, numerics="float32", costs=None, at="2026-11-30T22:41:00+00:00",
-          version=kolibri_cli.__version__):
+          version=kolibri_cli.__version__, kernel=None):
     return BenchCosts("m", sha, threads, numerics, costs or {1: 1.0, 2: 1.5, 3: 1.9, 4: 2.4},
-                      at, version, "abc", "a cpu")
+                      at, version, "abc", "a cpu", kernel or benchcosts.kernel_id())
 
 
 def probe(goldens, *args):
@@ -62,12 +62,23 @@ def test_probe_prices_with_the_stored_bench_of_the_goldens_model(goldens, kolibr
     assert older["source"] == "bench" and older["bench"]["measured_at"].startswith("2026-11-29")
 
 
-def test_a_bench_by_another_kolibri_version_is_used_with_a_note(goldens, kolibri_home):
-    benchcosts.save(entry(version="0.0.1"))
+@pytest.mark.parametrize("stale", [{"version": "0.0.1"}, {"kernel": "engine-0123 znver3 "}])
+def test_a_bench_of_another_kernel_is_used_with_a_note(goldens, kolibri_home, stale):
+    benchcosts.save(entry(**stale))
     r = probe(goldens, "--json")
     assert json.loads(r.stdout)["pricing"]["source"] == "bench"
-    assert "note: c(n) from a bench by kolibri 0.0.1 (2026-11-30 22:41 UTC); this is kolibri " \
-        f"{kolibri_cli.__version__}: `kolibri bench -m m` measures its kernel" in r.stderr
+    version = stale.get("version", kolibri_cli.__version__)
+    assert f"note: c(n) from a bench of another kernel (kolibri {version}, 2026-11-30 22:41 " \
+        "UTC): `kolibri bench -m m` measures this one" in r.stderr
+
+
+def test_an_entry_stored_before_kernels_were_named_reads_as_another_kernels(kolibri_home):
+    old = entry().to_json()
+    del old["kernel"]
+    kolibri_home.mkdir(parents=True, exist_ok=True)
+    benchcosts.path().write_text(json.dumps({"format": 1, "entries": [old]}))
+    (read,) = benchcosts.load()
+    assert read.kernel == "" and read.costs == entry().costs and not benchcosts.timed_here(read)
 
 
 def test_given_costs_override_and_default_ignores_the_store(goldens, kolibri_home):
@@ -116,7 +127,7 @@ def test_save_keeps_one_entry_per_key_and_writes_atomically(kolibri_home, monkey
     benchcosts.save(entry())
     benchcosts.save(entry(threads=1))
     newer = BenchCosts("m", SHA, 2, "float32", {1: 1.0, 2: 1.2}, "2026-12-01T00:00:00+00:00",
-                       kolibri_cli.__version__, "def", "a cpu")  # another commit's kernel
+                       kolibri_cli.__version__, "def", "a cpu", benchcosts.kernel_id())
     assert benchcosts.save(newer) is newer
     assert benchcosts.load() == [entry(threads=1), newer]
     before = benchcosts.path().read_bytes()
@@ -141,7 +152,8 @@ def test_a_narrower_bench_of_the_same_kernel_keeps_the_wider_one(kolibri_home):
     narrow = entry(costs={1: 1.0, 2: 1.7}, at="2026-12-01T00:00:00+00:00")
     assert benchcosts.save(narrow) == wide and benchcosts.load() == [wide]
     for other in (entry(costs={**wide.costs, 5: 2.8}, at="2026-12-01T01:00:00+00:00"),
-                  dataclasses.replace(entry(costs={1: 1.0, 2: 1.1}), cpu="b cpu")):
+                  dataclasses.replace(entry(costs={1: 1.0, 2: 1.1}), cpu="b cpu"),
+                  entry(costs={1: 1.0, 2: 1.2}, kernel="engine-0123 znver3 ")):
         assert benchcosts.save(other) is other and benchcosts.load() == [other]
 
 
@@ -163,6 +175,7 @@ def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
     assert {str(n): c for n, c in stored.costs.items()} == measured and list(measured) == [
         "1", "2", "3"]
     assert stored.kolibri and stored.cpu and stored.measured_at.startswith("20")
+    assert stored.kernel == benchcosts.kernel_id() and benchcosts.timed_here(stored)
     assert f"kept c(n) in {benchcosts.path()}" in r.stderr
     r = CliRunner().invoke(app, ["bench", "-m", "tiny", "--repeats", "1", "--k", "1",
                                  "--threads", "1", "--json"])

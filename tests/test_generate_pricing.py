@@ -33,7 +33,7 @@ def stored(sha: str, costs: dict, threads: int | None = None, numerics: str = "f
     of the same key even when it times fewer rows."""
     benchcosts.save(BenchCosts("tiny", sha, threads or get_threads(), numerics, costs,
                                benchcosts.now(), kolibri_cli.__version__, f"c{next(COMMITS)}",
-                               "a cpu"))
+                               "a cpu", benchcosts.kernel_id()))
 
 
 def generate(folder, *args):
@@ -210,12 +210,15 @@ def test_a_bench_of_this_kernel_starts_the_guard_when_it_kept_nothing(kolibri_ho
 
     folder, sha = tiny
     here = BenchCosts("tiny", sha, get_threads(), "float32", FLAT, benchcosts.now(),
-                      kolibri_cli.__version__, benchcosts.source_commit(), benchcosts.cpu_model())
+                      kolibri_cli.__version__, benchcosts.source_commit(), benchcosts.cpu_model(),
+                      benchcosts.kernel_id())
     benchcosts.save(here)
     table, source = warm_table(sha, "float32", get_threads())
     assert source == "bench" and table.relative(100, 6)[1:].tolist() == [1.0] * 6
     benchcosts.save(BenchCosts(**{**here.__dict__, "cpu": "another cpu"}))
     assert warm_table(sha, "float32", get_threads())[1] == "none"  # another host's kernel
+    benchcosts.save(BenchCosts(**{**here.__dict__, "kernel": "engine-0123 znver3 "}))
+    assert warm_table(sha, "float32", get_threads())[1] == "none"  # another kernel's
 
 
 def test_unreadable_kept_timings_are_ignored_and_replaced(kolibri_home, tiny):

@@ -145,7 +145,8 @@ def _keep_costs(model, result) -> None:
     entry = benchcosts.BenchCosts(
         model=model.name, model_sha256=model.sha256, threads=result.threads,
         numerics=model.numerics, costs=result.costs, measured_at=benchcosts.now(),
-        kolibri=__version__, commit=benchcosts.source_commit(), cpu=benchcosts.cpu_model())
+        kolibri=__version__, commit=benchcosts.source_commit(), cpu=benchcosts.cpu_model(),
+        kernel=benchcosts.kernel_id())
     kept = benchcosts.save(entry, render.note)
     if kept is not entry:
         top = max(entry.costs)

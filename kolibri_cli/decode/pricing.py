@@ -95,13 +95,13 @@ def for_model(name: str, sha256: str, numerics: str, threads: int | None) -> Pri
 
 
 def _stale(found: BenchCosts, name: str) -> str:
-    """A note when the bench ran another kolibri version (its kernel may have changed since)."""
+    """A note when the bench timed another kernel than this one (or another kolibri version)."""
     from kolibri_cli import __version__
 
-    if found.kolibri == __version__:
+    if found.kolibri == __version__ and found.kernel == benchcosts.kernel_id():
         return ""
-    return (f"note: c(n) from a bench by kolibri {found.kolibri} ({found.date}); this is kolibri "
-            f"{__version__}: `kolibri bench -m {name}` measures its kernel")
+    return (f"note: c(n) from a bench of another kernel (kolibri {found.kolibri}, {found.date}): "
+            f"`kolibri bench -m {name}` measures this one")
 
 
 def guess(reason: str, hint: str) -> Pricing:

@@ -40,6 +40,7 @@ class BenchCosts:
     kolibri: str  # kolibri's version
     commit: str  # the git commit kolibri ran from, "" if not a checkout
     cpu: str  # the host's CPU model
+    kernel: str = ""  # kernel_id() of the kernel timed; "" in files written before it was kept
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -56,9 +57,12 @@ class BenchCosts:
     @classmethod
     def from_json(cls, obj) -> "BenchCosts":
         """An entry as read from the file; anything else is a ValueError saying what."""
-        if not isinstance(obj, dict) or set(obj) != set(cls.__dataclass_fields__):
+        if not isinstance(obj, dict) or set(obj) - {"kernel"} != set(cls.__dataclass_fields__) - {
+                "kernel"}:
             raise ValueError("an entry without the expected keys")
-        strings = ("model", "model_sha256", "numerics", "measured_at", "kolibri", "commit", "cpu")
+        obj = {"kernel": ""} | obj  # an entry from before kernels were named: a stale one
+        strings = ("model", "model_sha256", "numerics", "measured_at", "kolibri", "commit", "cpu",
+                   "kernel")
         if not all(isinstance(obj[k], str) for k in strings):
             raise ValueError("an entry with a non-string name, date or version")
         if isinstance(obj["threads"], bool) or not isinstance(obj["threads"], int) \
@@ -135,17 +139,33 @@ def save(entry: BenchCosts, notify=None) -> BenchCosts:
 
 
 def _wider_same_kernel(stored: BenchCosts, new: BenchCosts) -> bool:
-    """The stored entry prices more rows than `new`, timed by the same kolibri (version and
-    commit) on the same CPU: its extra rows are as valid as the new ones."""
-    same = (stored.kolibri, stored.commit, stored.cpu) == (new.kolibri, new.commit, new.cpu)
+    """The stored entry prices more rows than `new`, timed by the same kolibri (version, commit
+    and kernel) on the same CPU: its extra rows are as valid as the new ones."""
+    same = ((stored.kolibri, stored.commit, stored.cpu, stored.kernel)
+            == (new.kolibri, new.commit, new.cpu, new.kernel))
     return same and max(stored.costs) > max(new.costs)
 
 
 def timed_here(entry: BenchCosts) -> bool:
-    """The entry was timed by this kolibri (version and commit) on this CPU: its kernel's."""
+    """The entry was timed by this kolibri (version and commit) and kernel on this CPU."""
     from kolibri_cli import __version__
 
-    return (entry.kolibri, entry.commit, entry.cpu) == (__version__, source_commit(), cpu_model())
+    here = (__version__, source_commit(), cpu_model(), kernel_id())
+    return (entry.kolibri, entry.commit, entry.cpu, entry.kernel) == here
+
+
+def kernel_id() -> str:
+    """The compiled forward kernel: the key of its numba cache (the engine's sources, numba,
+    llvmlite, KOLIBRI_SIMD) and the CPU numba compiles for. Any change makes a new id, so c(n)
+    timed on another kernel reads as stale."""
+    from llvmlite import binding
+    from numba.core import config
+
+    from kolibri_cli.engine import jitcache
+
+    kernel = jitcache.cache_dir(Path(jitcache.__file__)).name
+    target = f"{config.CPU_NAME or binding.get_host_cpu_name()} {config.CPU_FEATURES or ''}"
+    return f"{kernel} {target}"
 
 
 def find(entries: list[BenchCosts], model_sha256: str, numerics: str,

@@ -16,7 +16,7 @@ from pathlib import Path
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.home import cache_root
 from kolibri_cli.store.atomic import write_text_atomic
-from kolibri_cli.store.benchcosts import cpu_model
+from kolibri_cli.store.benchcosts import cpu_model, kernel_id
 
 FILE = "guard-costs.json"
 FORMAT = 1
@@ -31,13 +31,7 @@ def kernel_key(model_sha256: str, numerics: str, threads: int) -> str:
     """What a timing holds for: the model, its numerics and threads, the compiled kernel (the
     engine's sources, numba and KOLIBRI_SIMD: the key of its numba cache; the CPU numba compiles
     for) and the CPU it runs on."""
-    from llvmlite import binding
-    from numba.core import config
-
-    from kolibri_cli.engine import jitcache
-
-    kernel = jitcache.cache_dir(Path(jitcache.__file__)).name
-    target = f"{config.CPU_NAME or binding.get_host_cpu_name()} {config.CPU_FEATURES or ''}"
+    kernel, _, target = kernel_id().partition(" ")
     return "|".join((model_sha256, numerics, str(threads), kernel, cpu_model(), target))
 
 
