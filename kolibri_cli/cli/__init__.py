@@ -3,7 +3,7 @@ typer or rich; `app.py` holds the one place a KolibriError becomes one line on s
 
 import typer
 
-from kolibri_cli.cli import bench, chat, generate, goldens, model, probe
+from kolibri_cli.cli import bench, chat, generate, goldens, model, probe, serve
 from kolibri_cli.cli.app import make_typer
 
 app = make_typer("kolibri: would n-gram (prompt-lookup) speculative decoding make this model "
@@ -28,5 +28,6 @@ app.command()(generate.generate)
 app.command()(chat.chat)
 app.command()(bench.bench)
 app.command()(probe.probe)
+app.command()(serve.serve)
 app.add_typer(model.app, name="model")
 app.add_typer(goldens.app, name="goldens")

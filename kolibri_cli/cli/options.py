@@ -53,8 +53,8 @@ CostsOpt = Annotated[str | None, typer.Option(
     "and thread count, else the guess] The guard times its own c(n) unless given numbers here.")]
 
 EngineApiOpt = Annotated[str | None, typer.Option(
-    "--engine-api", help="API of the server at --engine URL: llama.cpp, vllm, or openai (text "
-    "only: answers are re-tokenized). [default: detected]")]
+    "--engine-api", help="API of the server at --engine URL: llama.cpp, vllm, kolibri (kolibri "
+    "serve), or openai (text only: answers are re-tokenized). [default: detected]")]
 GgufOpt = Annotated[Path | None, typer.Option(
     "--gguf", help="GGUF for --engine llama-server. [default: the model's own]")]
 TimeoutOpt = Annotated[float, typer.Option(  # max: servers.transport.MAX_TIMEOUT (a test checks)

@@ -55,40 +55,26 @@ def progress_bar(description: str = ""):
 
 
 class TextStreamer:
-    """Prints decoded text as ids arrive, holding back an incomplete UTF-8 sequence and any tail
-    that could be the start of a stop string (never printed)."""
+    """Prints decoded text as ids arrive (decode.stops.TextDeltas: an incomplete UTF-8 sequence
+    and any tail that could begin a stop string are held back; a stop string is never printed)."""
 
     def __init__(self, tokenizer, stops=()):
-        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
-        self.stops = [s for s in stops if s]
+        from kolibri_cli.decode.stops import TextDeltas
+
+        self.deltas = TextDeltas(tokenizer, stops)
 
     def __call__(self, new_ids: list[int]) -> None:
-        self.ids += new_ids
-        text = self._text()
-        if text.endswith("\ufffd"):
-            return
-        self._write(text[: len(text) - self._held(text)])
+        self._write(self.deltas.add(new_ids))
 
     def finish(self) -> None:
-        self._write(self._text())
+        self._write(self.deltas.finish())
         sys.stdout.write("\n")
         sys.stdout.flush()
 
     def _write(self, text: str) -> None:
-        if len(text) > self.printed:
-            sys.stdout.write(text[self.printed :])
+        if text:
+            sys.stdout.write(text)
             sys.stdout.flush()
-            self.printed = len(text)
-
-    def _text(self) -> str:
-        text = self.tokenizer.decode(self.ids)
-        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        return text[: min(cuts)] if cuts else text
-
-    def _held(self, text: str) -> int:
-        """Length of the longest tail of `text` that begins some stop string."""
-        return max((n for s in self.stops for n in range(1, len(s))
-                    if text.endswith(s[:n])), default=0)
 
 
 def kv_table(title: str, rows: list[tuple[str, object]]) -> Table:

@@ -94,8 +94,12 @@ def load_goldens(path: str | Path) -> list[Golden]:
 def save_goldens(path: str | Path, goldens: list[Golden]) -> None:
     """Write `goldens` as JSONL, atomically (readers see the old file or the whole new one).
     Greedy chains carry no "sampling" key, as before sampling existed."""
-    lines = [json.dumps(_golden_dict(g), ensure_ascii=False, allow_nan=False) for g in goldens]
-    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    write_text_atomic(path, "".join(golden_line(g) for g in goldens))
+
+
+def golden_line(golden: Golden) -> str:
+    """One golden as its line of a golden file (newline included)."""
+    return json.dumps(_golden_dict(golden), ensure_ascii=False, allow_nan=False) + "\n"
 
 
 def _golden_dict(golden: Golden) -> dict:

@@ -5,6 +5,9 @@
   `draft_n_accepted` of speculative decoding.
 - `vllm`: POST /v1/completions with the prompt as ids and `return_token_ids` (vLLM >= 0.10.2);
   draft counters from the Prometheus `/metrics` deltas around the request.
+- `kolibri`: `kolibri serve`, asked as vLLM is, every sampling field sent explicitly (it fills
+  the ones left out from the model's generation_config.json); draft counters and decode time
+  are the request's own, in the answer's `timings`.
 - `openai`: any OpenAI-compatible /v1/completions that answers text only: the prompt is sent as
   text, the answer re-tokenized with the local tokenizer and marked `retokenized` (BPE can split
   the text differently from what the server generated).
@@ -21,7 +24,7 @@ from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.servers.transport import Http
 
-APIS = ("llama.cpp", "vllm", "openai")
+APIS = ("llama.cpp", "vllm", "kolibri", "openai")
 
 
 def llamacpp_sampling(s: Sampling) -> dict:
@@ -188,10 +191,13 @@ class OpenAiApi(ServerApi):
 
     def _post(self, prompt, max_tokens: int, sampling: Sampling, extra: dict | None = None):
         body = {"model": self.served_model, "prompt": prompt, "max_tokens": max_tokens,
-                **openai_sampling(sampling), **(extra or {})}
+                **self.sampling_fields(sampling), **(extra or {})}
         t0 = time.perf_counter()
         answer = self.http.post("/v1/completions", body)
         return time.perf_counter() - t0, answer
+
+    def sampling_fields(self, sampling: Sampling) -> dict:
+        return openai_sampling(sampling)
 
     def _choice(self, answer) -> dict:
         choices = answer.get("choices") if isinstance(answer, dict) else None
@@ -241,6 +247,26 @@ class VllmApi(OpenAiApi):
         return None if None in values else (int(values[0]), int(values[1]))
 
 
+class KolibriApi(VllmApi):
+    """`kolibri serve`: vLLM's fields; the request's own counters and decode time (`timings`)."""
+
+    api = "kolibri"
+
+    def describe(self) -> dict:
+        version = self.http.get("/version").get("version", "")
+        return OpenAiApi.describe(self) | {"engine": "kolibri serve",
+                                           "engine_version": f"kolibri {version}"}
+
+    def sampling_fields(self, sampling: Sampling) -> dict:
+        return {"temperature": 0.0} if sampling.greedy else {
+            "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "seed": sampling.seed} | {
+            "repetition_penalty": sampling.repetition_penalty}
+
+    def _counters(self) -> None:
+        return None  # each answer carries its own: no /metrics deltas (other traffic in them)
+
+
 def _metric_sum(text: str, name: str) -> float | None:
     """Sum of a Prometheus counter over its label sets, or None if absent."""
     values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})?\s+([0-9.eE+-]+)$", text, re.M)
@@ -269,7 +295,8 @@ def _llamacpp_margins(answer: dict, n: int) -> list[float]:
 
 
 def detect_api(http: Http) -> str:
-    """llama.cpp answers /props, vLLM answers /version; anything else is treated as text-only."""
+    """llama.cpp answers /props, vLLM /version (and `kolibri serve`, naming itself there);
+    anything else is treated as text-only."""
     for path, api, key in (("/props", "llama.cpp", "default_generation_settings"),
                            ("/version", "vllm", "version")):
         try:
@@ -279,7 +306,7 @@ def detect_api(http: Http) -> str:
                 continue
             raise
         if isinstance(answer, dict) and key in answer:
-            return api
+            return "kolibri" if answer.get("engine") == "kolibri" else api
     return "openai"
 
 
@@ -294,6 +321,8 @@ def connect(url: str, api: str | None = None, tokenizer=None, eos_ids=(), timeou
         return LlamaCppApi(http, tokenizer, eos_ids)
     if api == "vllm":
         return VllmApi(http, tokenizer, eos_ids, served_model)
+    if api == "kolibri":
+        return KolibriApi(http, tokenizer, eos_ids, served_model)
     if api == "openai":
         return OpenAiApi(http, tokenizer, eos_ids, served_model)
     raise KolibriError(f"unknown --engine-api {api!r}: use one of {', '.join(APIS)}")

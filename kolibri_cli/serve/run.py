@@ -1,0 +1,96 @@
+"""`serve(model, config, ...)`: bind, warm the worker up, run the app on uvicorn until SIGTERM or
+Ctrl-C, then drain: no new connections, every request in flight (and in the queue) answered,
+for at most `drain_s` seconds; the guard's timings are kept for the next run.
+
+The socket is bound before the warm-up (a port in use fails at once) and listened on only when
+the model is ready, so a client never reaches a server that cannot answer yet.
+"""
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kolibri_cli.decode.costs import keep_table
+from kolibri_cli.decode.proposers import default_settings
+from kolibri_cli.engine.config import generation_defaults
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.serve.app import Api, Log, build
+from kolibri_cli.serve.metrics import Metrics
+from kolibri_cli.serve.requests import Limits, Served
+from kolibri_cli.serve.worker import PROPOSER, Worker
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port (the URL given to on_ready says which)
+    spec: bool = True
+    api_key: str | None = None  # None: no key asked
+    record: Path | None = None  # folder for golden traces of finished requests
+    limits: Limits = field(default_factory=Limits)
+    threads: int | None = None  # kernel threads (None: numba's default, every core)
+    name: str | None = None  # the model id clients ask for (None: the model's name)
+    drain_s: float = 60.0  # seconds SIGTERM waits for requests in flight
+
+
+def serve(model, cfg: ServeConfig, on_ready: Callable[[str], None], log: Log,
+          note: Callable[[str], None]) -> None:
+    """Serve until a signal; `on_ready(url)` once listening, `log(entry)` per request,
+    `note(line)` for what an operator should see (a recording that stopped, a bug)."""
+    import uvicorn
+
+    from kolibri_cli.goldens.log import GoldenLog
+
+    sock, url = _bind(cfg.host, cfg.port)
+    name = cfg.name or model.name
+    metrics = Metrics(name, default_settings(PROPOSER)[0])
+    record = GoldenLog(cfg.record) if cfg.record else None
+    worker = Worker(model, cfg.spec, cfg.limits.max_queue, metrics, cfg.threads, record, note)
+    try:
+        worker.start()
+        served = Served(model, name, generation_defaults(model.path), cfg.limits)
+        app = build(Api(served, worker, metrics, cfg.spec), cfg.api_key, log)
+        server = uvicorn.Server(uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", server_header=False,
+            timeout_graceful_shutdown=cfg.drain_s))
+        sock.listen(server.config.backlog)  # connections wait in the backlog from now on
+        on_ready(url)
+        server.run(sockets=[sock])
+    finally:
+        worker.stop()
+        sock.close()
+        if record is not None:
+            record.close()
+        _keep_costs(worker, model, note)
+
+
+def _bind(host: str, port: int) -> tuple[socket.socket, str]:
+    """A socket bound to (host, port), not yet listening, and the URL it will answer at."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError, OverflowError) as e:
+        raise KolibriError(f"--host {host!r} cannot be resolved ({e})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise KolibriError(f"cannot listen on {host} port {port} ({e.strerror}); pick another "
+                           "--port (0: any free one)") from None
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    return sock, f"http://{shown}:{bound_port}"
+
+
+def _keep_costs(worker: Worker, model, note) -> None:
+    """The guard's timings, for the next run of this kernel (as `kolibri generate` keeps them)."""
+    if worker.costs is None or worker.kernel_threads is None:
+        return
+    try:
+        keep_table(worker.costs, model.sha256, model.numerics, worker.kernel_threads)
+    except KolibriError as e:
+        note(f"note: the guard's timings were not kept: {e}")

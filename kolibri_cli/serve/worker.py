@@ -1,0 +1,212 @@
+"""One generation at a time: requests wait in a bounded queue for the one worker thread, which
+runs the generators `kolibri generate` runs (plain, or speculative with the guard drafting by the
+c(n) it times as it goes), hands each step's ids back as they come and stops a request whose
+client went away at its next step.
+
+One thread, because the engine holds one sequence at a time and its kernel already uses every
+core; a full queue refuses at once (`Busy`) instead of letting clients wait without bound.
+Non-goals: batching, priorities, HTTP (app.py).
+"""
+
+import os
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kolibri_cli.decode.costs import warm_table
+from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
+from kolibri_cli.decode.proposers import default_settings, make_proposer
+from kolibri_cli.decode.sampling import Sampler, Sampling
+from kolibri_cli.engine.jit import get_threads, set_threads
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.home import YES_WORDS
+from kolibri_cli.serve.requests import ApiError, Ask
+
+PROPOSER = "guard"  # what --spec drafts with, as `kolibri generate --spec`
+
+
+class Busy(Exception):
+    """The queue is full: the request is refused, not kept waiting."""
+
+
+class Cancelled(Exception):
+    """The client went away: its generation stops at the next step."""
+
+
+@dataclass
+class Usage:
+    """One request's counts, as its answer's `usage` and the /metrics counters carry them.
+    Drafts are counted as the probe counts them: none aimed past the final token."""
+
+    prompt_tokens: int
+    completion_tokens: int  # the eos id included, when generation stopped on it
+    verify_passes: int = 0  # speculative decode steps (a pass may carry no draft)
+    drafts: int = 0  # passes that carried a draft (vLLM's num_drafts)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # [i]: drafts with > i accepted
+    plain_steps: int = 0  # decode steps that ran one token (no draft)
+
+    @classmethod
+    def of(cls, r: GenerationResult) -> "Usage":
+        if r.mode != "spec":
+            return cls(len(r.prompt_ids), len(r.output_ids), plain_steps=len(r.step_s))
+        st, counted = r.spec_stats(), r.counted()
+        return cls(len(r.prompt_ids), len(r.output_ids), st["verify_passes"],
+                   sum(d > 0 for d, _ in counted), st["drafts_proposed"], st["drafts_accepted"],
+                   st["accepted_per_position"], sum(p.drafted == 0 for p in r.passes))
+
+    def to_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "verify_passes": self.verify_passes, "drafts": self.drafts,
+                "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "accepted_tokens_per_pos": self.accepted_per_pos,
+                "plain_steps": self.plain_steps}
+
+
+@dataclass
+class Job:
+    """One request on its way through the queue. `emit(kind, value)` (thread-safe) receives
+    ("tokens", ids) per step, then ("done", (result, usage)), ("cancelled", None) or
+    ("error", ApiError)."""
+
+    id: str
+    ask: Ask
+    emit: Callable[[str, object], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class Worker:
+    """`start()` warms the kernels up, then `submit(job)` until `stop()`."""
+
+    def __init__(self, model, spec: bool, max_queue: int, metrics, threads: int | None = None,
+                 log=None, note: Callable[[str], None] = lambda line: None):
+        self.model, self.spec, self.metrics, self.threads = model, spec, metrics, threads
+        self.log, self.note = log, note  # a goldens.log.GoldenLog (--record) or None
+        self.costs = None  # the guard's measuring CostTable, shared by every request
+        self.kernel_threads: int | None = None  # the threads the worker's kernel calls use
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="kolibri-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+        if self._failed is not None:
+            raise self._failed
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise Busy from None
+        self.metrics.waiting.set(self._queue.qsize())
+
+    def stop(self) -> None:
+        """After the last request: the thread ends (a queued job still runs first)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def _main(self) -> None:
+        try:
+            self._prepare()
+        except BaseException as e:  # noqa: BLE001 - handed to start(), in the caller's thread
+            self._failed = e
+        self._ready.set()
+        if self._failed is None:
+            while (job := self._queue.get()) is not None:
+                self.metrics.waiting.set(self._queue.qsize())
+                self._serve(job)
+
+    def _prepare(self) -> None:
+        """Thread count (numba's is per thread), the guard's c(n) from earlier runs, and every
+        kernel compiled or loaded before the first request."""
+        if self.threads:
+            set_threads(self.threads)
+        self.kernel_threads = get_threads()
+        if self.spec:
+            self.costs = warm_table(self.model.sha256, self.model.numerics,
+                                    self.kernel_threads)[0]
+        ids = self.model.tokenizer.encode("Hello")[:4] or [0]
+        generate_plain(self.model, ids, 2)
+        if self.spec:  # frozen default c(n): the warm-up's timings stay out of the table
+            generate_spec(self.model, ids, 2, make_proposer(PROPOSER, *default_settings(PROPOSER)))
+        Sampler(Sampling(temperature=1.0))
+
+    def _serve(self, job: Job) -> None:
+        if job.cancelled.is_set():  # gone while it waited
+            self.metrics.count("cancelled")
+            return job.emit("cancelled", None)
+        self.metrics.running.set(1)
+        try:
+            result = self._generate(job)
+        except Cancelled:
+            self.metrics.count("cancelled")
+            return job.emit("cancelled", None)
+        except KolibriError as e:
+            self.metrics.count("error")
+            return job.emit("error", ApiError(400, str(e)))
+        except Exception as e:  # a bug: this request fails, the server goes on
+            self.metrics.count("error")
+            self._report(job, e)
+            return job.emit("error", ApiError(500, f"internal error ({type(e).__name__}: {e})",
+                                              kind="server_error"))
+        finally:
+            self.metrics.running.set(0)
+        usage = Usage.of(result)
+        self.metrics.observe(usage, result)
+        self._record(job, result)
+        job.emit("done", (result, usage))
+
+    def _generate(self, job: Job) -> GenerationResult:
+        def on_tokens(ids: list[int]) -> None:
+            if job.cancelled.is_set():
+                raise Cancelled
+            job.emit("tokens", ids)
+
+        a = job.ask
+        how = {"sampling": a.sampling, "stop": list(a.stop)}
+        if not self.spec:
+            return generate_plain(self.model, a.prompt_ids, a.max_tokens, on_tokens, **how)
+        proposer = make_proposer(PROPOSER, *default_settings(PROPOSER), self.costs)
+        return generate_spec(self.model, a.prompt_ids, a.max_tokens, proposer, on_tokens, **how)
+
+    def _record(self, job: Job, result: GenerationResult) -> None:
+        """Append the finished request as a golden chain (--record); a failed write is noted
+        and recording stops (the requests go on)."""
+        if self.log is None:
+            return
+        try:
+            self.log.add(trace(job, result, self.model))
+        except OSError as e:
+            self.note(f"recording stopped: {self.log.path}: {e.strerror or e}")
+            self.log = None
+
+    def _report(self, job: Job, e: Exception) -> None:
+        if os.environ.get("KOLIBRI_DEBUG", "").strip().lower() in YES_WORDS:
+            self.note(traceback.format_exc())
+        else:
+            self.note(f"internal error in request {job.id} ({type(e).__name__}: {e}); this is "
+                      "a kolibri bug — KOLIBRI_DEBUG=1 logs the traceback")
+
+
+def trace(job: Job, result: GenerationResult, model) -> Golden:
+    """A finished request as a golden chain: what `kolibri probe -g` simulates over."""
+    from kolibri_cli import __version__
+
+    a = job.ask
+    reference = {"engine": "kolibri", "engine_version": f"kolibri {__version__}",
+                 "dtype": model.numerics, "max_tokens": a.max_tokens, "served": True,
+                 "mode": result.mode, "stop_reason": result.stop_reason}
+    return Golden(job.id, a.kind, a.prompt, a.kind == "chat", result.prompt_ids,
+                  result.output_ids, model.name, model.sha256, reference, list(model.eos_ids),
+                  result.sampling.to_dict())
