@@ -441,14 +441,22 @@ def test_goldens_record_and_probe_measure_against_kolibri_serve(servers, models,
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": "chat", "prompt": p}) + "\n"
                                for i, p in enumerate([REPEATING, "one two one two one two"])))
-    local, served = tmp_path / "local.jsonl", tmp_path / "served.jsonl"
-    for engine, out in (("kolibri", local), (plain.url, served)):
-        r = CliRunner().invoke(app, ["goldens", "record", "-p", str(prompts), "-o", str(out),
-                                     "-m", str(models["copier"]), "--engine", engine, "-n", "40"])
-        assert r.exit_code == 0, r.output
-    lines = [[json.loads(line) for line in f.read_text().splitlines()] for f in (local, served)]
-    assert [g["output_ids"] for g in lines[0]] == [g["output_ids"] for g in lines[1]]
-    assert lines[1][0]["reference"]["engine"] == "kolibri serve"
+    for sampled in ([], ["--temperature", "0.8", "--top-k", "50", "--seed", "4"]):
+        local, served = tmp_path / "local.jsonl", tmp_path / "served.jsonl"
+        for engine, out in (("kolibri", local), (plain.url, served)):
+            r = CliRunner().invoke(app, ["goldens", "record", "-p", str(prompts), "-o", str(out),
+                                         "-m", str(models["copier"]), "--engine", engine, "-n",
+                                         "40", *sampled])
+            assert r.exit_code == 0, r.output
+        lines = [[json.loads(line) for line in f.read_text().splitlines()]
+                 for f in (local, served)]
+        assert [g["output_ids"] for g in lines[0]] == [g["output_ids"] for g in lines[1]]
+        assert [g.get("sampling") for g in lines[0]] == [g.get("sampling") for g in lines[1]]
+        assert lines[1][0]["reference"]["engine"] == "kolibri serve"
+    served = tmp_path / "greedy.jsonl"
+    r = CliRunner().invoke(app, ["goldens", "record", "-p", str(prompts), "-o", str(served),
+                                 "-m", str(models["copier"]), "--engine", plain.url, "-n", "40"])
+    assert r.exit_code == 0, r.output
 
     r = CliRunner().invoke(app, ["probe", "-g", str(served), "-m", str(models["copier"]),
                                  "--proposer", "guard", "--measure", "--engine", spec.url,

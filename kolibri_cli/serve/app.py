@@ -68,9 +68,8 @@ class Api:
         rid = f"{prefix}-{uuid.uuid4().hex}"
         request.state.request_id = rid
         events: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        job = Job(rid, ask, lambda kind, value: loop.call_soon_threadsafe(
-            events.put_nowait, (kind, value)))
+        job = Job(rid, ask, lambda kind, value: None)
+        job.emit = _emitter(asyncio.get_running_loop(), events, job)
         try:
             self.worker.submit(job)
         except Busy:
@@ -83,8 +82,19 @@ class Api:
             tokenizer = self.served.model.tokenizer
             return StreamingResponse(_stream(request, job, events, head, tokenizer),
                                      media_type="text/event-stream",
-                                     headers={"X-Request-Id": rid, "Cache-Control": "no-cache"})
+                                     headers={"X-Request-Id": rid, "Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
         return await _whole(request, job, events, head)
+
+
+def _emitter(loop, events: asyncio.Queue, job: Job):
+    """The worker's way into this request's event queue (from its own thread)."""
+    def emit(kind: str, value) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+        except RuntimeError:  # the loop is closed: shut down past --drain-timeout
+            job.cancel()
+    return emit
 
 
 async def _whole(request: Request, job: Job, events: asyncio.Queue,

@@ -21,6 +21,7 @@ from kolibri_cli.serve.requests import Limits, Served
 from kolibri_cli.serve.worker import PROPOSER, Worker
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+CONNECTIONS = 256  # open connections (beyond those the queue holds) before uvicorn answers 503
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,13 @@ def serve(model, cfg: ServeConfig, on_ready: Callable[[str], None], log: Log,
         app = build(Api(served, worker, metrics, cfg.spec), cfg.api_key, log)
         server = uvicorn.Server(uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", server_header=False,
-            timeout_graceful_shutdown=cfg.drain_s))
+            timeout_graceful_shutdown=cfg.drain_s,
+            limit_concurrency=CONNECTIONS + cfg.limits.max_queue))
         sock.listen(server.config.backlog)  # connections wait in the backlog from now on
         on_ready(url)
         server.run(sockets=[sock])
     finally:
+        worker.cancel_all()  # after a full drain: nothing left to cancel
         worker.stop()
         sock.close()
         if record is not None:

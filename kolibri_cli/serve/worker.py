@@ -94,6 +94,7 @@ class Worker:
         self.kernel_threads: int | None = None  # the threads the worker's kernel calls use
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._ready = threading.Event()
+        self._closing = threading.Event()
         self._failed: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="kolibri-worker", daemon=True)
 
@@ -109,6 +110,11 @@ class Worker:
         except queue.Full:
             raise Busy from None
         self.metrics.waiting.set(self._queue.qsize())
+
+    def cancel_all(self) -> None:
+        """Stop the running request at its next step and skip the queued ones (shutdown past
+        its drain time: nobody is left to answer)."""
+        self._closing.set()
 
     def stop(self) -> None:
         """After the last request: the thread ends (a queued job still runs first)."""
@@ -143,7 +149,7 @@ class Worker:
         Sampler(Sampling(temperature=1.0))
 
     def _serve(self, job: Job) -> None:
-        if job.cancelled.is_set():  # gone while it waited
+        if job.cancelled.is_set() or self._closing.is_set():  # gone while it waited
             self.metrics.count("cancelled")
             return job.emit("cancelled", None)
         self.metrics.running.set(1)
@@ -169,7 +175,7 @@ class Worker:
 
     def _generate(self, job: Job) -> GenerationResult:
         def on_tokens(ids: list[int]) -> None:
-            if job.cancelled.is_set():
+            if job.cancelled.is_set() or self._closing.is_set():
                 raise Cancelled
             job.emit("tokens", ids)
 
