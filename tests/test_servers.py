@@ -261,3 +261,25 @@ def test_prometheus_counters_are_summed_over_labels():
 def test_connect_refuses_a_non_url():
     with pytest.raises(KolibriError, match="must start with http"):
         connect("localhost:8080")
+
+
+def test_the_deadline_covers_the_retries(stub):
+    import time
+
+    s = stub({("GET", "/x"): [(503, {"error": {"message": "Loading model"}})]})
+    t0 = time.monotonic()
+    with pytest.raises(KolibriError, match=r"HTTP 503: Loading model \(tried [23] times\)"):
+        Http(s.url, timeout=1.0, retries=10, backoff=0.4).get("/x")
+    assert time.monotonic() - t0 < 5  # 10 retries with doubling backoff would take minutes
+    assert len(s.requests) in (2, 3)  # at 0, 0.4 and 1.2 s: the third is past the deadline
+
+
+@pytest.mark.parametrize("url, expected", [
+    ("http://h:99999", "the port is not a number"), ("http://h/v1?x=1", "no ?query"),
+    ("ftp://h", "must start with http"), ("http://:80", "names no host"),
+    ("http://u:secret@h:x", "http://***@h:x"),
+])
+def test_engine_urls_are_exact_and_checked(url, expected):
+    with pytest.raises(KolibriError) as e:
+        Http(url)
+    assert expected in str(e.value) and "secret" not in str(e.value)

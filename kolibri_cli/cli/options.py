@@ -58,7 +58,8 @@ EngineApiOpt = Annotated[str | None, typer.Option(
 GgufOpt = Annotated[Path | None, typer.Option(
     "--gguf", help="GGUF for --engine llama-server. [default: the model's own]")]
 TimeoutOpt = Annotated[float, typer.Option(  # max: servers.transport.MAX_TIMEOUT (a test checks)
-    "--timeout", min=1, max=1e6, help="Seconds to wait for one server answer.")]
+    "--timeout", min=1, max=1e6,
+    help="Seconds for the whole of one server answer (retries included).")]
 ServedModelOpt = Annotated[str | None, typer.Option(
     "--served-model", help="Model id to request from an OpenAI-style server. [default: its "
     "first]")]

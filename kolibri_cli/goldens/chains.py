@@ -93,13 +93,28 @@ def load_goldens(path: str | Path) -> list[Golden]:
 
 def save_goldens(path: str | Path, goldens: list[Golden]) -> None:
     """Write `goldens` as JSONL, atomically (readers see the old file or the whole new one).
-    Greedy chains carry no "sampling" key, as before sampling existed."""
-    write_text_atomic(path, "".join(golden_line(g) for g in goldens))
+    Greedy chains carry no "sampling" key, as before sampling existed. Each line must pass the
+    reader's own checks first (golden_from): nothing is written that kolibri would refuse."""
+    write_text_atomic(path, "".join(_checked_line(g) for g in goldens))
 
 
 def golden_line(golden: Golden) -> str:
     """One golden as its line of a golden file (newline included)."""
     return json.dumps(_golden_dict(golden), ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _checked_line(golden: Golden) -> str:
+    """golden_line, or a KolibriError naming the golden unless the reader would take it back."""
+    where = f"golden {shown(golden.id)} (not written)"
+    try:
+        line = golden_line(golden)
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        raise KolibriError(f"{where}: a text holds a lone surrogate (not valid Unicode)") from None
+    except (ValueError, TypeError) as e:  # NaN or infinity; a value JSON has no form for
+        raise KolibriError(f"{where}: {e}") from None
+    golden_from(json.loads(line), where)
+    return line
 
 
 def _golden_dict(golden: Golden) -> dict:

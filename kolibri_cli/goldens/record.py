@@ -83,6 +83,7 @@ def record(model, prompts: list[PromptSpec], engine: "str | ServerApi", max_toke
         gid = p.id if seeds == 1 else f"{p.id}/seed{s.seed}"
         goldens.append(Golden(gid, p.category, p.prompt, chat, ids, output_ids, model.name,
                               model.sha256, ref, list(model.eos_ids), s.to_dict()))
+        check_fits(model, goldens[-1])  # a server's ids: in the vocabulary and the context
         if step:
             step(i + 1, len(runs))
     return goldens

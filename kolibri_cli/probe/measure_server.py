@@ -179,8 +179,8 @@ def measure_urls(model, goldens: list[Golden], run: SimRun, spec_url: str, plain
     operator configured it so), `plain_url` is its plain twin; c(n) only from `costs`."""
     from kolibri_cli.servers import connect
 
-    plain, spec = (connect(url, api, model.tokenizer, model.eos_ids, timeout)
-                   for url in (plain_url, spec_url))
+    plain, spec = (connect(url, api, model.tokenizer, model.eos_ids, timeout,
+                           vocab=model.config.vocab_size) for url in (plain_url, spec_url))
     return measure_on_server(plain, spec, goldens, run, repeats,
                              costs=(lambda: costs) if costs else None, engine=spec.url,
                              step=step, sampling=sampling)

@@ -36,11 +36,13 @@ def serving(engine: str, model, api: str | None = None, gguf: Path | None = None
         spec = ServerSpec(Path(gguf) if gguf else gguf_file(model.path),
                           threads or os.cpu_count() or 1, args=tuple(args))
         with LlamaServer(spec) as server:
-            api = connect(server.url, "llama.cpp", model.tokenizer, model.eos_ids, timeout)
+            api = connect(server.url, "llama.cpp", model.tokenizer, model.eos_ids, timeout,
+                          vocab=model.config.vocab_size)
             api.local_version = server.version()
             yield api
         return
     if not is_server(engine):
         raise KolibriError(f"engine {engine!r} is not a server: use llama-server or a base URL "
                            "(http://host:port)")
-    yield connect(engine, api, model.tokenizer, model.eos_ids, timeout, served_model)
+    yield connect(engine, api, model.tokenizer, model.eos_ids, timeout, served_model,
+                  model.config.vocab_size)

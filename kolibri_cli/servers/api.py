@@ -16,12 +16,14 @@ Decode time is the server's own figure where it reports one (llama.cpp's `timing
 same prompt (prefill and HTTP cost the same in both).
 """
 
+import math
 import re
 import time
 from dataclasses import dataclass, field
 
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.servers.answers import Answer, answer, completion_bytes
 from kolibri_cli.servers.transport import Http
 
 APIS = ("llama.cpp", "vllm", "kolibri", "openai")
@@ -68,10 +70,12 @@ class ServerApi:
 
     api: str = ""
 
-    def __init__(self, http: Http, tokenizer=None, eos_ids: tuple[int, ...] = ()):
+    def __init__(self, http: Http, tokenizer=None, eos_ids: tuple[int, ...] = (),
+                 vocab: int | None = None):
         self.http = http
         self.tokenizer = tokenizer  # the local tokenizer: text APIs need it
         self.eos_ids = tuple(eos_ids)
+        self.vocab = vocab  # the model's vocabulary size: returned ids must be below it
         self.local_version: str | None = None  # set when kolibri started the server itself
 
     @property
@@ -92,17 +96,17 @@ class LlamaCppApi(ServerApi):
 
     api = "llama.cpp"
 
-    def props(self) -> dict:
-        return self.http.get("/props")
+    def props(self) -> Answer:
+        return answer(self.http.get("/props"), self.http.where("/props"))
 
     def describe(self) -> dict:
         props = self.props()
-        build = props.get("build_info") or ""
-        model = str(props.get("model_alias") or props.get("model_path") or "")
+        build = props.text("build_info") or ""
+        model = props.text("model_alias") or props.text("model_path") or ""
         return super().describe() | {"engine": "llama-server",
                                      "engine_version": self.local_version
                                      or f"llama.cpp {build}".strip(),
-                                     "dtype": str(props.get("model_ftype") or ""),
+                                     "dtype": props.text("model_ftype") or "",
                                      "served_model": model}
 
     def evaluate(self, prompt_ids) -> tuple[int, float]:
@@ -110,10 +114,13 @@ class LlamaCppApi(ServerApi):
         them it holds in its prompt cache, up to and including the first token's sampling."""
         body = {"prompt": list(prompt_ids), "n_predict": 1, "cache_prompt": True,
                 "temperature": 0.0}
-        timings = self.http.post("/completion", body).get("timings") or {}
-        if "prompt_n" not in timings or "prompt_ms" not in timings:
-            raise KolibriError(f"{self.http.where('/completion')}: no prompt timings")
-        return int(timings["prompt_n"]), float(timings["prompt_ms"])
+        where = self.http.where("/completion")
+        timings = answer(self.http.post("/completion", body,
+                                        max_bytes=completion_bytes(len(body["prompt"]), 1)),
+                         where).object("timings")
+        if timings is None or not (timings.has("prompt_n") and timings.has("prompt_ms")):
+            raise KolibriError(f"{where}: no prompt timings")
+        return timings.count("prompt_n"), timings.ms("prompt_ms")
 
     def complete(self, prompt_ids, max_tokens, sampling=GREEDY, margins=False,
                  ignore_eos: bool = False) -> Completion:
@@ -125,17 +132,17 @@ class LlamaCppApi(ServerApi):
             body["ignore_eos"] = True
         if margins:
             body["n_probs"] = 2
-        answer = self.http.post("/completion", body)
-        ids = _int_list(answer, "tokens", self.http.where("/completion"))
-        timings = answer.get("timings") or {}
-        decode_ms = timings.get("predicted_ms")
+        got = answer(self.http.post("/completion", body, max_bytes=completion_bytes(
+            len(body["prompt"]), max_tokens)), self.http.where("/completion"))
+        ids = got.ids("tokens", self.vocab, max_tokens)
+        decode_s, drafted, accepted = _timings(got, len(ids))
         return Completion(
             output_ids=ids,
-            decode_s=None if decode_ms is None else decode_ms / 1000.0,
-            drafted=int(timings.get("draft_n", 0)) if timings else None,
-            accepted=int(timings.get("draft_n_accepted", 0)) if timings else None,
-            top2_margins=_llamacpp_margins(answer, len(ids)) if margins else [],
-            finish_reason=answer.get("stop_type"),
+            decode_s=decode_s,
+            drafted=drafted,
+            accepted=accepted,
+            top2_margins=_llamacpp_margins(got, len(ids)) if margins else [],
+            finish_reason=got.text("stop_type"),
         )
 
 
@@ -144,19 +151,19 @@ class OpenAiApi(ServerApi):
 
     api = "openai"
 
-    def __init__(self, http: Http, tokenizer=None, eos_ids=(), served_model: str | None = None):
-        super().__init__(http, tokenizer, eos_ids)
+    def __init__(self, http: Http, tokenizer=None, eos_ids=(), served_model: str | None = None,
+                 vocab: int | None = None):
+        super().__init__(http, tokenizer, eos_ids, vocab)
         self._served_model = served_model
 
     @property
     def served_model(self) -> str:
         if self._served_model is None:
-            answer = self.http.get("/v1/models")
-            models = answer.get("data") if isinstance(answer, dict) else None
-            if not models or not isinstance(models[0], dict) or "id" not in models[0]:
-                raise KolibriError(f"{self.http.where('/v1/models')}: no model listed; pass "
-                                   "--served-model")
-            self._served_model = str(models[0]["id"])
+            where = self.http.where("/v1/models")
+            models = answer(self.http.get("/v1/models"), where).objects("data")
+            if not models or not models[0].has("id"):
+                raise KolibriError(f"{where}: no model listed; pass --served-model")
+            self._served_model = models[0].text("id")
         return self._served_model
 
     def describe(self) -> dict:
@@ -166,42 +173,46 @@ class OpenAiApi(ServerApi):
         if self.tokenizer is None:
             raise KolibriError("a text-only server needs the model's tokenizer (--model)")
         prompt = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
-        elapsed, answer = self._post(prompt, max_tokens, sampling)
-        choice = self._choice(answer)
-        text = choice.get("text")
-        if not isinstance(text, str):
+        elapsed, got = self._post(prompt, max_tokens, sampling, tokens=len(prompt_ids))
+        choice = self._choice(got)
+        if not isinstance(choice.get("text"), str):
             raise KolibriError(f"{self.http.where('/v1/completions')}: the answer has no text")
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        finish = choice.get("finish_reason")
+        ids = self.tokenizer.encode(choice.text("text", limit=None), add_special_tokens=False)
+        finish = choice.text("finish_reason")
         if finish == "stop" and self.eos_ids:  # stopped on eos: the text does not show it
             ids.append(self.eos_ids[0])
-        decode_s, drafted, accepted = self._decode_time(answer, elapsed, prompt, sampling)
+        if not ids:
+            raise KolibriError(f"{self.http.where('/v1/completions')}: the answer is empty (no "
+                               f"text, finish_reason {finish!r}): no tokens to use")
+        decode_s, drafted, accepted = self._decode_time(got, elapsed, prompt, sampling, len(ids))
         return Completion(ids, decode_s, drafted, accepted, retokenized=True,
                           finish_reason=finish)
 
-    def _decode_time(self, answer: dict, elapsed: float, prompt, sampling: Sampling):
+    def _decode_time(self, got: Answer, elapsed: float, prompt, sampling: Sampling, n: int):
         """(decode seconds, drafted, accepted): llama.cpp's `timings` when the answer has them,
         else the wall time minus that of a 1-token request for the same prompt."""
-        timings = answer.get("timings")
-        if isinstance(timings, dict) and "predicted_ms" in timings:
-            return (timings["predicted_ms"] / 1000.0, int(timings.get("draft_n", 0)),
-                    int(timings.get("draft_n_accepted", 0)))
+        timings = got.object("timings")
+        if timings is not None and timings.has("predicted_ms"):
+            decode_s, drafted, accepted = _timings(got, n)
+            return decode_s, drafted or 0, accepted or 0
         first, _ = self._post(prompt, 1, sampling)
         return max(elapsed - first, 0.0), None, None
 
-    def _post(self, prompt, max_tokens: int, sampling: Sampling, extra: dict | None = None):
+    def _post(self, prompt, max_tokens: int, sampling: Sampling, extra: dict | None = None,
+              tokens: int = 0) -> tuple[float, Answer]:
         body = {"model": self.served_model, "prompt": prompt, "max_tokens": max_tokens,
                 **self.sampling_fields(sampling), **(extra or {})}
         t0 = time.perf_counter()
-        answer = self.http.post("/v1/completions", body)
-        return time.perf_counter() - t0, answer
+        got = self.http.post("/v1/completions", body,
+                             max_bytes=completion_bytes(tokens or len(prompt), max_tokens))
+        return time.perf_counter() - t0, answer(got, self.http.where("/v1/completions"))
 
     def sampling_fields(self, sampling: Sampling) -> dict:
         return openai_sampling(sampling)
 
-    def _choice(self, answer) -> dict:
-        choices = answer.get("choices") if isinstance(answer, dict) else None
-        if not choices or not isinstance(choices[0], dict):
+    def _choice(self, got: Answer) -> Answer:
+        choices = got.objects("choices")
+        if not choices:
             raise KolibriError(f"{self.http.where('/v1/completions')}: the answer has no choices")
         return choices[0]
 
@@ -216,26 +227,31 @@ class VllmApi(OpenAiApi):
     api = "vllm"
 
     def describe(self) -> dict:
-        version = self.http.get("/version").get("version", "")
+        version = answer(self.http.get("/version"), self.http.where("/version")).text(
+            "version") or ""
         return super().describe() | {"engine": "vllm", "engine_version": f"vLLM {version}"}
 
     def complete(self, prompt_ids, max_tokens, sampling=GREEDY, margins=False) -> Completion:
         before = self._counters()
-        elapsed, answer = self._post(list(prompt_ids), max_tokens, sampling,
-                                     {"return_token_ids": True})
+        elapsed, got = self._post(list(prompt_ids), max_tokens, sampling,
+                                  {"return_token_ids": True})
         after = self._counters()
-        choice = self._choice(answer)
-        if "token_ids" not in choice:
+        choice = self._choice(got)
+        if "token_ids" not in choice.value:
             raise KolibriError(f"{self.http.where('/v1/completions')}: no token_ids in the answer "
                                "(vLLM >= 0.10.2 returns them); --engine-api openai re-tokenizes "
                                "the text instead")
-        ids = _int_list(choice, "token_ids", self.http.where("/v1/completions"))
-        decode_s, drafted, accepted = self._decode_time(answer, elapsed, list(prompt_ids),
-                                                        sampling)
+        ids = choice.ids("token_ids", self.vocab, max_tokens)
+        decode_s, drafted, accepted = self._decode_time(got, elapsed, list(prompt_ids),
+                                                        sampling, len(ids))
         if before is not None and after is not None:
             drafted, accepted = after[0] - before[0], after[1] - before[1]
+            if not 0 <= accepted <= drafted:
+                raise KolibriError(f"{self.http.where('/metrics')}: the draft counters moved by "
+                                   f"{drafted} drafted, {accepted} accepted during one request; "
+                                   "expected 0 <= accepted <= drafted")
         return Completion(ids, decode_s, drafted, accepted,
-                          finish_reason=choice.get("finish_reason"))
+                          finish_reason=choice.text("finish_reason"))
 
     def _counters(self) -> tuple[int, int] | None:
         """(draft tokens, accepted tokens) so far, or None when the server exports neither."""
@@ -244,7 +260,13 @@ class VllmApi(OpenAiApi):
         except KolibriError:
             return None
         values = [_metric_sum(text, name) for name in (VLLM_DRAFTED, VLLM_ACCEPTED)]
-        return None if None in values else (int(values[0]), int(values[1]))
+        if None in values:
+            return None
+        bad = next((v for v in values if not (math.isfinite(v) and 0 <= v < 2**63)), None)
+        if bad is not None:
+            raise KolibriError(f"{self.http.where('/metrics')}: a draft counter is {bad!r}; "
+                               "expected a finite count >= 0")
+        return int(values[0]), int(values[1])
 
 
 class KolibriApi(VllmApi):
@@ -253,7 +275,8 @@ class KolibriApi(VllmApi):
     api = "kolibri"
 
     def describe(self) -> dict:
-        version = self.http.get("/version").get("version", "")
+        version = answer(self.http.get("/version"), self.http.where("/version")).text(
+            "version") or ""
         return OpenAiApi.describe(self) | {"engine": "kolibri serve",
                                            "engine_version": f"kolibri {version}"}
 
@@ -270,28 +293,37 @@ class KolibriApi(VllmApi):
 def _metric_sum(text: str, name: str) -> float | None:
     """Sum of a Prometheus counter over its label sets, or None if absent."""
     values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})?\s+([0-9.eE+-]+)$", text, re.M)
-    return sum(float(v) for v in values) if values else None
+    try:
+        return sum(float(v) for v in values) if values else None
+    except ValueError:  # "1-2", "e": a number only in the pattern's eyes
+        return float("nan")
 
 
-def _int_list(obj, key: str, where: str) -> list[int]:
-    value = obj.get(key) if isinstance(obj, dict) else None
-    if not isinstance(value, list) or not all(isinstance(i, int) and i >= 0 for i in value):
-        keys = ", ".join(sorted(obj)) if isinstance(obj, dict) else type(obj).__name__
-        raise KolibriError(f"{where}: the answer has no list of token ids {key!r} (it has: {keys})")
-    return value
+def _timings(got: Answer, n: int) -> tuple[float | None, int | None, int | None]:
+    """(decode seconds, drafted, accepted) from llama.cpp's `timings` (None: not reported). A
+    decode of n > 1 tokens takes time; one token (from prefill) may report 0 ms."""
+    timings = got.object("timings")
+    if timings is None or not timings.value:
+        return None, None, None
+    decode_ms = timings.ms("predicted_ms", positive=n > 1)
+    drafted, accepted = timings.count("draft_n") or 0, timings.count("draft_n_accepted") or 0
+    if accepted > drafted:
+        raise KolibriError(f"{got.where}: timings.draft_n_accepted ({accepted}) is more than "
+                           f"timings.draft_n ({drafted})")
+    return None if decode_ms is None else decode_ms / 1000.0, drafted, accepted
 
 
-def _llamacpp_margins(answer: dict, n: int) -> list[float]:
+def _llamacpp_margins(got: Answer, n: int) -> list[float]:
     """log p1 - log p2 per generated token (= the top-2 logit margin); [] if not reported for
     every token (llama-server leaves them out for tokens accepted from a draft)."""
-    probs = answer.get("completion_probabilities") or []
     margins = []
-    for entry in probs:
-        top = entry.get("top_logprobs") or []
+    for entry in got.objects("completion_probabilities"):
+        top = entry.objects("top_logprobs")
         if len(top) < 2:
             return []
-        margins.append(round(float(top[0]["logprob"]) - float(top[1]["logprob"]), 6))
-    return margins if len(margins) == n else []
+        margins.append(round(top[0].number("logprob") - top[1].number("logprob"), 6)
+                       if top[0].has("logprob") and top[1].has("logprob") else math.nan)
+    return margins if len(margins) == n and all(map(math.isfinite, margins)) else []
 
 
 def detect_api(http: Http) -> str:
@@ -300,29 +332,30 @@ def detect_api(http: Http) -> str:
     for path, api, key in (("/props", "llama.cpp", "default_generation_settings"),
                            ("/version", "vllm", "version")):
         try:
-            answer = http.get(path, timeout=10)
+            got = http.get(path, timeout=10)
         except KolibriError as e:
             if "HTTP 404" in str(e) or "not JSON" in str(e):
                 continue
             raise
-        if isinstance(answer, dict) and key in answer:
-            return "kolibri" if answer.get("engine") == "kolibri" else api
+        if isinstance(got, dict) and key in got:
+            return "kolibri" if got.get("engine") == "kolibri" else api
     return "openai"
 
 
 def connect(url: str, api: str | None = None, tokenizer=None, eos_ids=(), timeout: float = 600.0,
-            served_model: str | None = None) -> ServerApi:
-    """A client for the server at `url`; `api` (llama.cpp, vllm, openai) skips detection."""
+            served_model: str | None = None, vocab: int | None = None) -> ServerApi:
+    """A client for the server at `url`; `api` (llama.cpp, vllm, openai) skips detection;
+    `vocab`: the model's vocabulary size (ids the server returns must be below it)."""
     if not re.match(r"^https?://", url):
         raise KolibriError(f"engine URL {url!r} must start with http:// or https://")
     http = Http(url.rstrip("/"), timeout=timeout)
     api = api or detect_api(http)
     if api == "llama.cpp":
-        return LlamaCppApi(http, tokenizer, eos_ids)
+        return LlamaCppApi(http, tokenizer, eos_ids, vocab)
     if api == "vllm":
-        return VllmApi(http, tokenizer, eos_ids, served_model)
+        return VllmApi(http, tokenizer, eos_ids, served_model, vocab)
     if api == "kolibri":
-        return KolibriApi(http, tokenizer, eos_ids, served_model)
+        return KolibriApi(http, tokenizer, eos_ids, served_model, vocab)
     if api == "openai":
-        return OpenAiApi(http, tokenizer, eos_ids, served_model)
+        return OpenAiApi(http, tokenizer, eos_ids, served_model, vocab)
     raise KolibriError(f"unknown --engine-api {api!r}: use one of {', '.join(APIS)}")
