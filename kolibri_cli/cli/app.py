@@ -24,8 +24,18 @@ class _Group(TyperGroup):
 
     def main(self, *args, **kwargs):
         _reserve_closed_std_fds()
-        with _signals_as_exits():
-            return super().main(*args, **kwargs)
+        try:
+            with _signals_as_exits():
+                return super().main(*args, **kwargs)
+        finally:
+            _flush_or_quiet()  # what is still buffered, before Python's own flush at exit
+
+    def make_context(self, *args, **kwargs):
+        try:  # `kolibri --help | head -1`: the help is printed while the context is made
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            _quiet_closed_pipes()
+            raise typer.Exit(0) from None
 
     def invoke(self, ctx):
         from kolibri_cli.home import YES_WORDS
@@ -50,8 +60,11 @@ class _Group(TyperGroup):
             where = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
             _error_line(f"{e.format_message()}{where}")
             raise typer.Exit(e.exit_code) from None
-        except (click_errors.ClickException, typer.Exit, typer.Abort, BrokenPipeError):
-            raise  # click's own handling (a reader that went away: exit 1, quietly)
+        except (click_errors.ClickException, typer.Exit, typer.Abort):
+            raise  # click's own handling
+        except BrokenPipeError:  # the reader went away (`| head`): its choice, not a failure
+            _quiet_closed_pipes()
+            raise typer.Exit(0) from None
         except PermissionError as e:  # the user's files and folders: theirs to fix, not a bug
             if debug:
                 raise
@@ -200,6 +213,35 @@ class _ClosedStdout:
         raise OSError("stdout is closed")
 
 
+def _flush_or_quiet() -> None:
+    """Flush stdout and stderr; a reader that went away meanwhile ends the output quietly."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            _quiet_closed_pipes()
+        except (OSError, ValueError, AttributeError):
+            pass  # closed, or not a stream: nothing to flush
+
+
+def _quiet_closed_pipes() -> None:
+    """Point fd 1 and 2, where their reader went away, at /dev/null: what is still buffered
+    for them, and Python's flush at exit, then write nowhere instead of raising again."""
+    import select
+
+    for fd in (1, 2):
+        try:
+            poll = select.poll()
+            poll.register(fd, select.POLLOUT)
+            gone = any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+        except (OSError, ValueError, AttributeError):  # no poll (Windows), or fd not open
+            gone = False
+        if gone:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+
+
 def _reserve_closed_std_fds() -> None:
     """Open /dev/null on a closed fd 0, 1 or 2, so no file we open later takes that number (and
     gets our output written into it); a closed stdout then makes any output an error."""
@@ -218,5 +260,5 @@ def _reserve_closed_std_fds() -> None:
 
 
 def make_typer(help: str) -> typer.Typer:
-    return typer.Typer(cls=_Group, help=help, no_args_is_help=True, add_completion=False,
+    return typer.Typer(cls=_Group, help=help, no_args_is_help=True, add_completion=True,
                        pretty_exceptions_enable=False, rich_markup_mode=None)

@@ -142,7 +142,7 @@ def _through(shown: Path, write):
         yield tmp
         write(tmp.read_bytes() if tmp.exists() else b"")
     except BrokenPipeError:
-        raise  # the reader went away (`| head`): a quiet exit 1, as on stdout itself
+        raise  # the reader went away (`| head`): a quiet exit 0, as on stdout itself
     except OSError as e:
         raise _fail(shown, e) from None
     finally:
