@@ -1,9 +1,11 @@
 """`kolibri chat` through a real pseudo-terminal (pexpect): streamed turns with stats, history
-kept, /spec and /reset, Ctrl-C stopping an answer without leaving; `kolibri --version`."""
+kept, /spec, /reset, /system and /help, line editing and the typed lines kept across sessions,
+Ctrl-C stopping an answer without leaving; `kolibri --version`."""
 
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,8 +40,8 @@ def _as_from_a_shell() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def _spawn(args: list[str], home) -> "pexpect.spawn":
-    env = os.environ | {"KOLIBRI_HOME": str(home), "COLUMNS": "200", "TERM": "dumb"}
+def _spawn(args: list[str], home, **env) -> "pexpect.spawn":
+    env = os.environ | {"KOLIBRI_HOME": str(home), "COLUMNS": "200", "TERM": "dumb"} | env
     child = pexpect.spawn(sys.executable, ["-m", "kolibri_cli", "chat", *args], env=env,
                           encoding="utf-8", timeout=120, dimensions=(50, 200),
                           preexec_fn=_as_from_a_shell)
@@ -95,6 +97,67 @@ def test_chat_session_in_a_terminal(chat_folder, tmp_path):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def _leave(child) -> None:
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_typed_lines_are_edited_and_survive_a_restart(chat_folder, tmp_path):
+    """Ctrl-B moves back in the line (helo -> hello); the lines typed are in
+    KOLIBRI_HOME/chat-history, mode 0600; the next session recalls them with Ctrl-P."""
+    args = ["--model", str(chat_folder), "-n", "3"]
+    child = _spawn(args, tmp_path)
+    child.send("helo\x02l\r")
+    child.expect(r"prompt \d+ tokens")
+    child.expect(">>> ")
+    child.sendline("/system answer briefly")
+    child.expect("system message: answer briefly")
+    child.expect(">>> ")
+    _leave(child)
+    history = tmp_path / "chat-history"
+    assert history.stat().st_mode & 0o777 == 0o600
+    assert history.read_text().splitlines() == ["hello", "/system answer briefly"]
+    child = _spawn(args, tmp_path)
+    since = len(child.logfile_read.getvalue())
+    child.send("\x10\x10")  # Ctrl-P twice: the first line of the last session
+    _expect(child, "hello", since)
+    child.send("\r")
+    child.expect(r"prompt \d+ tokens")
+    child.expect(">>> ")
+    _leave(child)
+    assert history.read_text().splitlines() == ["hello", "/system answer briefly", "hello"]
+
+
+@pytest.mark.parametrize("opt_out", [["--no-history"], {"KOLIBRI_HISTORY": "0"}])
+def test_history_can_be_switched_off(chat_folder, tmp_path, opt_out):
+    args, env = (opt_out, {}) if isinstance(opt_out, list) else ([], opt_out)
+    child = _spawn(["--model", str(chat_folder), "-n", "2", *args], tmp_path, **env)
+    child.sendline("/spec on")
+    child.expect("speculation on")
+    child.expect(">>> ")
+    _leave(child)
+    assert not (tmp_path / "chat-history").exists()
+
+
+def test_help_system_and_no_history_without_a_terminal(chat_folder, tmp_path, monkeypatch):
+    """/help lists every command; /system changes the prompt of the turns after it and /system
+    alone goes back; lines read from a pipe are not kept."""
+    monkeypatch.setenv("KOLIBRI_HOME", str(tmp_path))
+    r = CliRunner().invoke(app, ["chat", "--model", str(chat_folder), "-n", "2"], input=(
+        "/help\nhi\n/system be brief and kind\n/reset\nhi\n/system\n/reset\nhi\n/nonsense\n"
+        "/bye\n"))
+    assert r.exit_code == 0, r.output
+    for command in ("/help", "/reset", "/system TEXT", "/spec on|off", "/quit, /bye, /exit"):
+        assert f"  {command} " in r.stderr, r.stderr
+    prompts = [int(n) for n in re.findall(r"prompt (\d+) tokens", r.stderr)]
+    assert len(prompts) == 3 and prompts[1] > prompts[0] + 2 and prompts[2] == prompts[0], r.stderr
+    assert "system message: the model's default" in r.stderr
+    assert "unknown command '/nonsense'; /help lists the commands" in r.stderr
+    assert not (tmp_path / "chat-history").exists()
 
 
 @pytest.mark.model

@@ -8,8 +8,14 @@ import typer
 from kolibri_cli.cli import options as opt
 from kolibri_cli.decode.proposers import DEFAULT_SPEC_PROPOSER
 
-HELP = ("/reset forgets the conversation, /spec on|off switches n-gram speculation, /exit (or "
-        "Ctrl-D) leaves; Ctrl-C stops an answer.")
+COMMANDS = (  # (what is typed, what it does): /help prints them
+    ("/help", "this list"),
+    ("/reset", "forget the conversation"),
+    ("/system TEXT", "set the system message; /system alone: the model's default"),
+    ("/spec on|off", "switch n-gram speculation"),
+    ("/quit, /bye, /exit", "leave (or Ctrl-D); Ctrl-C stops an answer"),
+)
+QUIT = ("/quit", "/bye", "/exit")
 
 
 def chat(
@@ -31,8 +37,14 @@ def chat(
     system: opt.SystemOpt = None,
     stop: opt.StopOpt = None,
     threads: opt.ThreadsOpt = None,
+    history: Annotated[bool, typer.Option(
+        "--history/--no-history", envvar="KOLIBRI_HISTORY",
+        help="Keep the lines typed at the prompt in KOLIBRI_HOME/chat-history (mode 0600) for "
+             "the next session (recalled with the arrow keys).")] = True,
 ) -> None:
-    """Chat with the model, turn by turn (the whole conversation stays in its context)."""
+    """Chat with the model, turn by turn (the whole conversation stays in its context). Lines
+    are edited as in a shell; /help lists the commands."""
+    from kolibri_cli.cli.prompt import LineReader
     from kolibri_cli.decode.chat import Conversation
 
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
@@ -49,8 +61,10 @@ def chat(
                     costs=priced or opt.guard_costs(proposer_name, given_costs, m)),
                 "given_costs": given_costs,
                 "spec": spec}
-    _say(f"kolibri chat with {m.name}. {HELP}")
-    while (line := _read_line()) is not None:
+    reader = LineReader(history, _say)
+    _say(f"kolibri chat with {m.name}. /help lists the commands; Ctrl-D leaves, Ctrl-C stops "
+         "an answer.")
+    while (line := _read_line(reader)) is not None:
         if line.startswith("/"):
             if not _command(line, conversation, settings):
                 break
@@ -76,7 +90,7 @@ def _template_text(e) -> str:
             "prompts without one)")
 
 
-def _read_line() -> str | None:
+def _read_line(reader) -> str | None:
     """The next line typed; None at end of input. Ctrl-C at the prompt clears the line."""
     import sys
 
@@ -84,7 +98,7 @@ def _read_line() -> str | None:
 
     while sys.stdin is not None:  # None: started with stdin closed (<&-)
         try:
-            return opt.check_utf8(input(">>> "), "that line")
+            return opt.check_utf8(reader.read(">>> "), "that line")
         except KolibriError as e:  # the line is gone; the session is not
             _say(f"error: {e}; type it again")
         except EOFError:
@@ -100,16 +114,23 @@ def _read_line() -> str | None:
 def _command(line: str, conversation, settings: dict) -> bool:
     """Run a /command; False to leave the session."""
     word, _, arg = line.strip().partition(" ")
-    if word in ("/exit", "/quit", "/bye"):
+    arg = arg.strip()
+    if word in QUIT:
         return False
-    if word == "/reset":
+    if word == "/help":
+        width = max(len(c) for c, _ in COMMANDS)
+        _say("\n".join(f"  {c:{width}}  {what}" for c, what in COMMANDS))
+    elif word == "/reset":
         conversation.reset()
         _say("history cleared")
-    elif word == "/spec" and arg.strip() in ("on", "off"):
-        settings["spec"] = arg.strip() == "on"
-        _say(f"speculation {arg.strip()}")
+    elif word == "/system":
+        conversation.set_system(arg or None)
+        _say(f"system message: {arg}" if arg else "system message: the model's default")
+    elif word == "/spec" and arg in ("on", "off"):
+        settings["spec"] = arg == "on"
+        _say(f"speculation {arg}")
     else:
-        _say(f"unknown command {line.strip()!r}. {HELP}")
+        _say(f"unknown command {line.strip()!r}; /help lists the commands")
     return True
 
 

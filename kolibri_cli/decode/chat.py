@@ -27,6 +27,11 @@ class Conversation:
         """Forget the history (the cache keeps the system prompt's prefix, if any)."""
         self.messages = []
 
+    def set_system(self, text: str | None) -> None:
+        """The system message of the turns to come (None: the template's default); the history
+        stays, and the next turn prefills from where the rendering first differs."""
+        self.system = text
+
     def prompt_ids(self, user_text: str) -> list[int]:
         system = [] if self.system is None else [{"role": "system", "content": self.system}]
         turns = [*system, *self.messages, {"role": "user", "content": user_text}]
