@@ -63,7 +63,7 @@ def test_model_list_and_info_json_default(run, pulled_default, monkeypatch):
         assert info["name"] == "smollm2-135m-instruct"
         assert info["source"]["gguf_sha256"].startswith("b179c952")
     table = run("model", "info")
-    assert table.exit_code == 0 and "134515008" in table.stdout
+    assert table.exit_code == 0 and "134,515,008 parameters" in table.stdout
 
 
 def test_model_info_json_tiny_folder(run, tiny_llama_folder):
@@ -135,3 +135,132 @@ def test_debug_variable_lets_the_traceback_through(run, monkeypatch):
     monkeypatch.setenv("KOLIBRI_DEBUG", "1")
     result = run("model", "info", "/nonexistent")
     assert result.exit_code != 0 and isinstance(result.exception, KolibriError)
+
+
+# ---- kolibri model rm ----
+
+
+def _home_files(home) -> dict[str, bytes]:
+    return {p.relative_to(home).as_posix(): p.read_bytes()
+            for p in sorted(home.rglob("*")) if p.is_file()}
+
+
+def _import(run, tmp_path, name: str, seed: int):
+    from crafted import gguf_tensors, write_gguf
+
+    gguf = write_gguf(tmp_path / f"{name}-{seed}.gguf", tensors=gguf_tensors(seed))
+    result = run("model", "import", str(gguf), "--name", name)
+    assert result.exit_code == 0, result.output
+    from kolibri_cli.store.cache import model_dir, provenance
+
+    return provenance(model_dir(name))["gguf_sha256"]
+
+
+def _keep_records(sha: str) -> None:
+    """An entry of this weights' sha256 in bench-costs.json and guard-costs.json."""
+    from kolibri_cli.store import benchcosts, guardcosts
+
+    benchcosts.save(benchcosts.BenchCosts(
+        model=sha[:6], model_sha256=sha, threads=1, numerics="float32", costs={1: 1.0, 2: 1.2},
+        measured_at="2026-01-01T00:00:00+00:00", kolibri="0", commit="", cpu="cpu"))
+    guardcosts.save(f"{sha}|float32|1|kernel|cpu|target", [[0, 2, [1.2]]])
+
+
+def test_model_rm_removes_everything_of_the_model_and_nothing_else(run, kolibri_home, tmp_path):
+    """Three models: tiny and tiny.q4 (another GGUF; a name tiny is a prefix of), and same
+    (tiny's GGUF again). rm tiny takes its folder and the temporary a killed import left; its
+    c(n) and guard timings stay while `same` has the same weights, and go with `same`."""
+    from kolibri_cli.store.atomic import temp_name
+
+    tiny, other = _import(run, tmp_path, "tiny", 0), _import(run, tmp_path, "tiny.q4", 1)
+    assert _import(run, tmp_path, "same", 0) == tiny != other
+    for sha in (tiny, other):
+        _keep_records(sha)
+    models = kolibri_home / "models"
+    from kolibri_cli.store import digests
+
+    for name in ("tiny", "tiny.q4"):  # a digest remembered of a file in each folder
+        digests.files_sha256([models / name / "config.json"])
+    (models / temp_name("tiny", "partial")).mkdir()  # a killed import's
+    (models / temp_name("tiny.q4", "partial")).mkdir()  # not tiny's
+    before = _home_files(kolibri_home)
+
+    result = run("model", "rm", "tiny", "--yes")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("removed tiny: ")
+    assert "1 entries of digests.json" in result.stderr
+    after = _home_files(kolibri_home)
+    assert set(before) - set(after) == {f for f in before if f.startswith("models/tiny/")}
+    assert [f for f in after if after[f] != before[f]] == ["digests.json"]  # shared weights:
+    remembered = json.loads(after["digests.json"])["records"]  # their records stay
+    assert sorted(remembered) == sorted(str(p.resolve()) for p in (
+        *(tmp_path / f for f in ("tiny-0.gguf", "tiny.q4-1.gguf", "same-0.gguf")),
+        models / "tiny.q4" / "config.json"))
+    left = sorted(p.name for p in models.iterdir())
+    assert left[1:] == ["same", "tiny.q4"] and left[0].startswith(".tiny.q4.")
+
+    result = run("model", "rm", "same", "--yes", "--json")
+    assert result.exit_code == 0, result.output
+    done = json.loads(result.stdout)
+    assert done["name"] == "same" and done["files"] >= 4 and done["bytes"] > 0
+    assert done["records"] == {"bench-costs.json": 1, "guard-costs.json": 1}
+    from kolibri_cli.store import benchcosts, guardcosts
+
+    assert [e.model_sha256 for e in benchcosts.load()] == [other]
+    assert json.loads(guardcosts.path().read_text())["kernels"].keys() == {
+        f"{other}|float32|1|kernel|cpu|target"}
+    assert json.loads(run("model", "list", "--json").stdout)["models"] == [
+        {"name": "tiny.q4", "path": str(models / "tiny.q4")}]
+    assert (tmp_path / "tiny-0.gguf").is_file()  # the imported file is the user's
+
+
+def test_model_rm_without_a_terminal_needs_yes(run, kolibri_home, tmp_path):
+    _import(run, tmp_path, "tiny", 0)
+    line = assert_one_error_line(run("model", "rm", "tiny", input="y\n"), "pass --yes")
+    assert line.startswith("error: not removing tiny (") and "without a terminal" in line
+    assert (kolibri_home / "models" / "tiny" / "kolibri.json").is_file()
+    assert_one_error_line(run("model", "rm", "nothing", "--yes"), "no model named nothing",
+                          "(cached: tiny)")
+    assert_one_error_line(run("model", "rm", "../models", "--yes"), "invalid model name")
+
+
+def test_model_rm_asks_on_a_terminal(run, kolibri_home, tmp_path):
+    import os
+    import sys
+
+    pexpect = pytest.importorskip("pexpect")
+    _import(run, tmp_path, "tiny", 0)
+    for answer, removed in (("n", False), ("y", True)):
+        child = pexpect.spawn(sys.executable, ["-m", "kolibri_cli", "model", "rm", "tiny"],
+                              env=os.environ | {"KOLIBRI_HOME": str(kolibri_home)},
+                              encoding="utf-8", timeout=120)
+        child.expect(r"Remove tiny \(\d+\.\d kB in .*models/tiny\)\? \[y/N\]: ")
+        child.sendline(answer)
+        child.expect("removed tiny: " if removed else "nothing removed")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+        assert (kolibri_home / "models" / "tiny").exists() is not removed
+
+
+def test_model_info_is_a_table_a_person_reads(run, tiny_llama_folder):
+    """Labels and values in words and units (the JSON keeps the field names)."""
+    result = run("model", "info", str(tiny_llama_folder()))
+    assert result.exit_code == 0, result.output
+    cells = [line.split("│")[1:3] for line in result.stdout.splitlines() if line.count("│") == 3]
+    rows = {key.strip(): value.strip() for key, value in cells if key.strip()}
+    assert rows == {
+        "architecture": "LlamaForCausalLM, 202,048 parameters",
+        "path": rows["path"],
+        "layers": "2, hidden size 64",
+        "attention": "4 query heads, 2 KV heads (GQA 2), head dim 16",
+        "vocabulary": "1,000 tokens",
+        "context": "256 tokens",
+        "RoPE": "default, theta 10000",
+        "features": "none (plain Llama attention and MLP, untied head)",
+        "storage": "F32 x21 tensors (file dtypes: F32)",
+        "read per token": "552.2 kB",
+        "chat template": "no (kolibri generate --raw only)",
+    }
+    shown = "".join(value for key, value in cells if key.strip() != "path")
+    assert not any(word in shown for word in ("True", "False", "_", "['"))

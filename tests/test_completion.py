@@ -26,5 +26,5 @@ def test_commands_subcommands_and_options_complete():
         return proc.stdout.split()
 
     assert complete("kolibri mo") == ["model"]
-    assert {"pull", "import", "list", "verify", "info"} <= set(complete("kolibri model "))
+    assert {"pull", "import", "list", "verify", "info", "rm"} <= set(complete("kolibri model "))
     assert complete("kolibri generate --tempe") == ["--temperature"]

@@ -1,4 +1,4 @@
-"""`kolibri model`: pull, import, list and inspect models in the cache."""
+"""`kolibri model`: pull, import, list, inspect and remove models in the cache."""
 
 from pathlib import Path
 from typing import Annotated
@@ -8,7 +8,7 @@ import typer
 from kolibri_cli.cli.app import make_typer
 from kolibri_cli.cli.options import JsonOpt, print_json
 
-app = make_typer("Pull, import, list and inspect models.")
+app = make_typer("Pull, import, list, inspect and remove models.")
 
 
 @app.command("pull")
@@ -57,9 +57,38 @@ def list_(as_json: JsonOpt = False) -> None:
     if as_json:
         return print_json({"cache": str(cache.cache_root()), "models": rows})
     if not rows:
-        render.note(f"no models in {cache.cache_root()} (try: kolibri model pull)")
+        return render.note(f"no models in {cache.cache_root()} (try: kolibri model pull)")
     render.out.print(render.table(f"models in {cache.cache_root()}", ["name", "path"],
                                   [[r["name"], r["path"]] for r in rows]))
+
+
+@app.command("rm")
+def rm(
+    name: Annotated[str, typer.Argument(help="Cached model name (kolibri model list).")],
+    yes: Annotated[bool, typer.Option(
+        "--yes", "-y", help="Remove without asking (needed without a terminal).")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove a cached model: its folder, and its c(n), guard timings and file digests kept in
+    the cache. Other models, and the GGUF an imported model came from, stay."""
+    import sys
+
+    from kolibri_cli.cli import render
+    from kolibri_cli.errors import KolibriError
+    from kolibri_cli.store import cache
+
+    planned = cache.removal(name)
+    what = f"{name} ({render.size(planned.bytes)} in {planned.path})"
+    if not yes:
+        if not (sys.stdin and sys.stdin.isatty()):
+            raise KolibriError(f"not removing {what} without a terminal to ask on; pass --yes")
+        if not typer.confirm(f"Remove {what}?", default=False, err=True):
+            return render.note("nothing removed")
+    done = cache.remove(name)
+    if as_json:
+        return print_json(done.to_dict())
+    also = "".join(f"; {n} entries of {file}" for file, n in done.records.items())
+    render.note(f"removed {name}: {done.files} files, {render.size(done.bytes)}{also}")
 
 
 @app.command("verify")
@@ -98,6 +127,4 @@ def info(
     found = model_info(name)
     if as_json:
         return print_json(found.to_dict())
-    shown = {"storage": render.storage_text, "bytes_per_token": lambda n: f"{n / 1e6:.1f} MB"}
-    rows = [(k, shown.get(k, str)(v)) for k, v in found.to_dict().items() if k != "source"]
-    render.out.print(render.kv_table(found.name, rows))
+    render.out.print(render.info_table(found))

@@ -6,6 +6,7 @@ Progress and statistics go to stderr; stdout carries only the generated text or 
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -87,6 +88,45 @@ def kv_table(title: str, rows: list[tuple[str, object]]) -> Table:
     return table
 
 
+def info_table(i) -> Table:
+    """`kolibri model info`: a ModelInfo in rows a person reads (the JSON keeps the fields)."""
+    rows = [("architecture", f"{i.architecture}, {i.parameters:,} parameters"),
+            ("path", i.path)]
+    if source := _source_text(i.source):
+        rows.append(("source", source))
+    rows += [
+        ("layers", f"{i.layers}, hidden size {i.hidden_size}"),
+        ("attention", f"{i.heads} query heads, {i.kv_heads} KV heads (GQA {i.gqa_ratio}), "
+                      f"head dim {i.head_dim}"),
+        ("vocabulary", f"{i.vocab_size:,} tokens"),
+        ("context", f"{i.context_length:,} tokens"),
+        ("RoPE", f"{i.rope_type}, theta {i.rope_theta:g}"),
+        ("features", _features_text(i)),
+        ("storage", f"{storage_text(i.storage)} tensors (file dtypes: {', '.join(i.dtypes)})"),
+        ("read per token", size(i.bytes_per_token)),
+        ("chat template", "yes" if i.chat_template else "no (kolibri generate --raw only)"),
+    ]
+    return kv_table(i.name, rows)
+
+
+def _source_text(meta: dict) -> str:
+    """Where a cached model came from; "" for a user's folder."""
+    if meta.get("source") == "import":
+        return f"imported from {meta.get('gguf', '?')}"
+    if meta.get("source"):
+        return f"pulled from {meta['source']} ({Path(str(meta.get('gguf', ''))).name})"
+    return ""
+
+
+def _features_text(i) -> str:
+    found = [name for name, on in (("q/k/v biases", i.qkv_bias), ("qk-norm", i.qk_norm),
+                                   ("tied head", i.tied_head)) if on]
+    if i.sliding_window:
+        found.append(f"sliding window {i.sliding_window:,} on {i.sliding_layers} of "
+                     f"{i.layers} layers")
+    return ", ".join(found) or "none (plain Llama attention and MLP, untied head)"
+
+
 def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
     t = Table(title=cell(title), title_justify="left")
     for c in columns:
@@ -123,14 +163,18 @@ def verify_lines(v) -> list[Text]:
                 "missing": "not found"}[f.status]
         style = "green" if f.ok else "bold red"
         lines.append(Text.assemble((f"{f.status.upper():8}", style),
-                                   f" {name:{width}}  {_bytes(f.expected_bytes):>9}  {what}"))
+                                   f" {name:{width}}  {size(f.expected_bytes):>9}  {what}"))
     lines += [Text(f"{'EXTRA':8} {name:{width}}  not written by kolibri, not checked")
               for name in names[len(v.files):]]
     return lines
 
 
-def _bytes(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n} B"
+def size(n: int) -> str:
+    """Bytes for a person: "1.32 GB", "112.4 MB", "20.5 kB", "512 B"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.{2 if unit == 'GB' else 1}f} {unit}"
+    return f"{n} B"
 
 
 def storage_text(storage: dict[str, int]) -> str:

