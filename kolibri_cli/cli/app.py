@@ -8,14 +8,10 @@ import time
 from contextlib import contextmanager
 
 import typer
+from typer._click import exceptions as click_errors  # typer's own click (private: bounded)
 from typer.core import TyperGroup
 
 from kolibri_cli.errors import KolibriError
-
-try:  # typer >= 0.20 carries its own copy of click
-    from typer._click import exceptions as click_errors
-except ImportError:  # pragma: no cover - older typer: click itself
-    from click import exceptions as click_errors
 
 
 class _Group(TyperGroup):
