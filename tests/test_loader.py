@@ -160,8 +160,8 @@ def test_garbage_and_inconsistent_headers(tiny_llama_folder, tmp_path):
     bad.write_bytes(struct.pack("<Q", 4) + b"\xff\xfe{]" + b"\0" * 16)
     with pytest.raises(KolibriError, match="not a safetensors file"):
         loader.read_safetensors(bad)
-    write_raw_safetensors(bad, {"x": ("F32", (3, 2), b"\0" * 20)})
-    with pytest.raises(KolibriError, match=r"tensor x: 20 bytes of data do not fit F32 \[3, 2\]"):
+    write_raw_safetensors(bad, {"x": ("F32", (3, 2), b"\0" * 20)})  # the library's words
+    with pytest.raises(KolibriError, match=r"bad\.safetensors: not a safetensors file \(.+\)$"):
         loader.read_safetensors(bad)
     write_raw_safetensors(bad, {"x": ("I32", (2,), b"\0" * 8)})
     with pytest.raises(KolibriError, match="tensor x has dtype I32; kolibri reads F32/F16/BF16"):
@@ -240,3 +240,76 @@ def test_transformers_config_round_trip():
     config = ModelConfig.from_dict(hf.to_dict())
     assert (config.rope_theta, config.rms_norm_eps, config.head_dim) == (5000.0, 1e-6, 16)
     assert config.weight_shapes() == CONFIG.weight_shapes()
+
+
+# ---- through the safetensors library ----
+
+
+def _mixed_dtype_folder(tiny_llama_folder):
+    """The tiny model stored F16, BF16 and F32 by turns, the tensors in the file in reverse name
+    order; and the same values widened, stored F32 (what kolibri must load from the first)."""
+    tensors, mixed, widened = tiny_llama_tensors(), {}, {}
+    for i, (name, a) in enumerate(sorted(tiny_llama_tensors().items(), reverse=True)):
+        if i % 3 == 0:
+            mixed[name] = ("F16", a.shape, a.astype("<f2").tobytes())
+            widened[name] = a.astype(np.float16).astype(np.float32)
+        elif i % 3 == 1:
+            bits = (a.view(np.uint32) >> 16).astype("<u2")
+            mixed[name] = ("BF16", a.shape, bits.tobytes())
+            widened[name] = (bits.astype(np.uint32) << 16).view(np.float32)
+        else:
+            mixed[name] = ("F32", a.shape, a.astype("<f4").tobytes())
+            widened[name] = a
+    assert set(widened) == set(tensors)
+    folder = tiny_llama_folder(name="mixed")
+    write_raw_safetensors(folder / "model.safetensors", mixed)
+    return folder, tiny_llama_folder(tensors=widened, name="widened")
+
+
+def test_safetensors_of_every_dtype_load_as_their_widened_values(tiny_llama_folder, tmp_path,
+                                                                 monkeypatch):
+    """F16 through safetensors' numpy API, F32 memory-mapped at the offsets of the header it
+    validated, BF16 widened by kolibri: the same greedy ids as the float32 folder."""
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    monkeypatch.setenv("KOLIBRI_HOME", str(tmp_path / "home"))
+    mixed, widened = _mixed_dtype_folder(tiny_llama_folder)
+    got = loader.read_safetensors(mixed / "model.safetensors")
+    f32 = [n for n, a in got.items() if isinstance(a, np.memmap)]
+    assert len(f32) == 7 and all(got[n].dtype == np.float32 for n in got)  # 21 tensors by turns
+
+    def ids(folder) -> list[int]:
+        r = CliRunner().invoke(app, ["generate", "--model", str(folder), "--raw", "-n", "12",
+                                     "--json", "1 2 3"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["output_ids"]
+
+    assert ids(mixed) == ids(widened)
+    info = CliRunner().invoke(app, ["model", "info", str(mixed), "--json"])
+    assert json.loads(info.stdout)["dtypes"] == ["BF16", "F16", "F32"]
+
+
+@pytest.mark.parametrize("case", ["overlap", "hole", "metadata not text"])
+def test_what_safetensors_refuses_kolibri_refuses(tiny_llama_folder, tmp_path, monkeypatch, case):
+    """Headers kolibri's own parser used to accept — two tensors on the same bytes, bytes no
+    tensor owns, metadata that is not text — are refused by the library: one line each."""
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    monkeypatch.setenv("KOLIBRI_HOME", str(tmp_path / "home"))
+    folder = tiny_llama_folder()
+    entry = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    header = {"overlap": {"a": entry, "b": entry},
+              "hole": {"a": entry | {"data_offsets": [8, 16]}},
+              "metadata not text": {"__metadata__": {"n": 1}, "a": entry}}[case]
+    head = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + b"\0" * 16)
+    for args in (["model", "info", str(folder)], ["generate", "--model", str(folder), "hi"]):
+        r = CliRunner().invoke(app, args)
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 1 and r.stdout == "" and len(lines) == 1, r.output
+        assert lines[0].startswith(f"error: {folder / 'model.safetensors'}: "), lines
+        assert "safetensors file" in lines[0], lines

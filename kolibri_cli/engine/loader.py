@@ -1,7 +1,12 @@
 """Read a Hugging Face-layout folder: config.json, (sharded) safetensors, checked against config.
 
-safetensors is parsed here (header + memory map) rather than through `safetensors.numpy`, because
-numpy has no bfloat16: bf16 tensors are widened to float32 bit-exactly (bf16 is the top half of an
+The safetensors library reads the files: `safe_open` validates each header (JSON, dtypes, shapes,
+offsets that cover the data exactly) and gives every tensor's dtype and shape; F16 tensors come
+through its numpy API and are widened to float32. F32 tensors are memory-mapped at the offsets
+of the header it validated (the library's numpy API copies them into memory: the loader would
+then hold the model twice while building the kernel's layout). BF16 is the one exception the
+library cannot serve — its numpy API refuses bfloat16 ("data type 'bfloat16' not understood") —
+so BF16 tensors are memory-mapped too and widened bit-exactly here (bf16 is the top half of an
 f32). Every tensor's name and shape is checked against `ModelConfig.weight_shapes()`.
 Non-goals: quantized or integer tensors, pickled `.bin` checkpoints.
 """
@@ -9,6 +14,7 @@ Non-goals: quantized or integer tensors, pickled `.bin` checkpoints.
 import hashlib
 import json
 import struct
+from contextlib import contextmanager
 from math import prod
 from pathlib import Path
 
@@ -74,8 +80,9 @@ MAX_HEADER = 100_000_000  # bytes; the safetensors library's own limit
 
 def read_json_header(f, path: Path, size: int, kind: str, a_kind: str) -> tuple[dict, int]:
     """(the JSON object, offset after it) of a file that starts with an 8-byte little-endian
-    length and that many bytes of JSON (safetensors, and kolibri's block file after it);
-    `kind` / `a_kind` name the file in errors ("safetensors file" / "a safetensors file")."""
+    length and that many bytes of JSON, as safetensors does: kolibri's block file (its own
+    format, which the safetensors library does not read); `kind` / `a_kind` name the file in
+    errors ("weight file" / "a kolibri weight file")."""
     raw = f.read(8)
     if len(raw) < 8:
         raise KolibriError(f"{path}: truncated {kind} (no header)")
@@ -93,64 +100,76 @@ def read_json_header(f, path: Path, size: int, kind: str, a_kind: str) -> tuple[
     return header, 8 + n
 
 
-def _header(f, path: Path, size: int) -> tuple[dict, int]:
-    """(name -> {dtype, shape, data_offsets}, offset of the data section), validated."""
-    header, base = read_json_header(f, path, size, "safetensors file", "a safetensors file")
-    header.pop("__metadata__", None)
-    for name, info in header.items():
-        _check_entry(path, name, info)
-    return header, base
-
-
-def _is_count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-
-def _check_entry(path: Path, name: str, info) -> None:
-    """dtype one we read, shape a list of counts, data_offsets [start, stop] of exactly its
-    bytes: anything else (floats, strings, negatives, absurd sizes) is one error naming it."""
-    name = printable(name)
-    try:
-        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    except (KeyError, TypeError):
-        raise KolibriError(f"{path}: tensor {name} has a malformed header entry") from None
-    if not isinstance(dtype, str) or dtype not in _DTYPES:
-        dtype = printable(str(dtype), 20)
-        raise KolibriError(f"{path}: tensor {name} has dtype {dtype}; kolibri reads F32/F16/BF16")
-    if not isinstance(shape, list) or len(shape) > 8 or not all(map(_is_count, shape)):
-        raise KolibriError(f"{path}: tensor {name} has an invalid shape (a list of at most 8 "
-                           "whole numbers >= 0)")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_is_count, offsets))
-            or offsets[0] > offsets[1]):
-        raise KolibriError(f"{path}: tensor {name} has invalid data_offsets (want [start, stop], "
-                           "0 <= start <= stop)")
-    start, stop = offsets
-    if stop - start != prod(shape) * np.dtype(_DTYPES[dtype]).itemsize:
-        raise KolibriError(
-            f"{path}: tensor {name}: {stop - start} bytes of data do not fit {dtype} {shape}"
-        )
-
-
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """All tensors of one file as float32 arrays (f16/bf16 widened; f32 memory-mapped)."""
-    size = path.stat().st_size
+    """All tensors of one file as float32 arrays (F32 memory-mapped; F16 and BF16 widened)."""
+    from safetensors import safe_open
+
+    with _refused_as_one_line(path), safe_open(str(path), framework="numpy") as f:
+        kinds = _dtypes_and_shapes(f, path)
+        if not kinds:
+            return {}
+        offsets, base = _data_offsets(path)
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+        return {name: f.get_tensor(name).astype(np.float32) if dtype == "F16"
+                else _mapped(data, base + offsets[name][0], dtype, shape)
+                for name, (dtype, shape) in kinds.items()}
+
+
+@contextmanager
+def _refused_as_one_line(path: Path):
+    """A file safetensors refuses -> one KolibriError naming it and why."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        cut = next((why for text, why in _TRUNCATED.items() if text in reason), None)
+        if cut is not None:
+            raise KolibriError(f"{path}: truncated safetensors file ({cut})") from None
+        raise KolibriError(f"{path}: not a safetensors file "
+                           f"({printable(reason, 120)})") from None
+
+
+_TRUNCATED = {  # safetensors' words for a cut file -> ours
+    "header too small": "no header",
+    "invalid header length": "the header runs past the end",
+    "file not fully covered": "its tensors do not cover the file exactly: cut short, or bytes "
+                              "after the last tensor",
+}
+
+
+def _dtypes_and_shapes(f, path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, shape) from an open safe_open handle; a dtype kolibri does not read is
+    one error naming the tensor."""
+    kinds = {}
+    for name in f.keys():
+        piece = f.get_slice(name)
+        dtype = piece.get_dtype()
+        if dtype not in _DTYPES:
+            raise KolibriError(f"{path}: tensor {printable(name)} has dtype "
+                               f"{printable(dtype, 20)}; kolibri reads F32/F16/BF16")
+        kinds[name] = (dtype, tuple(piece.get_shape()))
+    return kinds
+
+
+def _data_offsets(path: Path) -> tuple[dict[str, list[int]], int]:
+    """(name -> [start, stop] in the data section, where the data section starts), from the
+    header safe_open has just validated: the library does not give them."""
     with open(path, "rb") as f:
-        header, base = _header(f, path, size)
-    end = max((info["data_offsets"][1] for info in header.values()), default=0)
-    if base + end > size:
-        raise KolibriError(f"{path}: truncated safetensors file ({size} of {base + end} bytes)")
-    if not header:
-        return {}
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    return {name: _tensor(data, base, info) for name, info in header.items()}
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return {name: info["data_offsets"] for name, info in header.items()}, 8 + n
 
 
-def _tensor(data: np.ndarray, base: int, info: dict) -> np.ndarray:
-    start, stop = info["data_offsets"]
-    a = data[base + start : base + stop].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
-    if info["dtype"] == "BF16":
+def _mapped(data: np.ndarray, start: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An F32 tensor as a view of the file; a BF16 one widened to float32."""
+    a = data[start : start + prod(shape) * np.dtype(_DTYPES[dtype]).itemsize]
+    a = a.view(_DTYPES[dtype]).reshape(shape)
+    if dtype == "BF16":
         return (a.astype(np.uint32) << 16).view(np.float32)  # bf16 = the high 16 bits of an f32
-    return a.astype(np.float32, copy=False)
+    return a
 
 
 def load_tensors(path: Path, config: ModelConfig) -> dict[str, np.ndarray]:
@@ -189,11 +208,12 @@ def check_shapes(found: dict[str, tuple], expected: dict[str, tuple[int, ...]], 
 
 def tensor_index(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (dtype, shape) from the safetensors headers only (no weights read)."""
+    from safetensors import safe_open
+
     index = {}
-    for f in safetensors_files(path):
-        with open(f, "rb") as fh:
-            header, _ = _header(fh, f, f.stat().st_size)
-        index |= {name: (info["dtype"], tuple(info["shape"])) for name, info in header.items()}
+    for file in safetensors_files(path):
+        with _refused_as_one_line(file), safe_open(str(file), framework="numpy") as f:
+            index |= _dtypes_and_shapes(f, file)
     return index
 
 
