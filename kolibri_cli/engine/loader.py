@@ -80,9 +80,9 @@ MAX_HEADER = 100_000_000  # bytes; the safetensors library's own limit
 
 def read_json_header(f, path: Path, size: int, kind: str, a_kind: str) -> tuple[dict, int]:
     """(the JSON object, offset after it) of a file that starts with an 8-byte little-endian
-    length and that many bytes of JSON, as safetensors does: kolibri's block file (its own
-    format, which the safetensors library does not read); `kind` / `a_kind` name the file in
-    errors ("weight file" / "a kolibri weight file")."""
+    length and that many bytes of JSON, as safetensors does: kolibri's block file (a safetensors
+    container the cache writes and engine/blockfile.py reads itself); `kind` / `a_kind` name the
+    file in errors ("weight file" / "a kolibri weight file")."""
     raw = f.read(8)
     if len(raw) < 8:
         raise KolibriError(f"{path}: truncated {kind} (no header)")
