@@ -426,7 +426,7 @@ def _closed_stdout(args, tmp_path):
                           env=env, preexec_fn=lambda: os.close(1), cwd=tmp_path)
 
 
-@pytest.mark.parametrize("args", [("model", "list"), ("model", "list", "--json"),
+@pytest.mark.parametrize("args", [("--version",), ("--help",), ("model", "list", "--json"),
                                   ("probe", "--goldens", "g.jsonl"),
                                   ("probe", "--goldens", "g.jsonl", "--json")])
 def test_closed_stdout_is_an_error_not_silence(tmp_path, args):

@@ -12,6 +12,7 @@ from typer._click import exceptions as click_errors  # typer's own click (privat
 from typer.core import TyperGroup
 
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.home import YES_WORDS
 
 
 class _Group(TyperGroup):
@@ -27,15 +28,18 @@ class _Group(TyperGroup):
             _flush_or_quiet()  # what is still buffered, before Python's own flush at exit
 
     def make_context(self, *args, **kwargs):
-        try:  # `kolibri --help | head -1`: the help is printed while the context is made
+        try:  # --help and --version are printed while the context is made, before invoke
             return super().make_context(*args, **kwargs)
-        except BrokenPipeError:
+        except BrokenPipeError:  # `kolibri --help | head -1`
             _quiet_closed_pipes()
             raise typer.Exit(0) from None
+        except KolibriError as e:  # `kolibri --version >&-`
+            if os.environ.get("KOLIBRI_DEBUG", "").strip().lower() in YES_WORDS:
+                raise
+            _error_line(str(e))
+            raise typer.Exit(e.exit_code) from None
 
     def invoke(self, ctx):
-        from kolibri_cli.home import YES_WORDS
-
         debug = os.environ.get("KOLIBRI_DEBUG", "").strip().lower() in YES_WORDS
         try:
             return super().invoke(ctx)

@@ -102,9 +102,7 @@ def read_json_header(f, path: Path, size: int, kind: str, a_kind: str) -> tuple[
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     """All tensors of one file as float32 arrays (F32 memory-mapped; F16 and BF16 widened)."""
-    from safetensors import safe_open
-
-    with _refused_as_one_line(path), safe_open(str(path), framework="numpy") as f:
+    with _safe_open(path) as f:
         kinds = _dtypes_and_shapes(f, path)
         if not kinds:
             return {}
@@ -116,12 +114,16 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 
 @contextmanager
-def _refused_as_one_line(path: Path):
-    """A file safetensors refuses -> one KolibriError naming it and why."""
-    from safetensors import SafetensorError
+def _safe_open(path: Path):
+    """safetensors' handle on `path` (numpy); a file it refuses is one KolibriError naming it and
+    why. Opened by Python first: the library reports an unreadable file as 'No such file'."""
+    from safetensors import SafetensorError, safe_open
 
+    with open(path, "rb"):
+        pass  # PermissionError and the like, as the OS says them
     try:
-        yield
+        with safe_open(str(path), framework="numpy") as f:
+            yield f
     except SafetensorError as e:
         reason = str(e).removeprefix("Error while deserializing header: ")
         cut = next((why for text, why in _TRUNCATED.items() if text in reason), None)
@@ -208,11 +210,9 @@ def check_shapes(found: dict[str, tuple], expected: dict[str, tuple[int, ...]], 
 
 def tensor_index(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (dtype, shape) from the safetensors headers only (no weights read)."""
-    from safetensors import safe_open
-
     index = {}
     for file in safetensors_files(path):
-        with _refused_as_one_line(file), safe_open(str(file), framework="numpy") as f:
+        with _safe_open(file) as f:
             index |= _dtypes_and_shapes(f, file)
     return index
 
