@@ -8,8 +8,10 @@ Parsers and the command that feeds each: safetensors header (`model info`), conf
 (`model info`), tokenizer_config.json and its chat template (`generate`), tokenizer.json
 (`generate`), GGUF metadata written
 with the real `gguf` writer (`model import`), goldens JSONL (`probe`), PROBE.toml (`probe`),
-command-line numbers (`probe`, `generate`). Inputs are valid files with fields deleted or
-replaced by arbitrary JSON/typed values, plus raw bytes.
+command-line numbers (`probe`, `generate`), a server's answers (`goldens record --engine URL`,
+tests/hostile.py on 127.0.0.1). Inputs are valid files and answers with fields deleted or
+replaced by arbitrary JSON/typed values, plus raw bytes; a server also answers with redirects
+and error statuses, and must never get the API key sent elsewhere.
 
 Profiles (docs/fuzzing.md): KOLIBRI_FUZZ_EXAMPLES cases per parser, default 25 (seconds, in
 the normal test run); the long profile is KOLIBRI_FUZZ_EXAMPLES=10000.
@@ -24,6 +26,7 @@ from pathlib import Path
 import pytest
 from conftest import COMPILING, TINY_LLAMA_CONFIG, tiny_llama_tensors, write_tiny_tokenizer
 from crafted import gguf_fields, golden_line, write_gguf
+from hostile import PROPS, HostileServer, completion, json_answer, redirect
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -442,6 +445,77 @@ def test_fuzz_generate_numbers(options, proposer):
         args = [a for pair in options for a in pair]
         check(root, ["generate", "--spec", "--proposer", proposer, "--model", "missing-model",
                      *args, "hi"], usage_ok=True)
+
+
+# ---- a server's answers: `kolibri goldens record --engine URL` -----------------------------
+
+LLAMA = completion([5, 6, 7], {"predicted_ms": 9.5, "predicted_n": 3, "draft_n": 2,
+                               "draft_n_accepted": 1})
+TEXT = {"choices": [{"text": "abc", "token_ids": [5, 6, 7], "finish_reason": "length"}],
+        "timings": {"predicted_ms": 9.5}}
+ROUTES = {"llama.cpp": ("POST", "/completion"), "vllm": ("POST", "/v1/completions"),
+          "openai": ("POST", "/v1/completions")}
+OTHER_STATUS = [301, 302, 303, 307, 308, 400, 401, 403, 404, 418]  # (busy ones: retried, slow)
+
+
+def _nested_edit(base: dict, key: str, changes) -> dict:
+    inner = base.get(key)
+    inner = inner[0] if isinstance(inner, list) else inner
+    edited_inner = edited(inner, changes)
+    return base | {key: [edited_inner] if isinstance(base[key], list) else edited_inner}
+
+
+@st.composite
+def server_answers(draw):
+    """(api, status, body) as a server might answer a completion: the valid answer with a field
+    (top level, timings, a probability entry or choice) deleted or replaced, any JSON, bytes, or
+    another status (a redirect goes to the catcher)."""
+    api = draw(st.sampled_from(sorted(ROUTES)))
+    base = LLAMA if api == "llama.cpp" else TEXT
+    inner = "timings" if api == "llama.cpp" else "choices"
+    kind = draw(st.integers(0, 9))
+    if kind < 4:
+        body = dumps(edited(base, draw(edits(sorted(base)))))
+    elif kind < 7:
+        keys = sorted(base[inner] if isinstance(base[inner], dict) else base[inner][0])
+        body = dumps(_nested_edit(base, inner, draw(edits(keys, st.one_of(numbers,
+                                                                          json_values)))))
+    elif kind == 7:
+        body = dumps(draw(json_values))
+    else:
+        body = draw(st.binary(max_size=60))
+    status = 200 if draw(st.integers(0, 4)) else draw(st.sampled_from(OTHER_STATUS))
+    return api, status, body
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    catcher, engine = HostileServer(), HostileServer()
+    yield engine, catcher
+    engine.close()
+    catcher.close()
+
+
+@fuzz
+@given(answer=server_answers(), props=st.one_of(st.just(PROPS), json_values))
+def test_fuzz_server_answers(hostile, answer, props):
+    engine, catcher = hostile
+    api, status, body = answer
+    reply = redirect(status, f"{catcher.url}/x") if 300 <= status < 400 else \
+        json_answer(body, status)
+    engine.routes = {ROUTES[api]: reply, ("GET", "/props"): json_answer(props),
+                     ("GET", "/v1/models"): json_answer({"data": [{"id": "m"}]}),
+                     ("GET", "/version"): json_answer({"version": "1"})}
+    with workspace() as root:
+        os.environ["KOLIBRI_API_KEY"] = "sk-fuzz"
+        folder = tiny_folder(root)
+        (root / "p.txt").write_text("hello\n")
+        check(root, ["goldens", "record", "--engine", engine.url, "--engine-api", api, "-m",
+                     folder, "-p", "p.txt", "-o", "out.jsonl", "-n", "4", "--timeout", "10"],
+              allowed=("out.jsonl", "home"))
+        if (root / "out.jsonl").exists():  # what was written, the probe reads back
+            check(root, ["probe", "--goldens", "out.jsonl", "--json"])
+    assert catcher.requests == []
 
 
 @pytest.mark.parametrize("seed", [b"", b"\xff\xfe", b"{}", b"[]"])

@@ -4,6 +4,10 @@ read line by line and never whole, and cut into pieces that workers read on thei
 A piece is the lines of one file that start in a byte range of its (decompressed) text. Plain
 JSONL is cut into pieces of about `PIECE_BYTES`; a compressed file cannot be entered in the middle,
 so it is one piece (split a large trace set into shards to spread it over workers).
+A file is outside input: a line is at most KOLIBRI_MAX_LINE_MB long (64: a 9M-token chain), a
+compressed file's text at most KOLIBRI_MAX_EXPANSION times the file (200, and 64 MB whatever
+the file), and corrupt compression, nesting too deep and 4,300-digit numbers are each one error
+line. Text is read in blocks, so a run of blank lines costs no Python per line.
 Scope: finding golden files, planning pieces, reading them as `Golden` records (validated by
 chains.py, errors name the file and line). Non-goals: simulation, writing goldens.
 """
@@ -11,15 +15,24 @@ chains.py, errors name the file and line). Non-goals: simulation, writing golden
 import gzip
 import io
 import json
+import os
+import re
 import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, golden_from
+from kolibri_cli.text import shown
 
 PIECE_BYTES = 4 << 20  # ~1,500 chains of the shipped goldens: a few tenths of a second of work
+BLOCK_BYTES = 1 << 20  # text read at a time
+MAX_LINE_VAR, MAX_LINE_MB = "KOLIBRI_MAX_LINE_MB", 64  # a 1M-token chain's line is ~7 MB
+EXPANSION_VAR, MAX_EXPANSION = "KOLIBRI_MAX_EXPANSION", 200  # JSONL of ids: gzip ~4x, zstd ~6x
+MIN_TEXT_BYTES = 64 << 20  # a compressed file may always expand this far
+_BLANKS = re.compile(rb"[ \t\r\n\f\v]*")
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")  # what a folder is searched for
@@ -160,16 +173,102 @@ def _byte_ranges(path: Path, piece_bytes: int, stop: int | None) -> list[Piece]:
 def _numbered_lines(piece: Piece, with_offsets: bool = False):
     """(line number within the piece from 1, line) for each non-blank line that starts in the
     piece; with_offsets adds the text offset just after the line."""
-    with _open(Path(piece.path)) as f:
+    path = Path(piece.path)
+    max_line = _limit(MAX_LINE_VAR, MAX_LINE_MB) << 20
+    with _open(path) as f:
         if piece.start:
             f.seek(piece.start)
-        offset = piece.start
-        for line_no, line in enumerate(f, start=1):
-            if piece.stop is not None and offset >= piece.stop:
+        blocks = _blocks(f, path, _max_text(path))
+        for line_no, line, end in _lines(blocks, piece.start, piece.stop, max_line, path):
+            yield (line_no, line, end) if with_offsets else (line_no, line)
+
+
+def _lines(blocks, offset: int, stop: int | None, max_line: int, path: Path):
+    """(line number from 1, line, text offset after it) for each non-blank line of the text in
+    `blocks` (starting at text `offset`) that starts before `stop`."""
+    line_no, pending, held = 0, [], 0  # pending: the parts of a line not ended yet
+    for block in blocks:
+        i = 0
+        while i < len(block):
+            if not pending:  # skip whole blank lines at C speed
+                k = block.rfind(b"\n", i, _BLANKS.match(block, i).end())
+                if k >= 0:
+                    line_no += block.count(b"\n", i, k + 1)
+                    offset, i = offset + k + 1 - i, k + 1
+                    continue
+            nl = block.find(b"\n", i)
+            end = len(block) if nl < 0 else nl + 1
+            pending.append(block[i:end])
+            held += end - i
+            if held > max_line:
+                raise _line_too_long(path, line_no + 1, max_line)
+            i = end
+            if nl < 0:
+                continue
+            line, pending, held = b"".join(pending), [], 0
+            line_no += 1
+            if stop is not None and offset >= stop:
                 return
             offset += len(line)
             if line.strip():
-                yield (line_no, line, offset) if with_offsets else (line_no, line)
+                yield line_no, line, offset
+    if pending and (stop is None or offset < stop):
+        line = b"".join(pending)
+        if line.strip():
+            yield line_no + 1, line, offset + len(line)
+
+
+def _blocks(f, path: Path, max_text: int | None):
+    """The file's text in blocks; corrupt compression and text past `max_text` are one
+    KolibriError naming the file."""
+    total = 0
+    while True:
+        try:
+            block = f.read(BLOCK_BYTES)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise KolibriError(f"{path}: corrupt or truncated compressed data ({e}); recompress "
+                               "it or read it as plain JSONL") from None
+        except OSError as e:
+            raise KolibriError(f"{path}: cannot read it ({e.strerror or e})") from None
+        except Exception as e:  # zstandard.ZstdError (an optional package)
+            if type(e).__name__ != "ZstdError":
+                raise
+            raise KolibriError(f"{path}: corrupt or truncated zstd data ({e})") from None
+        if not block:
+            return
+        total += len(block)
+        if max_text is not None and total > max_text:
+            raise KolibriError(
+                f"{path}: its text passes {max_text >> 20} MB, more than {_expansion()}x "
+                f"the compressed file (a compression bomb?); set {EXPANSION_VAR} higher to "
+                "read it anyway")
+        yield block
+
+
+def _max_text(path: Path) -> int | None:
+    """How much text a compressed file may expand to (None: a plain file is its own size)."""
+    if not is_compressed(path):
+        return None
+    return max(MIN_TEXT_BYTES, _expansion() * path.stat().st_size)
+
+
+def _expansion() -> int:
+    """The expansion limit in force: the default, or KOLIBRI_MAX_EXPANSION."""
+    return _limit(EXPANSION_VAR, MAX_EXPANSION)
+
+
+def _limit(var: str, default: int) -> int:
+    value = os.environ.get(var)
+    if value is None or value == "":
+        return default
+    if not value.isascii() or not value.isdigit() or not 0 < int(value) < 2**40:
+        raise KolibriError(f"{var}={shown(value)}: expected a whole number > 0")
+    return int(value)
+
+
+def _line_too_long(path: Path, line_no: int, max_line: int) -> KolibriError:
+    return KolibriError(f"{path}:{line_no}: the line is longer than {max_line >> 20} MB (a golden "
+                        f"is one line); set {MAX_LINE_VAR} higher to read it anyway")
 
 
 def _open(path: Path):
@@ -249,6 +348,12 @@ def _object(line: bytes) -> dict:
         raise KolibriError(f"{_HERE}: not JSONL (one JSON object a line): {e.msg}") from None
     except UnicodeDecodeError:
         raise KolibriError(f"{_HERE}: not UTF-8 text") from None
+    except RecursionError:
+        raise KolibriError(f"{_HERE}: JSON nested ~1,000 levels deep; a golden is an object of "
+                           "lists and strings") from None
+    except ValueError:  # Python's int limit
+        raise KolibriError(f"{_HERE}: a number of more than 4,300 digits; token ids are below "
+                           "2^31") from None
     if not isinstance(obj, dict):
         raise KolibriError(f"{_HERE}: expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -259,5 +364,11 @@ def _where(piece: Piece, line_no: int) -> str:
     when an error needs it)."""
     if piece.start:
         with _open(Path(piece.path)) as f:
-            line_no += f.read(piece.start).count(b"\n")
+            left = piece.start
+            while left > 0:  # in blocks: the piece may start gigabytes in
+                block = f.read(min(left, BLOCK_BYTES))
+                if not block:
+                    break
+                line_no += block.count(b"\n")
+                left -= len(block)
     return f"{piece.path}:{line_no}"

@@ -44,6 +44,11 @@ def _object(line: str, where: str) -> dict:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise KolibriError(f"{where}: not JSON ({e.msg})") from None
+    except RecursionError:
+        raise KolibriError(f"{where}: JSON nested ~1,000 levels deep; a trace is a request "
+                           "and its response") from None
+    except ValueError:  # Python's int limit
+        raise KolibriError(f"{where}: a number of more than 4,300 digits") from None
     if not isinstance(obj, dict):
         raise KolibriError(f"{where}: expected a JSON object")
     return obj

@@ -1,0 +1,173 @@
+"""Crafted golden and trace files: nesting 100,000 deep, a 5,000-digit integer, fake and truncated
+compression, compression bombs. Each is one `error:` line (exit 1) naming the limit, and the
+limits can be raised; a bomb costs no memory (peak RSS measured in a child process against a
+normal probe's)."""
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+
+import pytest
+from conftest import COMPILING
+from crafted import golden_line, write_goldens
+from typer.testing import CliRunner
+
+from kolibri_cli.cli import app
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    monkeypatch.setenv("KOLIBRI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
+    monkeypatch.delenv("KOLIBRI_DEBUG", raising=False)
+    for var in ("KOLIBRI_MAX_LINE_MB", "KOLIBRI_MAX_EXPANSION"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+def one_error(result) -> str:
+    assert "Traceback" not in result.output
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    lines = [line for line in result.stderr.splitlines()
+             if line.strip() and not line.startswith(COMPILING)]
+    assert result.exit_code == 1 and len(lines) == 1, (result.exit_code, result.stderr)
+    assert lines[0].startswith("error: ") and "internal error" not in lines[0], lines[0]
+    return lines[0]
+
+
+def probe(path):
+    return CliRunner().invoke(app, ["probe", "--goldens", str(path), "--json"])
+
+
+def gzip_members(path, text: bytes, times: int):
+    """`text` repeated `times` times as concatenated gzip members: a bomb of len(text) * times
+    bytes written in milliseconds (gzip reads the members as one stream)."""
+    member = gzip.compress(text, 9)
+    with open(path, "wb") as f:
+        for _ in range(times):
+            f.write(member)
+    return path
+
+
+NESTED = b'{"id": "g", "reference": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+HUGE_INT = json.dumps(golden_line()).replace('"prompt_ids": [1,', '"prompt_ids": [' + "9" * 5000
+                                             + ",").encode() + b"\n"
+
+
+@pytest.mark.parametrize("name, data, expected", [
+    ("nested.jsonl", NESTED, "nested ~1,000 levels deep"),
+    ("int.jsonl", HUGE_INT, "a number of more than 4,300 digits"),
+    ("nested.jsonl.gz", gzip.compress(NESTED), "nested ~1,000 levels deep"),
+    ("fake.jsonl.gz", b"\x1f\x8b" + b"not gzip at all" * 10, "corrupt or truncated compressed"),
+    ("cut.jsonl.gz", gzip.compress(json.dumps(golden_line()).encode() * 50)[:-30],
+     "corrupt or truncated compressed"),
+    ("flipped.jsonl.gz", (lambda b: b[:20] + b"\x00\xff" * 8 + b[36:])(
+        gzip.compress(json.dumps(golden_line()).encode() * 50)), "compressed"),
+])
+def test_crafted_golden_files_are_one_line(env, name, data, expected):
+    (env / name).write_bytes(data)
+    line = one_error(probe(env / name))
+    assert expected in line and name in line, line
+
+
+def test_corrupt_zstd_is_one_line(env):
+    zstd = pytest.importorskip("zstandard")
+    good = zstd.ZstdCompressor().compress(json.dumps(golden_line()).encode() * 50)
+    (env / "cut.jsonl.zst").write_bytes(good[:-10])
+    (env / "fake.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"garbage" * 20)
+    for name in ("cut.jsonl.zst", "fake.jsonl.zst"):
+        assert "zstd" in one_error(probe(env / name))
+
+
+def test_a_newline_bomb_stops_at_the_expansion_limit(env):
+    path = gzip_members(env / "newlines.jsonl.gz", b"\n" * (16 * MB), 64)  # 1 GiB
+    line = one_error(probe(path))
+    assert re.search(r"passes 19\d MB, more than 200x the compressed file", line), line
+    assert "KOLIBRI_MAX_EXPANSION" in line
+
+
+def test_blank_lines_under_the_limit_cost_no_python_each(env):
+    """60 MB of blank lines around one golden read in well under the test's patience (each
+    line in Python took ~1 s per million)."""
+    path = env / "g.jsonl.gz"
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(b"\n" * (56 * MB))
+        f.write(json.dumps(golden_line()).encode() + b"\n")
+        f.write(b"  \r\n" * MB)
+    result = probe(path)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["throughput"]["chains"] == 1
+
+
+def test_the_line_limit_names_itself_and_can_be_raised(env, monkeypatch):
+    path = write_goldens(env / "long.jsonl", golden_line(prompt="x" * (3 * MB // 2)))
+    monkeypatch.setenv("KOLIBRI_MAX_LINE_MB", "1")
+    line = one_error(probe(path))
+    assert "long.jsonl:1: the line is longer than 1 MB" in line and "KOLIBRI_MAX_LINE_MB" in line
+    monkeypatch.setenv("KOLIBRI_MAX_LINE_MB", "2")
+    assert probe(path).exit_code == 0
+    monkeypatch.setenv("KOLIBRI_MAX_LINE_MB", "lots")
+    assert "KOLIBRI_MAX_LINE_MB='lots': expected a whole number > 0" in one_error(probe(path))
+
+
+def test_the_expansion_limit_can_be_raised(env, monkeypatch):
+    path = env / "g.jsonl.gz"
+    path.write_bytes(gzip.compress(json.dumps(golden_line()).encode() + b"\n"))
+    with open(path, "ab") as f:
+        f.write(gzip.compress(b"\n" * (16 * MB), 9) * 5)  # 80 MB of text in 80 KB
+    assert "passes 64 MB" in one_error(probe(path))
+    monkeypatch.setenv("KOLIBRI_MAX_EXPANSION", "2000")
+    assert probe(path).exit_code == 0
+
+
+@pytest.mark.parametrize("line, expected", [
+    (b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested ~1,000 levels deep"),
+    (b'{"id": ' + b"7" * 5000 + b', "messages": []}', "a number of more than 4,300 digits"),
+])
+def test_crafted_traces_are_one_line(env, tiny_llama_folder, line, expected):
+    folder = tiny_llama_folder()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    (env / "t.jsonl").write_bytes(line + b"\n")
+    result = CliRunner().invoke(app, ["goldens", "import", str(env / "t.jsonl"), "-o",
+                                      str(env / "out.jsonl"), "-m", str(folder)])
+    assert expected in one_error(result)
+    assert not (env / "out.jsonl").exists()
+
+
+# ---- peak memory of a bomb: in a child process, against a normal probe ------------------------
+
+
+def _peak_mb(args: list[str], home) -> tuple[int, str, float]:
+    """(exit code, stderr, peak RSS in MB) of `kolibri ARGS` in a child (its own rusage)."""
+    env = dict(os.environ, KOLIBRI_HOME=str(home), KOLIBRI_OFFLINE="1")
+    env.pop("KOLIBRI_DEBUG", None)
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([sys.executable, "-m", "kolibri_cli", *args],
+                             stdout=subprocess.DEVNULL, stderr=err, env=env)
+        killer = threading.Timer(300, p.kill)
+        killer.start()
+        _, status, usage = os.wait4(p.pid, 0)
+        killer.cancel()
+        err.seek(0)
+        return os.waitstatus_to_exitcode(status), err.read().decode(), usage.ru_maxrss / 1024
+
+
+def test_a_bomb_costs_no_memory(env):
+    """1 GiB of spaces in 1 MB of gzip (one endless line): one line, peak RSS within 200 MB of
+    a normal probe's."""
+    normal = write_goldens(env / "g.jsonl")
+    bomb = gzip_members(env / "bomb.jsonl.gz", b" " * (16 * MB), 64)
+    code, err, normal_mb = _peak_mb(["probe", "--goldens", str(normal), "--json"], env / "home")
+    assert code == 0, err
+    code, err, bomb_mb = _peak_mb(["probe", "--goldens", str(bomb), "--json"], env / "home")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and "longer than 64 MB" in lines[0], err
+    assert bomb_mb < normal_mb + 200, (bomb_mb, normal_mb)
