@@ -80,3 +80,39 @@ def test_only_the_exact_proposer_types_have_a_fast_path():
 
     assert _fast_replay(Subclassed(3, 1, 2)) is None  # a changed rule gets the generic path
     assert _fast_replay(config("adaptive", 3, (1, 2)).make_proposer()) is None
+
+
+def test_fast_equals_reference_on_loops_wide_windows_and_large_ids():
+    """Looping chains (the matching suffix is longer than the window: the replay's tracked state
+    answers), windows wider than the chains, ids up to 2^31 - 1."""
+    rng = random.Random(7)
+    chains = []
+    for i in range(10):
+        unit = [rng.randrange(2**31) for _ in range(rng.randint(1, 6))]
+        body = (unit * 100)[: rng.randint(60, 500)]
+        for _ in range(3):
+            body[rng.randrange(len(body))] = rng.randrange(2**31)
+        chains.append(golden(i, body[:20], body[20:]))
+    for name in ("vllm", "hf", "llamacpp-simple"):
+        for k, window in ((4, (1, 64)), (6, (2, 1024)), (3, (5, 5))):
+            assert_same(chains, config(name, k, window), batch=4)
+
+
+def test_a_hash_collision_falls_back_to_the_proposers_scan():
+    """llamacpp-simple's table maps an n-gram's hash to its latest start; when that start holds
+    another n-gram (a collision), the answer is the proposer's own scan."""
+    from kolibri_cli.decode.proposers.llamacpp.simple import _most_recent_start
+    from kolibri_cli.probe import fast
+
+    ctx = np.array([7, 1, 2, 9, 1, 2, 3, 3, 4, 4, 1, 2], dtype=np.int64)
+    size, m = 2, 2
+    prefix, power = fast._hashes(ctx, size)
+    keys, vals = fast._table(len(ctx))
+    h = (prefix[len(ctx)] - prefix[len(ctx) - size] * power) & fast._MASK  # of [1, 2]
+    slot = fast._slot(keys, h)
+    keys[slot], vals[slot] = h, 6  # [3, 3] is at 6: as if it had the same hash
+    expected = _most_recent_start(ctx, size, m)
+    assert expected == (6, 2)  # [1, 2] last occurred at 4 (before 1): 4 + 2 = 6
+    assert fast._recent(ctx, len(ctx), size, m, keys, vals, prefix, power) == expected
+    vals[slot] = 4  # the true latest start: read from the table
+    assert fast._recent(ctx, len(ctx), size, m, keys, vals, prefix, power) == expected

@@ -2,9 +2,13 @@
 verify pass, for the proposers that have one (vllm, hf, llamacpp-simple, suffix).
 
 Each replay gives exactly the counts of the reference loop (simulate.simulate_chain over the
-proposer's `propose`/`observe`), which tests check on thousands of chains. The n-gram replays
-call the proposers' own search kernels, so a change to a rule reaches both paths; the suffix
-replay re-implements the trie of decode/proposers/suffix_tree.py on arrays.
+proposer's `propose`/`observe`), which tests check on thousands of chains, in time linear in a
+chain's length. The proposers' own kernels search the whole context at every call (O(T) a pass:
+a 1M-token chain took minutes); here a chain's context only grows, so each replay keeps an index
+of it: a suffix automaton for vllm and hf (the leftmost occurrence of the longest matching
+suffix), a hash table of n-grams for llamacpp-simple (the most recent occurrence, verified; a
+collision falls back to the proposer's own scan), and the trie of
+decode/proposers/suffix_tree.py on arrays for suffix.
 Non-goals: proposers without a replay here (the generic path runs them), reading goldens.
 """
 
@@ -44,52 +48,263 @@ def _record(c, p, drafted, accepted, out):
 
 
 @njit(cache=True)
-def _ngram_draft(ctx, t, budget, rule, k, wmin, wmax, eos):  # ctx: int64[T'] -> (start, length)
-    """The draft for context ctx[:t] as (start in ctx, length): what the proposer's `propose`
-    returns, cut to `budget`."""
-    if rule == VLLM:
-        if budget <= 0:
-            return -1, 0
-        start = longest_match(ctx[:t], wmin, wmax)[0]
-        return start, (min(budget, t - start) if start >= 0 else 0)
-    if rule == HF:
-        start = _first_match_start(ctx[:t], wmin, wmax)
-        if start < 0 or budget <= 0:
-            return -1, 0
-        length = min(k, t - start)
-        for i in range(length):  # cut before the first eos
-            for e in eos:
-                if ctx[start + i] == e:
-                    return start, min(i, budget)
-        return start, min(length, budget)
-    start, length = _most_recent_start(ctx[:t], wmax, k)
-    if start < 0 or budget <= 0:
-        return -1, 0
-    return start, min(length, budget)
-
-
-@njit(cache=True)
 def ngram_replay(tokens, starts, prompt_lens, eos, eos_starts, rule, k, wmin, wmax, out):
     """Replay every chain c = tokens[starts[c]:starts[c+1]] (prompt_lens[c] prompt ids, then the
     output) with an n-gram rule; its counts go to row c of out's columns, its passes from
     pass_starts[c] (out = scalars, drafted_at, accepted_at, lengths, accepts, pass_starts)."""
-    scalars, pass_starts, p = out[0], out[5], 0
+    pass_starts, p = out[5], 0
     for c in range(prompt_lens.shape[0]):
         ctx = tokens[starts[c] : starts[c + 1]]
-        n_prompt, chain_eos = prompt_lens[c], eos[eos_starts[c] : eos_starts[c + 1]]
-        n = ctx.shape[0] - n_prompt
-        pass_starts[c], scalars[c, 0] = p, max(n - 1, 0)
-        pos = 1
-        while pos < n:
-            t = n_prompt + pos
-            start, length = _ngram_draft(ctx, t, min(k, n - pos - 1), rule, k, wmin, wmax,
-                                         chain_eos)
-            a = 0
-            while a < length and ctx[start + a] == ctx[t + a]:
-                a += 1
-            _record(c, p, length, a, out)
-            p, pos = p + 1, pos + a + 1
+        pass_starts[c] = p
+        if rule == LLAMACPP:
+            p = _replay_recent(ctx, prompt_lens[c], k, wmax, c, p, out)
+        else:
+            p = _replay_leftmost(ctx, prompt_lens[c], eos[eos_starts[c] : eos_starts[c + 1]],
+                                 rule, k, wmin, wmax, c, p, out)
     pass_starts[prompt_lens.shape[0]] = p
+
+
+@njit(cache=True)
+def _accepted(ctx, start, length, t):
+    """How many of the drafted ctx[start:start+length] equal the chain's next tokens ctx[t:]."""
+    a = 0
+    while a < length and ctx[start + a] == ctx[t + a]:
+        a += 1
+    return a
+
+
+@njit(cache=True)
+def _replay_leftmost(ctx, n_prompt, eos, rule, k, wmin, wmax, c, p, out):
+    """vllm and hf over one chain, the automaton grown with the context; returns the next pass
+    number."""
+    n = ctx.shape[0] - n_prompt
+    out[0][c, 0] = max(n - 1, 0)
+    if n < 2:
+        return p
+    states, edges, keys, vals, meta = _automaton(ctx.shape[0])
+    seen, pos = 0, 1
+    while pos < n:
+        t = n_prompt + pos
+        while seen < t:
+            _grow(states, edges, keys, vals, meta, ctx[seen], seen, wmax)
+            seen += 1
+        start, length = _leftmost_draft(states, meta, t, min(k, n - pos - 1), rule, k, wmin,
+                                        wmax, ctx, eos)
+        a = _accepted(ctx, start, length, t)
+        _record(c, p, length, a, out)
+        p, pos = p + 1, pos + a + 1
+    return p
+
+
+@njit(cache=True)
+def _leftmost_draft(states, meta, t, budget, rule, k, wmin, wmax, ctx, eos):
+    """The draft for context ctx[:t] as (start in ctx, length): what the proposer's `propose`
+    returns, cut to `budget` (NgramProposer, HfProposer)."""
+    start = _leftmost(states, meta, wmin, wmax)
+    if start < 0 or budget <= 0:
+        return -1, 0
+    if rule == VLLM:
+        return start, min(budget, t - start)
+    length = min(k, t - start)
+    for i in range(length):  # hf: cut before the first eos
+        for e in eos:
+            if ctx[start + i] == e:
+                return start, min(i, budget)
+    return start, min(length, budget)
+
+
+# ---- vllm, hf: a suffix automaton of the context ----------------------------------------------
+# The rule (ngram.longest_match, = _first_match_start): the longest n in wmin..wmax whose
+# last-n-token suffix occurred earlier, ending before the last token, and the index after its
+# leftmost occurrence. In the automaton of the context, link(last) is the state of the longest
+# suffix that ends earlier too, and every string of a state has the same ends, the first of which
+# the state keeps: for n <= wmax that is the answer; a longer suffix is cut to the last wmax
+# tokens, whose state is tracked as the context grows (no walk along the links, which a looping
+# chain makes as long as the chain).
+# Arrays: states int64[2T+2, 4] (length, link, first end, first edge), edges int64[3T+3, 3]
+# (token, target, next edge of the same state), a table keys/vals (state << 31 | token -> edge;
+# ids are below 2^31), meta int64[5] (states used, edges used, last state, the tracked state of
+# the last min(wmax, T) tokens, that length).
+
+_EMPTY = -1
+_MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 (Fibonacci hashing) as int64
+
+
+@njit(cache=True)
+def _table(entries):
+    """An empty open-addressing table for `entries` keys (>= 0): (keys, values)."""
+    cap = 16
+    while cap < 2 * entries:
+        cap *= 2
+    return np.full(cap, _EMPTY, np.int64), np.empty(cap, np.int64)
+
+
+@njit(cache=True)
+def _slot(keys, key):
+    """The slot of `key`, or the empty slot where it would go (linear probing)."""
+    mask = keys.shape[0] - 1
+    h = key * _MIX
+    i = (h ^ (h >> 31)) & mask
+    while keys[i] != _EMPTY and keys[i] != key:
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True)
+def _automaton(length):
+    states = np.empty((2 * length + 2, 4), np.int64)
+    edges = np.empty((3 * length + 3, 3), np.int64)
+    keys, vals = _table(3 * length + 3)
+    meta = np.zeros(5, np.int64)
+    states[0, 0], states[0, 1], states[0, 2], states[0, 3] = 0, -1, -1, -1
+    meta[0] = 1
+    return states, edges, keys, vals, meta
+
+
+@njit(cache=True)
+def _target(keys, vals, edges, state, token):
+    i = _slot(keys, (state << 31) | token)
+    return -1 if keys[i] == _EMPTY else edges[vals[i], 1]
+
+
+@njit(cache=True)
+def _add_edge(states, edges, keys, vals, meta, state, token, target):
+    e = meta[1]
+    meta[1] += 1
+    edges[e, 0], edges[e, 1], edges[e, 2] = token, target, states[state, 3]
+    states[state, 3] = e
+    key = (state << 31) | token
+    i = _slot(keys, key)
+    keys[i], vals[i] = key, e
+
+
+@njit(cache=True)
+def _extend(states, edges, keys, vals, meta, token, i):
+    """The automaton of ctx[:i] becomes that of ctx[:i+1] (ctx[i] = token); the textbook
+    construction, each state keeping the first end of its strings."""
+    cur, last = meta[0], meta[2]
+    meta[0] += 1
+    states[cur, 0], states[cur, 2], states[cur, 3] = states[last, 0] + 1, i, -1
+    p = last
+    while p != -1 and _target(keys, vals, edges, p, token) == -1:
+        _add_edge(states, edges, keys, vals, meta, p, token, cur)
+        p = states[p, 1]
+    if p == -1:
+        states[cur, 1] = 0
+    else:
+        q = _target(keys, vals, edges, p, token)
+        if states[p, 0] + 1 == states[q, 0]:
+            states[cur, 1] = q
+        else:  # split q: its strings up to len(p) + 1 long move to a clone
+            clone = meta[0]
+            meta[0] += 1
+            states[clone, 0], states[clone, 1] = states[p, 0] + 1, states[q, 1]
+            states[clone, 2], states[clone, 3] = states[q, 2], -1
+            e = states[q, 3]
+            while e >= 0:
+                _add_edge(states, edges, keys, vals, meta, clone, edges[e, 0], edges[e, 1])
+                e = edges[e, 2]
+            while p != -1 and _target(keys, vals, edges, p, token) == q:
+                edges[vals[_slot(keys, (p << 31) | token)], 1] = clone
+                p = states[p, 1]
+            states[q, 1] = clone
+            states[cur, 1] = clone
+    meta[2] = cur
+
+
+@njit(cache=True)
+def _grow(states, edges, keys, vals, meta, token, i, wmax):
+    """_extend, and move the tracked state to that of the last min(wmax, i + 1) tokens."""
+    _extend(states, edges, keys, vals, meta, token, i)
+    v, n = meta[3], meta[4]
+    while states[v, 1] >= 0 and states[states[v, 1], 0] >= n:  # split off into a clone
+        v = states[v, 1]
+    v, n = _target(keys, vals, edges, v, token), n + 1
+    if n > wmax:  # one token too long: its suffix is this state's or its link's
+        n = wmax
+        if states[states[v, 1], 0] >= wmax:
+            v = states[v, 1]
+    meta[3], meta[4] = v, n
+
+
+@njit(cache=True)
+def _leftmost(states, meta, wmin, wmax):
+    """The index after the leftmost earlier occurrence of the longest suffix of length
+    wmin..wmax, or -1 (ngram.longest_match's start)."""
+    u = states[meta[2], 1]
+    n = states[u, 0] if u > 0 else 0
+    if n < wmin:
+        return -1
+    if n > wmax:
+        u = meta[3]
+    return states[u, 2] + 1
+
+
+# ---- llamacpp-simple: n-grams hashed to their most recent start -------------------------------
+
+_BASE = 1000003
+_MASK = (1 << 63) - 1  # table keys are >= 0
+
+
+@njit(cache=True)
+def _replay_recent(ctx, n_prompt, k, size, c, p, out):
+    """llamacpp-simple (n-gram `size`, m = k) over one chain; returns the next pass number.
+    Every start j of an n-gram that may match (1 <= j <= T - size - 2 at context T) is in the
+    table, the latest j per hash."""
+    n = ctx.shape[0] - n_prompt
+    out[0][c, 0] = max(n - 1, 0)
+    if n < 2:
+        return p
+    prefix, power = _hashes(ctx, size)
+    keys, vals = _table(ctx.shape[0])
+    added, pos = 1, 1
+    while pos < n:
+        t = n_prompt + pos
+        while added <= t - size - 2:
+            h = (prefix[added + size] - prefix[added] * power) & _MASK
+            i = _slot(keys, h)
+            keys[i], vals[i] = h, added
+            added += 1
+        start, length = _recent(ctx, t, size, k, keys, vals, prefix, power)
+        budget = min(k, n - pos - 1)
+        if start < 0 or budget <= 0:
+            start, length = -1, 0
+        length = min(length, budget)
+        a = _accepted(ctx, start, length, t)
+        _record(c, p, length, a, out)
+        p, pos = p + 1, pos + a + 1
+    return p
+
+
+@njit(cache=True)
+def _hashes(ctx, size):
+    """(polynomial hashes of every prefix ctx[:i], BASE^size): the n-gram at j hashes to
+    prefix[j + size] - prefix[j] * power (int64 arithmetic wraps)."""
+    prefix = np.zeros(ctx.shape[0] + 1, np.int64)
+    for i in range(ctx.shape[0]):
+        prefix[i + 1] = prefix[i] * _BASE + ctx[i] + 1
+    power = np.int64(1)
+    for _ in range(size):
+        power *= _BASE
+    return prefix, power
+
+
+@njit(cache=True)
+def _recent(ctx, t, size, m, keys, vals, prefix, power):
+    """_most_recent_start(ctx[:t], size, m) from the table."""
+    if t - 1 <= size + m + 1:
+        return -1, 0
+    i = _slot(keys, (prefix[t] - prefix[t - size] * power) & _MASK)
+    if keys[i] == _EMPTY:
+        return -1, 0
+    j = vals[i]
+    for d in range(size):
+        if ctx[j + d] != ctx[t - size + d]:  # another n-gram with the same hash
+            return _most_recent_start(ctx[:t], size, m)
+    copy = min(m, t - 1 - (j + size))
+    if copy < size:
+        return -1, 0
+    return j + size, copy
 
 
 # ---- suffix: the trie on arrays ---------------------------------------------------------------
@@ -302,7 +517,7 @@ def _sources_digest() -> str:
 def _refresh_cache() -> None:
     """Drop the replays' cached machine code when the proposers' kernels changed since it was
     compiled (a stamp file beside numba's cache records their digest)."""
-    kernels = (ngram_replay, _ngram_draft)
+    kernels = (ngram_replay, _replay_recent, _recent)
     try:
         folder = Path(kernels[0]._cache._cache_path)
     except AttributeError:  # another numba: no cache to refresh
