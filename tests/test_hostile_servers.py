@@ -221,15 +221,27 @@ def test_bad_prompt_timings_for_cn_are_one_line(env, tiny_llama_folder, servers,
     assert expected in one_error(result)
 
 
+def measure(env, folder, spec, plain):
+    goldens = write_goldens(env / "g.jsonl", golden_line(output_ids=[5, 6, 7, 5, 6, 7, 5, 6]))
+    return CliRunner().invoke(app, [
+        "probe", "-g", str(goldens), "--measure", "-m", str(folder), "--allow-model-mismatch",
+        "--engine", spec.url, "--baseline", plain.url, "--engine-api", "llama.cpp",
+        "--proposer", "llamacpp-simple", "--repeats", "1", "--json"])
+
+
+@pytest.mark.parametrize("timings", [None, {}])
+def test_the_measured_probe_needs_decode_times(env, tiny_llama_folder, servers, timings):
+    answer = completion([5, 6, 7, 5, 6, 7, 5, 6]) | {"timings": timings}
+    spec, plain = (servers({("POST", "/completion"): json_answer(answer)}) for _ in "ab")
+    line = one_error(measure(env, tiny_llama_folder(), spec, plain), progress="simulated ")
+    assert "the answer reports no decode time" in line
+
+
 def test_the_measured_probe_refuses_a_redirect_too(env, tiny_llama_folder, servers):
     catcher = servers()
     bad = redirect(302, f"{catcher.url}/completion")
     spec, plain = servers({("POST", "/completion"): bad}), servers({("POST", "/completion"): bad})
-    goldens = write_goldens(env / "g.jsonl", golden_line(output_ids=[5, 6, 7, 5, 6, 7, 5, 6]))
-    result = CliRunner().invoke(app, [
-        "probe", "-g", str(goldens), "--measure", "-m", str(tiny_llama_folder()),
-        "--allow-model-mismatch", "--engine", spec.url, "--baseline", plain.url,
-        "--engine-api", "llama.cpp", "--proposer", "llamacpp-simple", "--repeats", "1"])
+    result = measure(env, tiny_llama_folder(), spec, plain)
     assert "a redirect to" in one_error(result, progress="simulated ")
     assert catcher.requests == []
 

@@ -53,7 +53,7 @@ def measure_on_server(plain: ServerApi, spec: ServerApi, goldens: list[Golden], 
             n = request_tokens(g)
             pair = (plain, spec) if (r + i) % 2 == 0 else (spec, plain)  # alternate the order
             how = sampling or g.sampler
-            answers = {api: api.complete(g.prompt_ids, n, how) for api in pair}
+            answers = {api: _timed(api, api.complete(g.prompt_ids, n, how)) for api in pair}
             runs[g.id].plain.append(answers[plain])
             runs[g.id].spec.append(answers[spec])
         if cost_round:
@@ -69,6 +69,14 @@ def measure_on_server(plain: ServerApi, spec: ServerApi, goldens: list[Golden], 
            for g in goldens]
     slope = line_slope(given) if given else None
     return _overall(per, goldens, runs, c, engine or spec.url, repeats, slope)
+
+
+def _timed(api: ServerApi, answer: Completion) -> Completion:
+    """The answer, which must say how long its decode took (a server's own answer)."""
+    if answer.decode_s is None:
+        raise KolibriError(f"{api.url}: the answer reports no decode time (llama.cpp's "
+                           "timings.predicted_ms); the measured speedup needs it")
+    return answer
 
 
 def _golden(golden: Golden, runs: _Runs, run: SimRun, c,
@@ -116,8 +124,9 @@ def _overall(per, goldens, runs: dict, c, engine: str, repeats: int,
     longest = max((d for _, lengths in per for d in lengths), default=0)
     predicted = None if c is None else div_or_none(steps, sum(c(1 + d) for d in lengths))
     on_line = None if slope is None else div_or_none(steps, sum(1 + slope * d for d in lengths))
-    by_repeat = [sum(runs[g.id].plain[r].decode_s for g in kept)
-                 / sum(runs[g.id].spec[r].decode_s for g in kept) for r in range(repeats)]
+    by_repeat = [div_or_none(sum(runs[g.id].plain[r].decode_s for g in kept),
+                             sum(runs[g.id].spec[r].decode_s for g in kept)) or 0.0
+                 for r in range(repeats)]  # 0.0: no decode time (1-token chains), as speedup
     return Measured(
         plain_tokens_per_s=steps / plain_s if plain_s else 0.0,
         spec_tokens_per_s=steps / spec_s if spec_s else 0.0,
