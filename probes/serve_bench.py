@@ -3,7 +3,7 @@ the same prompts (the chat goldens' prompt ids, their recorded max_tokens, greed
 by the same client (the official `openai` package, /v1/completions with the prompt as token ids),
 in one run — the figures in docs/serve.md.
 
-    python probes/serve_bench.py [--rounds 3] [--threads 2] [--clients 1] [--json]
+    python probes/serve_bench.py [--rounds 3] [--threads 2] [--clients 1] [--limit N] [--json]
 
 Servers: `kolibri serve` with speculation (the guard, its default) and `--no-spec`, and a
 llama-server (`kolibri[llamacpp]`) started as kolibri starts it (servers.launch: --no-repack, one
@@ -97,10 +97,16 @@ def run_round(tally: Tally, work, clients: int, kolibri: bool) -> None:
 
 
 def cpu_name() -> str:
+    """The CPU's model name and its widest vector extension (a figure's context)."""
+    name, flags = platform.processor() or "unknown CPU", set()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+            name = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return f"{name} ({widest})"
 
 
 def main() -> None:
@@ -114,10 +120,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--clients", type=int, default=1, help="concurrent client threads")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
-    work = requests_of(load_goldens(a.goldens))
+    work = requests_of(load_goldens(a.goldens))[: a.limit]
+    load = [os.getloadavg()[0]]
     gguf = gguf_file(open_model(None, weights=False).path)
     print(f"{len(work)} prompts, {a.rounds} rounds, {a.threads} threads, {a.clients} client(s); "
           "starting servers", file=sys.stderr)
@@ -135,23 +143,24 @@ def main() -> None:
         version = llama.version()
     for server in (spec, plain):
         server.stop()
-    report(tallies, work, a, gguf, version)
+    report(tallies, work, a, gguf, version, [*load, os.getloadavg()[0]])
 
 
-def report(tallies: list[Tally], work, a, gguf: Path, version: str) -> None:
+def report(tallies: list[Tally], work, a, gguf: Path, version: str, load: list[float]) -> None:
     rows = [t.figures(len(work)) for t in tallies]
     base = rows[-1]["tokens_per_s"]
     for row in rows:
         row["tokens_per_s_vs_llama_server"] = row["tokens_per_s"] / base
     same = tallies[0].chains == tallies[1].chains
     doc = {"cpu": cpu_name(), "threads": a.threads, "clients": a.clients, "gguf": str(gguf),
-           "llama_server": version, "prompts": len(work), "kolibri_spec_ids_equal_plain": same,
+           "llama_server": version, "prompts": len(work), "load_average": load,
+           "kolibri_spec_ids_equal_plain": same,
            "servers": rows}
     if a.json:
         print(json.dumps(doc, indent=2))
         return
     print(f"{doc['cpu']}, {a.threads} threads, {a.clients} client(s), {len(work)} prompts x "
-          f"{a.rounds} rounds; {version}")
+          f"{a.rounds} rounds; {version}; load average {load[0]:.1f} -> {load[1]:.1f}")
     print(f"{'server':26s} {'req/s':>7s} {'tok/s':>7s} {'vs llama':>9s}  tok/s by round")
     for row in rows:
         print(f"{row['server']:26s} {row['requests_per_s']:7.3f} {row['tokens_per_s']:7.1f} "
