@@ -76,6 +76,8 @@ def _bind(host: str, port: int) -> tuple[socket.socket, str]:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except (socket.gaierror, UnicodeError, OverflowError) as e:
         raise KolibriError(f"--host {host!r} cannot be resolved ({e})") from None
+    # proto as getaddrinfo gives it (IPPROTO_TCP): asyncio sets TCP_NODELAY only on such
+    # sockets; with proto 0 every answer waited ~40 ms for the client's delayed ACK
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
