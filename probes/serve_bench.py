@@ -121,6 +121,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--clients", type=int, default=1, help="concurrent client threads")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    ap.add_argument("--llama-flag", action="append", default=[], metavar="FLAG",
+                    help="an extra llama-server flag (repeatable), e.g. --llama-flag=--poll=0")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
@@ -130,7 +132,7 @@ def main() -> None:
     print(f"{len(work)} prompts, {a.rounds} rounds, {a.threads} threads, {a.clients} client(s); "
           "starting servers", file=sys.stderr)
     spec, plain = (KolibriServer(*flags, threads=a.threads) for flags in ((), ("--no-spec",)))
-    with LlamaServer(ServerSpec(gguf, a.threads)) as llama:
+    with LlamaServer(ServerSpec(gguf, a.threads, args=tuple(a.llama_flag))) as llama:
         tallies = [Tally("kolibri serve", spec.url), Tally("kolibri serve --no-spec", plain.url),
                    Tally("llama-server", llama.url)]
         for tally in tallies:  # warm-up: one request each, not timed
