@@ -56,8 +56,9 @@ def test_probe_prices_with_the_stored_bench_of_the_goldens_model(goldens, kolibr
     assert doc["pricing"]["source"] == "bench" and doc["pricing"]["bench"]["threads"] == 2
     assert doc["pricing"]["costs"] == {"1": 1.0, "2": 1.5, "3": 1.9, "4": 2.4}
     assert doc["runs"][0]["modelled_speedup"] == pytest.approx(9 / (2.4 + 1 + 1.9 + 1.5 + 1))
-    text = probe(goldens).stdout
-    assert "c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2): c(2)=1.50," in text
+    text = " ".join(probe(goldens).stdout.split())
+    assert "predicted with c(n) from kolibri bench of m (float32, 2 threads, kolibri" in text
+    assert "2026-11-30 22:41 UTC" in text.split("per golden")[0]  # in the verdict, up front
     older = json.loads(probe(goldens, "--threads", "1", "--json").stdout)["pricing"]
     assert older["source"] == "bench" and older["bench"]["measured_at"].startswith("2026-11-29")
 
@@ -201,10 +202,11 @@ def test_probe_toml_asks_for_the_guess_and_reports_name_the_source(goldens, koli
     toml.write_text(f'goldens = ["{goldens.name}"]\ncosts = "default"\nmarkdown = "r.md"\n')
     r = CliRunner().invoke(app, ["probe", str(toml), "--json"])
     assert json.loads(r.stdout)["pricing"]["source"] == "guess", r.stderr
-    assert "Modelled speedups priced with c(n) guessed (--costs default): c(2)=1.32" in (
+    assert "Predicted speedups priced with c(n) guessed (--costs default): c(2)=1.32" in (
         tmp_path / "r.md").read_text()
     r = CliRunner().invoke(app, ["probe", "--goldens", str(goldens), "--markdown",
                                  str(tmp_path / "b.md")])
     text = (tmp_path / "b.md").read_text()
-    assert "priced with c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2)" in text
-    assert "--costs" not in text.split("\n")[2]  # the regenerating command adds no --costs
+    assert "priced with c(n) from kolibri bench of m (float32, 2 threads" in text
+    command = next(line for line in text.split("\n") if line.startswith("Regenerate"))
+    assert "--costs" not in command  # the regenerating command adds no --costs

@@ -1,6 +1,7 @@
 """`kolibri probe` through CliRunner: exit codes, the --json schema, gates, files, PROBE.toml."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -37,13 +38,24 @@ def test_json_schema_and_values(goldens):
     result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
-    assert set(doc) == {"schema_version", "throughput", "config", "pricing", "best", "comparison",
-                        "runs", "guard"}
-    assert doc["guard"] is None  # nothing measured
+    assert set(doc) == {"schema_version", "verdict", "best", "ranking", "categories", "gates",
+                        "gate_failures", "throughput", "config", "pricing", "comparison", "runs",
+                        "guard"}
+    assert doc["schema_version"] == 2 and doc["guard"] is None  # nothing measured
     assert doc["config"]["k"] == [3] and doc["config"]["window"] == ["1-2"]
     assert (doc["throughput"]["chains"], doc["throughput"]["steps"]) == (2, 9)
-    assert doc["best"] == {"proposer": "vllm", "k": 3, "window": [1, 2], "ratio": 1.8}
     (r,) = doc["runs"]
+    speedup = r["predicted_speedup"]
+    assert doc["best"] == {
+        "proposer": "vllm", "k": 3, "window": [1, 2], "name": "vllm k=3 window=1-2",
+        "speedup": speedup, "basis": "predicted", "predicted_speedup": speedup,
+        "measured_speedup": None, "interval": doc["best"]["interval"], "goldens_faster":
+        doc["best"]["goldens_faster"], "goldens": 2, "worst": doc["best"]["worst"], "ratio": 1.8}
+    low, high = doc["best"]["interval"]
+    assert low <= speedup <= high
+    assert doc["ranking"] == [doc["best"]] and doc["verdict"]["setting"] == doc["best"]
+    assert doc["verdict"]["answer"] in ("pays", "a wash", "does not pay")
+    assert doc["verdict"]["text"].startswith("n-gram speculation ")
     head = (r["proposer"], r["k"], r["window"], r["best"], r["measured"], r["chains"])
     assert head == ("vllm", 3, [1, 2], True, None, 2)
     assert r["total"] == {
@@ -68,6 +80,8 @@ def test_sweep_json_marks_the_best(goldens):
     assert grid == [(1, [1, 2]), (1, [3, 3]), (3, [1, 2]), (3, [3, 3])]
     assert [r["best"] for r in runs] == [False, False, True, False]
     assert runs[3]["total"]["verify_passes"] == 9  # no 3-gram repeats: every pass is plain
+    ranked = json.loads(result.stdout)["ranking"]
+    assert [x["speedup"] for x in ranked] == sorted((r["speedup"] for r in runs), reverse=True)
 
 
 def test_tables_by_default(goldens):
@@ -101,7 +115,7 @@ def test_gates(goldens, kolibri_home):
         (["--window", "a-b"], "window 'a-b' is invalid"),
         (["--proposer", "eagle"], "unknown proposer 'eagle'"),
         (["--min-acceptance", "1.5"], "min_acceptance is a fraction"),
-        (["--min-speedup", "1.2"], "--min-speedup gates the measured speedup: add --measure"),
+        (["--gate", "speedup >= 'a'"], "only figures, numbers, comparisons"),
         (["--category", "math"], "no goldens of category math"),
     ],
 )
@@ -137,9 +151,12 @@ def test_markdown_written(goldens, tmp_path):
     json.loads(result.stdout)  # stdout is still exactly one JSON object
     text = out.read_text()
     assert "Regenerate with `kolibri probe --goldens" in text
-    assert "| k=3 | **1.80x** (best) |" in text
-    assert "| all | 9 | 5 | 1.80x | 6 | 4 | 66.7% | 2.33 |" in text
-    assert "| mix (code) | 7 | 3 | 2.33x | 5 | 4 | 80.0% | 3.00 |" in text
+    assert re.search(r"\| k=3 \| \*\*\d\.\d\dx \(1\.80x, 66\.7%\)\*\* ★ \|", text)
+    speedup = r"\| \d\.\d\dx \| "
+    totals = r"9 \| 5 \| 1\.80x \| 6 \| 4 \| 66\.7% \| 2\.33 \|"
+    assert re.search(r"\| all " + speedup + totals, text)
+    mix = r"7 \| 3 \| 2\.33x \| 5 \| 4 \| 80\.0% \| 3\.00 \|"
+    assert re.search(r"\| mix \(code\) " + speedup + mix, text)
     assert "| 3 | 1 | 0 | 0.0% |" in text  # position 3: drafted once, never accepted
 
 
@@ -188,13 +205,22 @@ def test_plot_written(goldens, tmp_path):
     result = run("--goldens", goldens, "--k", "1,3", "--plot", out, "--markdown", md, "--json")
     assert result.exit_code == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "![sweep and per-position acceptance](../img/p.png)" in md.read_text()
+    assert "![predicted speedup over k, and per-position acceptance](../img/p.png)" in \
+        md.read_text()
+
+
+def _result(goldens, runs, measured, **config):
+    from kolibri_cli.probe.config import ProbeConfig
+    from kolibri_cli.probe.pricing import Pricing
+    from kolibri_cli.probe.result import build_result
+
+    cfg = ProbeConfig(goldens=[goldens], **config)
+    return build_result(cfg, runs, Pricing("given", {1: 1.0}), measured)
 
 
 def test_measured_section_and_speedup_gate(goldens):
     from kolibri_cli.goldens.chains import load_goldens
-    from kolibri_cli.probe.config import ProbeConfig
-    from kolibri_cli.probe.report import Measured, MeasuredGolden, build_report, check_gates
+    from kolibri_cli.probe.report import Measured, MeasuredGolden, build_report
     from kolibri_cli.probe.shard import simulate
 
     run_ = simulate(load_goldens(goldens), 3, (1, 2))
@@ -203,29 +229,34 @@ def test_measured_section_and_speedup_gate(goldens):
         ("vllm", 3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0, 4: 1.2}, 1e-5, True, True,
                                       [one])
     }
-    doc = build_report(ProbeConfig(goldens=[goldens]), [run_], measured)
+    doc = build_report(_result(goldens, [run_], measured))
     m = doc["runs"][0]["measured"]
     assert m["costs"] == {"1": 1.0, "4": 1.2}
     assert m["prediction_error"] == pytest.approx(0.1)
     assert m["goldens"][0]["first_divergence"] is None and m["goldens"][0]["speedup"] == 1.5
-    assert check_gates([run_], min_speedup=1.2, measured=measured) == []
-    assert check_gates([run_], min_speedup=1.5, measured=measured) == [
+    assert doc["best"]["speedup"] == 1.3 and doc["best"]["basis"] == "measured"
+    assert _result(goldens, [run_], measured, min_speedup=1.2).failures == []
+    assert _result(goldens, [run_], measured, min_speedup=1.5).failures == [
         "measured speedup 1.300 < min-speedup 1.5 (vllm k=3 window=1-2)"
     ]
-    assert check_gates([run_], min_speedup=1.0) == [
-        "measured speedup n/a < min-speedup 1 (vllm k=3 window=1-2)"
+    predicted = _result(goldens, [run_], {}, min_speedup=9.0)
+    assert predicted.failures == [
+        f"predicted speedup {run_.modelled_speedup():.3f} < min-speedup 9 (vllm k=3 window=1-2)"
     ]
 
 
-def test_speedup_gate_skips_unmeasured_runs_of_a_sweep(goldens):
+def test_speedup_gate_reads_the_measured_run_of_a_sweep(goldens):
+    """--measure measures the fastest setting: the gate reads its measured speedup, and that
+    setting leads the ranking whatever the others predict."""
     from kolibri_cli.goldens.chains import load_goldens
-    from kolibri_cli.probe.report import Measured, check_gates
+    from kolibri_cli.probe.report import Measured
     from kolibri_cli.probe.shard import sweep
 
     runs = sweep(load_goldens(goldens), [1, 3], [(1, 2)])
     measured = {("vllm", 3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0}, 0.0, True, True)}
-    assert check_gates(runs, min_speedup=1.2, measured=measured) == []
-    assert check_gates(runs, min_speedup=1.4, measured=measured) == [
+    result = _result(goldens, runs, measured, min_speedup=1.2)
+    assert result.best is runs[1] and result.failures == []
+    assert _result(goldens, runs, measured, min_speedup=1.4).failures == [
         "measured speedup 1.300 < min-speedup 1.4 (vllm k=3 window=1-2)"
     ]
 
@@ -310,7 +341,6 @@ def test_goldens_too_short_to_time_are_marked_and_left_out_of_overall_and_worst(
 def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
     from kolibri_cli.cli.render_probe import guard_table
     from kolibri_cli.goldens.chains import load_goldens
-    from kolibri_cli.probe.config import ProbeConfig
     from kolibri_cli.probe.report import Measured, MeasuredGolden, guard_json, render_markdown
     from kolibri_cli.probe.shard import simulate
 
@@ -333,7 +363,7 @@ def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
     assert measured[("vllm", 5, (1, 4))].to_json()["worst"] == {
         "id": "b", "speedup": 0.9, "interval": (0.85, 0.96)}
     run_ = simulate(load_goldens(goldens), 5, (1, 4))
-    text = render_markdown(ProbeConfig(goldens=[goldens]), [run_], "kolibri probe", measured)
+    text = render_markdown(_result(goldens, [run_], measured), "kolibri probe")
     assert "## Guard: measured spec / plain per golden" in text
     assert "| worst | 0.98x | 0.90x |" in text
     assert "| worst, 95% interval | - | 0.85x - 0.96x |" in text

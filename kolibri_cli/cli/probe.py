@@ -124,13 +124,23 @@ def probe(
         None,
         "--min-acceptance",
         metavar="Y",
-        help="Gate: exit 1 if a run's acceptance rate is below this (0-1).",
+        help="Gate: exit 1 if the fastest setting's acceptance rate is below this (0-1).",
     ),
     min_speedup: float | None = typer.Option(
         None,
         "--min-speedup",
         metavar="Z",
-        help="Gate: exit 1 if a measured speedup is below this (needs --measure).",
+        help="Gate: exit 1 if the fastest setting's speedup (measured with --measure, else "
+        "predicted) is below this; = --gate 'speedup >= Z'.",
+    ),
+    gate: list[str] | None = typer.Option(
+        None,
+        "--gate",
+        metavar="EXPR",
+        help="Gate (repeatable): exit 1 unless EXPR holds for the fastest setting, e.g. "
+        "'speedup >= 1.15 & worst >= 0.97'. Names: speedup, predicted, measured, low, high "
+        "(its 95% interval), worst, faster (share of goldens), ratio, acceptance, mean_len, "
+        "goldens (docs/probe.md).",
     ),
     markdown: Path | None = typer.Option(
         None, "--markdown", metavar="FILE", help="Write a Markdown report to FILE."
@@ -236,11 +246,13 @@ def probe(
 
 
 def run_probe(cfg) -> None:
-    """Simulate, write the requested files, print, then apply the gates."""
+    """Simulate (and measure), write the requested files, print the verdict first, then apply
+    the gates."""
     from kolibri_cli.cli.options import print_json
     from kolibri_cli.cli.render import note
     from kolibri_cli.cli.render_probe import render_probe, require_matplotlib, write_plot
-    from kolibri_cli.probe.report import build_report, check_gates, render_markdown
+    from kolibri_cli.probe.report import build_report, render_markdown
+    from kolibri_cli.probe.result import build_result
 
     _refuse_unavailable(cfg)
     if cfg.plot:
@@ -257,19 +269,20 @@ def run_probe(cfg) -> None:
     else:
         runs, throughput = _simulate(cfg, _planned_tasks(cfg, extra))
         measured = None
-    if cfg.plot:
-        write_plot(cfg.plot, runs)
-    if cfg.markdown:
-        text = render_markdown(cfg, runs, _command(cfg), measured=measured, plot=_plot_link(cfg))
-        _write_markdown(cfg, text)
-    if cfg.json:
-        print_json(build_report(cfg, runs, measured, throughput), indent=None)
-    else:
-        render_probe(runs, cfg.by_category, measured, pricing=cfg.pricing)
+    result = build_result(cfg, runs, cfg.pricing, measured, throughput)
     if cfg.pricing.note:
         note(cfg.pricing.note)
-    failures = check_gates(runs, cfg.min_ratio, cfg.min_acceptance, cfg.min_speedup, measured)
-    if failures:
+    if cfg.plot:
+        write_plot(cfg.plot, result)
+    if cfg.markdown:
+        text = render_markdown(result, _command(cfg), plot=_plot_link(cfg))
+        _write_markdown(cfg, text)
+    if cfg.json:
+        print_json(build_report(result), indent=None)
+    else:
+        render_probe(result)
+    if result.failures:
+        failures = result.failures
         more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
         raise KolibriError("gate failed: " + "; ".join(failures[:3]) + more)
 
@@ -284,8 +297,6 @@ def _pricing(cfg):
 def _refuse_unavailable(cfg) -> None:
     from kolibri_cli.servers import LOCAL, is_server
 
-    if cfg.min_speedup is not None and not cfg.measure:
-        raise KolibriError("--min-speedup gates the measured speedup: add --measure")
     if not _in_process(cfg):
         if not cfg.measure:
             raise KolibriError(f"--engine {cfg.engine} is where --measure runs: add --measure")
@@ -447,15 +458,16 @@ def _measure(cfg, model, goldens, runs) -> dict:
     from kolibri_cli.cli import render
     from kolibri_cli.cli.options import resolve_sampling, sampling_options
     from kolibri_cli.goldens import record as recorder
+    from kolibri_cli.probe.answer import best, fastest_per_proposer, ranking
     from kolibri_cli.probe.measure import measure_runs
     from kolibri_cli.probe.pricing import live_runs
     from kolibri_cli.probe.report import run_key
-    from kolibri_cli.probe.simulate import best_per_proposer, best_run
 
     recorder.check_model_matches(model, goldens, cfg.allow_model_mismatch)
     given = cfg.sampling_overrides()
     override = resolve_sampling(model, sampling_options(**given)) if given else None
-    chosen = best_per_proposer(runs) if len(cfg.proposer) > 1 else [best_run(runs)]
+    chosen = ([s.run for s in fastest_per_proposer(runs, ranking(runs))]
+              if len(cfg.proposer) > 1 else [best(runs)])
     chosen = live_runs(chosen, cfg.pricing)
     if _in_process(cfg):
         names = ", ".join(run.name for run in chosen)
@@ -550,6 +562,8 @@ def _command(cfg) -> str:
     for flag, value in optional.items():
         if value is not None and value != "":
             args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    for text in cfg.gate or []:
+        args += ["--gate", text]
     switches = {"--measure": cfg.measure, "--bench": cfg.bench, "--by-category": cfg.by_category,
                 "--allow-model-mismatch": cfg.allow_model_mismatch}
     args += [flag for flag, on in switches.items() if on]

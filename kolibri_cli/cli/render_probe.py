@@ -16,6 +16,7 @@ from rich.text import Text
 from kolibri_cli.cli.render import Col, FitTable, cell, err
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.answer import LOSES, PAYS, WASHES
 from kolibri_cli.probe.pricing import source_text
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
@@ -24,57 +25,69 @@ from kolibri_cli.probe.report import (
     MIN_TIMED_STEPS,
     SEED_COLUMNS,
     category_cell,
+    category_line,
     comparison_cells,
-    count_cells,
     fmt_pct,
     fmt_ratio,
     guard_rows,
+    pricing_text,
     run_key,
     seed_cells,
+    speed_count_cells,
     speedup_cell,
+    sweep_cell,
     sweep_grid,
+    verdict_text,
 )
+from kolibri_cli.probe.result import ProbeResult
 from kolibri_cli.probe.seeds import seed_spread
-from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
+from kolibri_cli.probe.simulate import Counts, SimRun
 from kolibri_cli.store.atomic import atomic_path
 
-SHORT_COLUMNS = ["plain", "passes", "ratio", "drafts", "acc.", "acc. %", "mean len"]
+SHORT_COLUMNS = ["speedup", "plain", "passes", "ratio", "drafts", "acc.", "acc. %", "mean len"]
 COUNT_DROP = {"drafts": 6, "acc.": 5, "mean len": 4, "plain": 2, "passes": 1}
 CAPTION = (
+    "speedup = predicted over plain decode, plain steps / sum c(1 + drafted) per pass; "
     "plain = plain decode steps (N-1); passes = verify passes; ratio = plain / passes; "
     "mean len = 1 + accepted / passes with drafts"
 )
 HEAT_STYLES = ["red", "dark_orange", "yellow", "green3", "bold bright_green"]  # low -> high
+ANSWER_STYLES = {PAYS: "bold green", WASHES: "bold yellow", LOSES: "bold red"}
 BAR_WIDTH = 30
 
 
-def render_probe(runs: list[SimRun], by_category: bool, measured: dict | None = None,
-                 console: Console | None = None, pricing=None) -> None:
-    """The default terminal report: the sweep (if any), then the best run in detail, then
-    the source of the c(n) it was priced with (`pricing`, a probe.pricing.Pricing)."""
+def render_probe(result: ProbeResult, console: Console | None = None) -> None:
+    """The terminal report: the verdict and where its c(n) came from first, then the evidence —
+    the comparison and the sweep (the fastest starred), the fastest setting in detail."""
     console = console or Console()
-    best = best_run(runs)
-    compared = best_per_proposer(runs)
-    same = [r for r in runs if r.proposer == best.proposer]
+    best, measured = result.best, result.measured
+    console.print(verdict_lines(result))
+    same = [r for r in result.runs if r.proposer == best.proposer]
+    if len(result.compared) > 1:
+        console.print(comparison_table(result))
+        console.print(comparison_category_table(result))
     if len(same) > 1:
-        console.print(sweep_table(same, best))
-        console.print(f"best: [bold]{best.name}[/] — ratio {fmt_ratio(best.total.ratio)}\n")
+        console.print(sweep_table(result, same))
     console.print(goldens_table(best))
-    if by_category:
+    if result.config.by_category:
         console.print(category_table(best))
     console.print(position_bars(best.total, best.label))
     spread = seed_spread(best)
     if spread is not None:
         console.print(seeds_table(spread, best.label))
-    if len(compared) > 1:
-        console.print(comparison_table(compared, measured or {}, pricing))
-        console.print(comparison_category_table(compared))
-    for (proposer, k, window), m in (measured or {}).items():
+    for (proposer, k, window), m in measured.items():
         console.print(measured_table(m, f"{proposer} k={k} window={format_window(window)}"))
     if measured:
         console.print(guard_table(measured))
-    if pricing is not None:
-        console.print(cell(pricing.line()))
+
+
+def verdict_lines(result: ProbeResult) -> Text:
+    """The answer (styled by what it says), where c(n) came from, and by category if asked."""
+    text = Text(verdict_text(result.verdict), style=ANSWER_STYLES[result.verdict.answer])
+    text.append("\n" + pricing_text(result.pricing), style="dim")
+    if result.config.by_category and len(result.categories) > 1:
+        text.append("\n" + category_line(result.categories))
+    return text.append("\n")
 
 
 def guard_table(measured: dict) -> FitTable:
@@ -100,29 +113,36 @@ def seeds_table(spread: dict, label: str) -> FitTable:
 
 
 # Column drop ranks when the terminal is narrow: derived counts go first, the verdicts last.
-COMPARISON_DROP = {"window": 2, "acceptance": 1, "mean acc. len": 3,
-                   "predicted (measured c(n))": 4}
+COMPARISON_DROP = {"window": 2, "acceptance": 1, "mean acc. len": 3, "95% interval": 5,
+                   "predicted (c(n) above)": 6, "predicted (measured c(n))": 4}
 
 
-def comparison_table(compared: list[SimRun], measured: dict, pricing=None) -> FitTable:
-    """The proposers side by side, each at its best configuration by modelled speedup."""
-    found = [measured.get(run_key(r)) for r in compared]
+def comparison_table(result: ProbeResult) -> FitTable:
+    """The proposers side by side, each at its fastest configuration; the fastest starred."""
+    compared, measured = result.compared, result.measured
+    found = [measured.get(run_key(s.run)) for s in compared]
     names = COMPARISON_COLUMNS + (MEASURED_COLUMNS if any(found) else [])
     cols = [Col(n, numeric=n != "proposer", drop=COMPARISON_DROP.get(n, 0)) for n in names]
-    speeds = [r.modelled_speedup() or 0.0 for r in compared]
-    rows = [comparison_cells(run, m) + (["not run", ""] if any(found) and m is None else [])
-            for run, m in zip(compared, found, strict=True)]
-    return FitTable("proposers compared (each at its best configuration)", cols, rows,
-                    caption="modelled speedup = plain steps / sum c(1 + len(d)); "
-                    + source_text(pricing),
-                    row_styles=["bold green" if v == max(speeds) else None for v in speeds])
+    rows = [comparison_cells(s, m) + (["not run", ""] if any(found) and m is None else [])
+            for s, m in zip(compared, found, strict=True)]
+    rows = [[f"{r[0]} ★" if s.run is result.best else r[0], *r[1:]]
+            for r, s in zip(rows, compared, strict=True)]
+    return FitTable("proposers compared (each at its fastest configuration)", cols, rows,
+                    caption=f"speedup: {result.verdict.speed.basis} over plain decode; "
+                    "predicted = plain steps / sum c(1 + len(d)); " + source_text(result.pricing),
+                    row_styles=["bold green" if s.run is result.best else None
+                                for s in compared])
 
 
-def comparison_category_table(compared: list[SimRun]) -> FitTable:
-    by_cat = [r.by_category() for r in compared]
-    cols = [Col("category", numeric=False)] + [Col(r.proposer, numeric=False) for r in compared]
-    rows = [[cell(name), *(category_cell(cats[name]) for cats in by_cat)] for name in by_cat[0]]
-    return FitTable("per category: ratio · acceptance · mean acceptance length", cols, rows)
+def comparison_category_table(result: ProbeResult) -> FitTable:
+    runs = [s.run for s in result.compared]
+    by_cat = [r.by_category() for r in runs]
+    cols = [Col("category", numeric=False)] + [Col(r.proposer, numeric=False) for r in runs]
+    rows = [[cell(name), *(category_cell(r, cats[name]) for r, cats in zip(runs, by_cat,
+                                                                           strict=True))]
+            for name in by_cat[0]]
+    return FitTable("per category: predicted speedup · ratio · acceptance · mean acceptance "
+                    "length", cols, rows)
 
 
 def _count_cols(footers: list[str] | None = None) -> list[Col]:
@@ -134,8 +154,10 @@ def _count_cols(footers: list[str] | None = None) -> list[Col]:
 def goldens_table(run: SimRun) -> FitTable:
     """Per golden with the total as footer; the total alone when the rows were not kept."""
     cols = [Col("golden", numeric=False, footer=f"total ({run.chains:,})"),
-            Col("category", numeric=False, drop=3), *_count_cols(count_cells(run.total))]
-    rows = [[cell(g.id), cell(g.category), *count_cells(g.counts)] for g in run.goldens or []]
+            Col("category", numeric=False, drop=3),
+            *_count_cols(speed_count_cells(run, run.total))]
+    rows = [[cell(g.id), cell(g.category), *speed_count_cells(run, g.counts)]
+            for g in run.goldens or []]
     caption = CAPTION + ("" if run.goldens is not None else
                          f"; per-golden rows of {run.chains:,} chains not shown (--rows FILE "
                          "writes them)")
@@ -152,31 +174,33 @@ def stream_note(run: SimRun) -> str:
 
 def category_table(run: SimRun) -> FitTable:
     cols = [Col("category", numeric=False), *_count_cols()]
-    rows = [[cell(name), *count_cells(c)] for name, c in run.by_category().items()]
+    rows = [[cell(name), *speed_count_cells(run, c)] for name, c in run.by_category().items()]
     return FitTable(f"per category ({run.label})", cols, rows)
 
 
-def sweep_table(runs: list[SimRun], best: SimRun) -> FitTable:
-    """k x window heat table of the ratio; the best cell starred (cells wrap at their spaces)."""
+def sweep_table(result: ProbeResult, runs: list[SimRun]) -> FitTable:
+    """k x window heat table of the predicted speedup (ratio and acceptance beside it); the
+    fastest cell starred (cells wrap at their spaces)."""
     ks, windows, grid = sweep_grid(runs)
-    ratios = [r.total.ratio for r in runs if r.total.ratio is not None]
-    low, high = (min(ratios), max(ratios)) if ratios else (0.0, 0.0)
+    speeds = [v for r in runs if (v := result.speed_of(r).value) is not None]
+    low, high = (min(speeds), max(speeds)) if speeds else (0.0, 0.0)
     cols = [Col("k \\ window")] + [Col(format_window(w), numeric=False) for w in windows]
-    rows = [[str(k), *(_heat_cell(grid.get((k, w)), best, low, high) for w in windows)]
+    rows = [[str(k), *(_heat_cell(result, grid.get((k, w)), low, high) for w in windows)]
             for k in ks]
-    return FitTable("ratio = plain steps / verify passes (acceptance rate)", cols, rows)
+    return FitTable(f"{runs[0].proposer}: speedup over plain (ratio, acceptance); "
+                    "★ the fastest", cols, rows)
 
 
-def _heat_cell(run: SimRun | None, best: SimRun, low: float, high: float) -> Text:
+def _heat_cell(result: ProbeResult, run: SimRun | None, low: float, high: float) -> Text:
     if run is None:
         return Text("")
-    ratio = run.total.ratio
-    star = " ★" if run is best else ""
-    text = f"{fmt_ratio(ratio)} ({fmt_pct(run.total.acceptance_rate)}){star}"
-    if ratio is None:
+    speed = result.speed_of(run)
+    text = sweep_cell(speed) + (" ★" if run is result.best else "")
+    if speed.value is None:
         return Text(text, style="dim")
-    level = 0 if high == low else round((ratio - low) / (high - low) * (len(HEAT_STYLES) - 1))
-    return Text(text, style=HEAT_STYLES[level])
+    level = 0 if high == low else round((speed.value - low) / (high - low)
+                                        * (len(HEAT_STYLES) - 1))
+    return Text(text, style=HEAT_STYLES[level] if speed.value >= 1.0 else "red")
 
 
 def position_bars(counts: Counts, label: str) -> Table:
@@ -211,17 +235,18 @@ def require_matplotlib() -> None:
         ) from None
 
 
-def write_plot(path: Path, runs: list[SimRun]) -> None:
-    """PNG: ratio over k per window (the sweep), and per-position acceptance of the best run."""
+def write_plot(path: Path, result: ProbeResult) -> None:
+    """PNG: predicted speedup over k per window (the sweep) with the 1.0x line, and
+    per-position acceptance of the fastest run."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    best = best_run(runs)
+    best = result.best
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    _plot_sweep(left, [r for r in runs if r.proposer == best.proposer])
+    _plot_sweep(left, result, [r for r in result.runs if r.proposer == best.proposer])
     _plot_positions(right, best)
     fig.tight_layout()
     with atomic_path(path) as tmp:
@@ -229,14 +254,20 @@ def write_plot(path: Path, runs: list[SimRun]) -> None:
     plt.close(fig)
 
 
-def _plot_sweep(ax, runs: list[SimRun]) -> None:
+def _plot_sweep(ax, result: ProbeResult, runs: list[SimRun]) -> None:
     ks, windows, grid = sweep_grid(runs)
     for w in windows:
-        points = [(k, grid[(k, w)].total.ratio or float("nan")) for k in ks if (k, w) in grid]
+        points = [(k, result.speed_of(grid[(k, w)]).value or float("nan")) for k in ks
+                  if (k, w) in grid]
         ax.plot(*zip(*points, strict=True), marker="o", label=f"window {format_window(w)}")
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="plain decode (1.0x)")
+    best = result.speed_of(result.best)
+    if best.value is not None:
+        ax.plot([result.best.k], [best.value], marker="*", markersize=16, color="gold",
+                markeredgecolor="black", linestyle="none", label=f"fastest: {result.best.label}")
     ax.set_xlabel("k (draft tokens per pass)")
-    ax.set_ylabel("plain steps / verify passes")
-    ax.set_title("sweep")
+    ax.set_ylabel(f"{best.basis} speedup over plain")
+    ax.set_title(f"{result.best.proposer}: speedup by setting")
     ax.grid(alpha=0.3)
     ax.legend()
 

@@ -30,12 +30,16 @@ class Pricing:
     bench: BenchCosts | None = None  # source "bench": the measurement used
     reason: str = ""  # source "guess": why nothing measured was used
     note: str = ""  # for stderr: a guess where a bench could measure, a bench by another version
+    hint: str = ""  # source "guess": the command that would measure instead
 
     def source_text(self) -> str:
         """"c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2)", "c(n) from --costs"
         or "c(n) guessed (why)"."""
         if self.source == "bench":
-            return f"c(n) from kolibri bench of {self.bench.date} (threads {self.bench.threads})"
+            b = self.bench
+            return (f"c(n) from kolibri bench of {b.model} ({b.numerics}, {b.threads} threads, "
+                    f"kolibri {b.kolibri}{' ' + b.commit if b.commit else ''}) on {b.cpu}, "
+                    f"{b.date}")
         if self.source == "given":
             return "c(n) from --costs"
         if self.source == "run":
@@ -104,7 +108,8 @@ def _stale(found: BenchCosts, name: str) -> str:
             f"`kolibri bench -m {name}` measures this one")
 
 
-def guess(reason: str, hint: str) -> Pricing:
-    """The guess, with a note giving the reason (and `hint`, what would measure)."""
+def guess(reason: str, hint: str, measure: str = "") -> Pricing:
+    """The guess, with a note giving the reason (and `hint`, what would measure; `measure`, the
+    option of the command at hand that would)."""
     return Pricing("guess", GUESSED_COSTS, reason=reason, note="note: c(n) is a guess (the "
-                   f"default model's on a 2-core AVX-512 host): {reason}{hint}")
+                   f"default model's on a 2-core AVX-512 host): {reason}{hint}", hint=measure)

@@ -42,6 +42,7 @@ class ProbeConfig:
     lookup_cache_dynamic: Path | None = None  # llamacpp-cache: llama.cpp dynamic cache file
     costs: dict[int, float] | None = None  # c(n) for n = 1, 2, ... (adaptive; modelled speedup)
     bench_costs: bool = True  # without costs: kolibri bench's stored c(n) (False: costs="default")
+    measure_costs: bool = False  # costs="measure": time c(n) on this host now, and keep it
     category: list[str] | None = None  # keep only goldens of these categories
     limit: int | None = None  # at most this many goldens (after the category filter)
     max_tokens: int | None = None  # simulate only the first N output ids of each golden
@@ -65,9 +66,10 @@ class ProbeConfig:
     min_p: float | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
-    min_ratio: float | None = None  # gate: every run's total ratio >= this
-    min_acceptance: float | None = None  # gate: every run's acceptance rate >= this
-    min_speedup: float | None = None  # gate: every run's measured speedup >= this
+    min_ratio: float | None = None  # gate: the fastest setting's total ratio >= this
+    min_acceptance: float | None = None  # gate: the fastest setting's acceptance rate >= this
+    min_speedup: float | None = None  # gate: the fastest setting's speedup >= this
+    gate: list[str] | None = None  # gates: expressions over the answer's figures (gates.py)
     markdown: Path | None = None  # write the Markdown report here
     json: bool = False  # print the JSON document on stdout instead of tables
     plot: Path | None = None  # write a PNG (sweep + per-position acceptance); needs matplotlib
@@ -107,6 +109,7 @@ class ProbeConfig:
             "min_ratio": self.min_ratio,
             "min_acceptance": self.min_acceptance,
             "min_speedup": self.min_speedup,
+            "gate": self.gate,
             "sampling": self.sampling_overrides(),
             "rows": _str_or_none(self.rows),
         }
@@ -127,7 +130,7 @@ class ProbeConfig:
 
 
 FIELDS = [f.name for f in dataclasses.fields(ProbeConfig)
-          if f.name not in ("source", "pricing", "bench_costs")]
+          if f.name not in ("source", "pricing", "bench_costs", "measure_costs")]
 PATH_KEYS = ("markdown", "plot", "gguf", "rows", "lookup_cache_static", "lookup_cache_dynamic")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 
@@ -137,11 +140,12 @@ def load_config(toml_path: Path | None, overrides: dict) -> ProbeConfig:
     given) on top, validated."""
     raw = read_probe_toml(toml_path) if toml_path else {}
     raw.update({key: value for key, value in overrides.items() if value is not None})
-    bench_costs = raw.get("costs") != "default"  # the guess, not this host's bench
-    if not bench_costs:
+    named = raw.get("costs") if isinstance(raw.get("costs"), str) else None
+    word = named.strip() if named else None
+    if word in ("default", "measure"):  # the guess / time this host now, not a stored bench
         del raw["costs"]
     config = ProbeConfig(
-        source=toml_path, bench_costs=bench_costs,
+        source=toml_path, bench_costs=word != "default", measure_costs=word == "measure",
         **{key: _parse(key, value) for key, value in raw.items()}
     )
     if not config.goldens:
@@ -193,6 +197,13 @@ def _parse(key: str, value):
         return list(dict.fromkeys(canonical_proposer(p.strip()) for p in items))
     if key == "costs":
         return _costs(value)
+    if key == "gate":
+        from kolibri_cli.probe.gates import parse_gate
+
+        gates = [value] if isinstance(value, str) else _as_list(value, key, str)
+        for text in gates:
+            parse_gate(text)  # a bad expression fails before anything runs
+        return list(gates)
     if key == "category":
         items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
         categories = [c.strip() for c in items if c.strip()]

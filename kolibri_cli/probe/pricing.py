@@ -11,6 +11,7 @@ from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE, GUESSED_COSTS
 from kolibri_cli.decode.pricing import Pricing, asked, for_model, guess
 from kolibri_cli.goldens.stream import find_golden_files, iter_goldens
 
+MEASURE_HINT = "`--costs measure` times this host once (tens of seconds) and keeps it"
 PROBE_NUMERICS = "float32"  # the numeric path the probe's --measure loads models with
 __all__ = ["Pricing", "choose", "goldens_models", "live_runs", "source_text"]
 
@@ -44,7 +45,8 @@ def choose(given: dict[int, float] | None, goldens: list, threads: int | None,
     if len(models) != 1:
         return guess("the goldens come from several models" if models else "no goldens read", "")
     name, sha256 = models.pop()
-    return for_model(name, sha256, PROBE_NUMERICS, threads)
+    chosen = for_model(name, sha256, PROBE_NUMERICS, threads)
+    return replace(chosen, hint=MEASURE_HINT) if chosen.source == "guess" else chosen
 
 
 def goldens_models(paths: list) -> set[tuple[str, str]]:

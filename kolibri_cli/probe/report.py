@@ -1,7 +1,8 @@
-"""The probe's outputs: the JSON document (stable schema), the Markdown report, and CI gates.
+"""The probe's outputs: the JSON document (stable schema), the Markdown report, the verdict in
+words, and the measured results' dataclasses.
 
-Scope: turning simulation results (and the measured `Measured`) into JSON/Markdown
-and gate verdicts. Non-goals: terminal rendering (render_probe.py), computing the figures.
+Scope: turning a ProbeResult (and the measured `Measured`) into JSON and Markdown. Non-goals:
+terminal rendering (cli/), computing the figures or deciding anything (answer.py, result.py).
 Schema: docs/probe.md. Bump SCHEMA_VERSION on any incompatible change.
 """
 
@@ -9,18 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kolibri_cli.decode.proposers import format_window
-from kolibri_cli.probe.config import ProbeConfig
+from kolibri_cli.probe.answer import LOSES, PAYS, RunKey, Speed, Verdict, run_key
 from kolibri_cli.probe.pricing import source_text as pricing_source
+from kolibri_cli.probe.result import ProbeResult
 from kolibri_cli.probe.seeds import FIGURES, seed_spread
-from kolibri_cli.probe.simulate import Counts, SimRun, best_per_proposer, best_run
+from kolibri_cli.probe.simulate import Counts, SimRun
 from kolibri_cli.text import clean
 
-SCHEMA_VERSION = 1
-RunKey = tuple[str, int, tuple[int, int]]  # (proposer, k, window)
-
-
-def run_key(run: SimRun) -> RunKey:
-    return run.proposer, run.k, run.window
+SCHEMA_VERSION = 2  # 2: runs ranked by speedup ("best" the fastest), the verdict, gates
+__all__ = ["RunKey", "run_key"]
 
 
 MIN_TIMED_STEPS = 4  # decode steps: 1-3 last a few ms, where scheduling noise alone gave
@@ -191,10 +189,11 @@ def counts_json(counts: Counts, per_pass: bool = False) -> dict:
     return doc
 
 
-def run_json(run: SimRun, best: bool, measured: Measured | None) -> dict:
+def run_json(run: SimRun, speed: Speed, best: bool, measured: Measured | None) -> dict:
     """One configuration; "goldens" (per chain) is null when the rows were not kept."""
     goldens = None if run.goldens is None else [
-        {"id": g.id, "category": g.category, **counts_json(g.counts, per_pass=True)}
+        {"id": g.id, "category": g.category, **counts_json(g.counts, per_pass=True),
+         "predicted_speedup": run.modelled_speedup(g.counts)}
         for g in run.goldens
     ]
     return {
@@ -205,8 +204,11 @@ def run_json(run: SimRun, best: bool, measured: Measured | None) -> dict:
         "chains": run.chains,
         "ordered_streams": run.streams if run.ordered else None,
         "total": counts_json(run.total),
-        "modelled_speedup": run.modelled_speedup(),
-        "categories": {name: counts_json(c) for name, c in run.by_category().items()},
+        "predicted_speedup": speed.predicted,
+        "modelled_speedup": speed.predicted,  # schema 1's name of predicted_speedup
+        "speedup": speed.value,  # what the ranking reads: measured where measured
+        "categories": {name: counts_json(c) | {"predicted_speedup": run.modelled_speedup(c)}
+                       for name, c in run.by_category().items()},
         "goldens": goldens,
         "measured": None if measured is None else measured.to_json(),
         "seeds": seeds_json(run),
@@ -221,70 +223,105 @@ def seeds_json(run: SimRun) -> dict | None:
     return {c: {f: s.to_json() for f, s in figures.items()} for c, figures in spread.items()}
 
 
-def build_report(
-    config: ProbeConfig, runs: list[SimRun], measured: dict[RunKey, Measured] | None = None,
-    throughput=None,
-) -> dict:
-    """The whole JSON document: {"schema_version", "config", "best", "runs": [...]}."""
-    measured = measured or {}
-    best = best_run(runs)
+def speed_json(speed: Speed) -> dict:
+    """A setting and its speed: the figure the ranking reads, its basis and interval."""
+    run, worst = speed.run, speed.worst
+    return {"proposer": run.proposer, "k": run.k, "window": list(run.window), "name": run.name,
+            "speedup": speed.value, "basis": speed.basis, "predicted_speedup": speed.predicted,
+            "measured_speedup": speed.measured,
+            "interval": None if speed.interval is None else list(speed.interval),
+            "goldens_faster": speed.faster if speed.per_golden else None,
+            "goldens": len(speed.per_golden) or None,
+            "worst": None if worst is None else {"id": worst[0], "speedup": worst[1]},
+            "ratio": run.total.ratio}
+
+
+def verdict_json(verdict: Verdict, pricing) -> dict:
+    return {"answer": verdict.answer, "pays": verdict.pays,
+            "text": verdict_text(verdict), "setting": speed_json(verdict.speed)}
+
+
+def build_report(result: ProbeResult) -> dict:
+    """The whole JSON document (schema: docs/probe.md)."""
+    best, measured, pricing = result.best, result.measured, result.pricing
     return {
         "schema_version": SCHEMA_VERSION,
-        "throughput": None if throughput is None else throughput.to_json(),
-        "config": config.to_json(),
-        "pricing": None if config.pricing is None else config.pricing.to_json(),
-        "best": {"proposer": best.proposer, "k": best.k, "window": list(best.window),
-                 "ratio": best.total.ratio},
-        "comparison": [comparison_json(r, measured.get(run_key(r)))
-                       for r in best_per_proposer(runs)],
-        "runs": [run_json(r, r is best, measured.get(run_key(r))) for r in runs],
+        "verdict": verdict_json(result.verdict, pricing) | {"costs": pricing_text(pricing)},
+        "best": speed_json(result.verdict.speed),
+        "ranking": [speed_json(s) for s in result.ranked],
+        "categories": {name: verdict_json(v, pricing) for name, v in result.categories.items()},
+        "gates": [g.to_json() for g in result.gates],
+        "gate_failures": result.failures,
+        "pricing": None if pricing is None else pricing.to_json(),
+        "throughput": None if result.throughput is None else result.throughput.to_json(),
+        "config": result.config.to_json(),
+        "comparison": [comparison_json(s, measured.get(run_key(s.run)))
+                       for s in result.compared],
+        "runs": [run_json(r, result.speed_of(r), r is best, measured.get(run_key(r)))
+                 for r in result.runs],
         "guard": guard_json(measured),
     }
 
 
-def comparison_json(run: SimRun, measured: Measured | None) -> dict:
-    """One proposer at its best configuration (by modelled speedup): overall and per category."""
+def comparison_json(speed: Speed, measured: Measured | None) -> dict:
+    """One proposer at its fastest configuration: overall and per category."""
+    run = speed.run
 
     def figures(c: Counts) -> dict:
+        predicted = run.modelled_speedup(c)
         return {"ratio": c.ratio, "acceptance_rate": c.acceptance_rate,
                 "mean_acceptance_length": c.mean_acceptance_length,
-                "modelled_speedup": run.modelled_speedup(c)}
+                "modelled_speedup": predicted, "predicted_speedup": predicted}
 
     return {
         "proposer": run.proposer, "k": run.k, "window": list(run.window), **figures(run.total),
+        "speedup": speed.value,
+        "interval": None if speed.interval is None else list(speed.interval),
         "categories": {name: figures(c) for name, c in run.by_category().items()},
         "measured_speedup": None if measured is None else measured.speedup,
     }
 
 
-# ---- gates --------------------------------------------------------------------------------
+# ---- the verdict in words -----------------------------------------------------------------
 
 
-def check_gates(
-    runs: list[SimRun],
-    min_ratio: float | None = None,
-    min_acceptance: float | None = None,
-    min_speedup: float | None = None,
-    measured: dict[RunKey, Measured] | None = None,
-) -> list[str]:
-    """One line per failed gate, naming the figure, its value, the threshold and the run.
+def pricing_text(pricing) -> str:
+    """Where the c(n) of every prediction came from, for the verdict's second line; a guess
+    says how to measure."""
+    text = "predicted with c(n) " + pricing_source(pricing).removeprefix("c(n) ")
+    if pricing is not None and pricing.source == "guess" and pricing.hint:
+        text += f" — {pricing.hint}"
+    return text
 
-    Every run must pass every gate (a sweep gates each configuration); the measured-speedup
-    gate applies to the runs that were measured (to every run, failing, if none was)."""
-    failures = []
-    for run in runs:
-        m = (measured or {}).get(run_key(run))
-        figures = [
-            ("ratio", run.total.ratio, min_ratio, "min-ratio"),
-            ("acceptance rate", run.total.acceptance_rate, min_acceptance, "min-acceptance"),
-        ]
-        if m is not None or not measured:  # a sweep measures its best runs only: gate those
-            figures.append(("measured speedup", m and m.speedup, min_speedup, "min-speedup"))
-        for name, value, threshold, option in figures:
-            if threshold is not None and (value is None or value < threshold):
-                shown = "n/a" if value is None else f"{value:.3f}"
-                failures.append(f"{name} {shown} < {option} {threshold:g} ({run.name})")
-    return failures
+
+def verdict_text(verdict: Verdict) -> str:
+    """The answer in one sentence: pays / a wash / does not pay, the setting, by how much."""
+    speed = verdict.speed
+    where = "here" if verdict.scope == "all" else f"on {verdict.scope}"
+    figure = (f"{speed.basis} speedup {fmt_ratio(speed.value)} over plain decode"
+              if speed.value is not None else "no speedup could be computed")
+    spread = "" if speed.interval is None else \
+        f" (95% interval {speed.interval[0]:.2f}-{speed.interval[1]:.2f})"
+    counted = ""
+    if speed.per_golden and verdict.scope == "all":
+        worst = speed.worst
+        counted = (f"; {speed.faster} of {len(speed.per_golden)} goldens faster"
+                   + ("" if worst is None else f", worst {fmt_ratio(worst[1])} ({worst[0]})"))
+    if verdict.answer == PAYS:
+        return f"n-gram speculation pays {where}: {speed.run.name}, {figure}{spread}{counted}"
+    if verdict.answer == LOSES:
+        return (f"n-gram speculation does not pay {where}: its fastest setting, "
+                f"{speed.run.name}, {figure}{spread}{counted} — leave it off")
+    return (f"n-gram speculation is a wash {where}: its fastest setting, {speed.run.name}, "
+            f"{figure}{spread}{counted} — too close to 1.00x to be worth turning on")
+
+
+def category_line(categories: dict[str, Verdict]) -> str:
+    """Where it pays and where it does not, one clause per category."""
+    clauses = [f"{v.answer} on {name} ({fmt_ratio(v.speed.value)}"
+               + (f" with {v.speed.run.name})" if v.pays else ")")
+               for name, v in categories.items()]
+    return "by category: " + "; ".join(clauses)
 
 
 # ---- shared formatting --------------------------------------------------------------------
@@ -324,52 +361,53 @@ def count_cells(c: Counts) -> list[str]:
 # ---- Markdown -----------------------------------------------------------------------------
 
 
-def render_markdown(
-    config: ProbeConfig,
-    runs: list[SimRun],
-    command: str,
-    measured: dict[RunKey, Measured] | None = None,
-    plot: Path | None = None,
-) -> str:
-    """A report fit for a PR comment or docs/: the sweep, the best run's details, the command."""
-    best = best_run(runs)
-    n_goldens = best.chains
+def render_markdown(result: ProbeResult, command: str, plot: Path | None = None) -> str:
+    """A report fit for a PR comment or docs/: the verdict first, then the ranking's evidence
+    (the comparison, the sweep, the fastest setting's details), the command."""
+    best, config, measured = result.best, result.config, result.measured
     parts = [
-        "# kolibri probe: n-gram speculation, simulated\n",
-        f"Regenerate with `{clean(command)}`.\n",
-        f"{n_goldens} golden chain(s) from {clean(', '.join(str(p) for p in config.goldens))}; "
-        f"proposer `{best.proposer}`; counts are exact for greedy decoding (docs/probe.md).\n",
+        "# kolibri probe: would n-gram speculation pay?\n",
+        f"**{clean(verdict_text(result.verdict))}.**\n",
+        f"{clean(pricing_text(result.pricing))}.\n",
     ]
-    if config.pricing is not None:
-        parts.append(f"Modelled speedups priced with {clean(config.pricing.line())}.\n")
-    ordered = sorted({r.proposer for r in runs if r.ordered})
+    if result.pricing is not None:
+        parts.append(f"Predicted speedups priced with {clean(result.pricing.line())}.\n")
+    if config.by_category and len(result.categories) > 1:
+        parts.append(f"{clean(category_line(result.categories))}.\n")
+    parts += [
+        f"Regenerate with `{clean(command)}`.\n",
+        f"{best.chains} golden chain(s) from "
+        f"{clean(', '.join(str(p) for p in config.goldens))}; settings ranked by "
+        f"{result.verdict.speed.basis} speedup over plain decode; counts are exact for greedy "
+        "decoding (docs/probe.md).\n",
+    ]
+    ordered = sorted({r.proposer for r in result.runs if r.ordered})
     if ordered:
         parts.append(f"{', '.join(f'`{p}`' for p in ordered)} share(s) state across requests: "
                      "each golden file is replayed in order as one stream, from a fresh "
                      "state.\n")
-    compared = best_per_proposer(runs)
-    if len(compared) > 1:
-        parts.append(md_comparison(compared, measured, config.pricing))
-    same = [r for r in runs if r.proposer == best.proposer]
+    if len(result.compared) > 1:
+        parts.append(md_comparison(result))
+    same = [r for r in result.runs if r.proposer == best.proposer]
     if len(same) > 1:
-        parts.append(_md_sweep(same, best))
+        parts.append(_md_sweep(result, same))
     parts += [
-        _md_counts_table(f"Totals ({best.name})", [("all", best.total)], "goldens"),
+        _md_counts_table(f"Totals ({best.name})", [("all", best.total)], "goldens", best),
         _md_positions(best.total),
-        _md_counts_table("Per category", list(best.by_category().items()), "category"),
+        _md_counts_table("Per category", list(best.by_category().items()), "category", best),
         _md_per_golden(best),
     ]
     spread = seed_spread(best)
     if spread is not None:
         parts.append(md_seeds(spread, best.name))
-    for run in compared if len(compared) > 1 else [best]:
-        m = (measured or {}).get(run_key(run))
+    for speed in result.compared if len(result.compared) > 1 else [result.verdict.speed]:
+        m = measured.get(run_key(speed.run))
         if m is not None:
-            parts.append(_md_measured(m, run.name))
+            parts.append(_md_measured(m, speed.run.name))
     if measured:
         parts.append(_md_guard(measured))
     if plot is not None:
-        parts.append(f"![sweep and per-position acceptance]({plot})\n")
+        parts.append(f"![predicted speedup over k, and per-position acceptance]({plot})\n")
     return "\n".join(parts)
 
 
@@ -404,26 +442,31 @@ def md_cell(text) -> str:
     return clean(text).replace("|", "\\|")
 
 
-def _md_sweep(runs: list[SimRun], best: SimRun) -> str:
+def _md_sweep(result: ProbeResult, runs: list[SimRun]) -> str:
     ks, windows, grid = sweep_grid(runs)
     rows = []
     for k in ks:
         cells = []
         for w in windows:
             run = grid.get((k, w))
-            cell = "" if run is None else fmt_ratio(run.total.ratio)
-            cells.append(f"**{cell}** (best)" if run is best else cell)
+            cell = "" if run is None else sweep_cell(result.speed_of(run))
+            cells.append(f"**{cell}** ★" if run is result.best else cell)
         rows.append([f"k={k}", *cells])
-    header = [
-        "ratio (plain steps / verify passes)",
-        *(f"window {format_window(w)}" for w in windows),
-    ]
-    return "## Sweep\n\n" + _md_table(header, rows)
+    header = ["speedup (ratio, acceptance)", *(f"window {format_window(w)}" for w in windows)]
+    return ("## Sweep\n\nPredicted speedup over plain decode of each setting (the pass ratio and "
+            "acceptance that explain it); ★ the fastest.\n\n" + _md_table(header, rows))
 
 
-def _md_counts_table(title: str, rows: list[tuple[str, Counts]], first: str) -> str:
-    body = [[name, *count_cells(c)] for name, c in rows]
-    return f"## {title}\n\n" + _md_table([first, *COUNT_COLUMNS], body)
+def sweep_cell(speed: Speed) -> str:
+    """A sweep cell: the speedup, then the ratio and acceptance behind it."""
+    c = speed.run.total
+    return f"{fmt_ratio(speed.value)} ({fmt_ratio(c.ratio)}, {fmt_pct(c.acceptance_rate)})"
+
+
+def _md_counts_table(title: str, rows: list[tuple[str, Counts]], first: str,
+                     run: SimRun) -> str:
+    body = [[name, *speed_count_cells(run, c)] for name, c in rows]
+    return f"## {title}\n\n" + _md_table([first, *SPEED_COLUMNS], body)
 
 
 def _md_per_golden(run: SimRun) -> str:
@@ -431,7 +474,7 @@ def _md_per_golden(run: SimRun) -> str:
         return (f"## Per golden\n\nNot listed for {run.chains:,} chains: `--rows FILE` writes "
                 "every chain's counts.\n")
     rows = [(f"{g.id} ({g.category})", g.counts) for g in run.goldens]
-    return _md_counts_table("Per golden", rows, "golden")
+    return _md_counts_table("Per golden", rows, "golden", run)
 
 
 def _md_positions(c: Counts) -> str:
@@ -446,48 +489,69 @@ def _md_positions(c: Counts) -> str:
     )
 
 
-COMPARISON_COLUMNS = ["proposer", "k", "window", "ratio", "acceptance", "mean acc. len",
-                      "modelled speedup"]
+SPEED_COLUMNS = ["speedup", *COUNT_COLUMNS]
 
 
-def comparison_cells(run: SimRun, measured: Measured | None = None) -> list[str]:
+def speed_count_cells(run: SimRun, c: Counts) -> list[str]:
+    """The predicted speedup of `c` under the run's c(n), then its COUNT_COLUMNS cells."""
+    return [fmt_ratio(run.modelled_speedup(c)), *count_cells(c)]
+
+
+COMPARISON_COLUMNS = ["proposer", "k", "window", "speedup", "95% interval", "ratio",
+                      "acceptance", "mean acc. len"]
+
+
+def interval_cell(speed: Speed) -> str:
+    return "-" if speed.interval is None else "-".join(f"{x:.2f}" for x in speed.interval)
+
+
+def comparison_cells(speed: Speed, measured: Measured | None = None) -> list[str]:
     """One proposer's COMPARISON_COLUMNS cells (terminal and Markdown share them), plus the
     measured speedup and the prediction for it when the run was measured."""
-    c = run.total
-    cells = [run.proposer, str(run.k), format_window(run.window), fmt_ratio(c.ratio),
-             fmt_pct(c.acceptance_rate), fmt_num(c.mean_acceptance_length),
-             fmt_ratio(run.modelled_speedup())]
+    run, c = speed.run, speed.run.total
+    cells = [run.proposer, str(run.k), format_window(run.window), fmt_ratio(speed.value),
+             interval_cell(speed), fmt_ratio(c.ratio), fmt_pct(c.acceptance_rate),
+             fmt_num(c.mean_acceptance_length)]
     if measured is not None:
-        cells += [fmt_ratio(measured.speedup), fmt_ratio(measured.predicted_speedup)]
+        cells += [fmt_ratio(speed.predicted), fmt_ratio(measured.predicted_speedup)]
     return cells
 
 
-MEASURED_COLUMNS = ["measured speedup", "predicted (measured c(n))"]
+MEASURED_COLUMNS = ["predicted (c(n) above)", "predicted (measured c(n))"]
 
 
-def category_cell(c: Counts) -> str:
-    """ratio · acceptance · mean acceptance length of one proposer on one category."""
-    return (f"{fmt_ratio(c.ratio)} · {fmt_pct(c.acceptance_rate)} · "
-            f"{fmt_num(c.mean_acceptance_length)}")
+def category_cell(run: SimRun, c: Counts) -> str:
+    """speedup · ratio · acceptance · mean acceptance length of one setting on one category."""
+    return (f"{fmt_ratio(run.modelled_speedup(c))} · {fmt_ratio(c.ratio)} · "
+            f"{fmt_pct(c.acceptance_rate)} · {fmt_num(c.mean_acceptance_length)}")
 
 
-def md_comparison(compared: list[SimRun], measured: dict[RunKey, Measured] | None,
-                  pricing=None) -> str:
-    """The proposers side by side, each at its best configuration, overall and per category."""
-    found = [(measured or {}).get(run_key(r)) for r in compared]
+CATEGORY_CAPTION = "Per category: predicted speedup · ratio · acceptance · mean acceptance length."
+
+
+def md_comparison(result: ProbeResult) -> str:
+    """The proposers side by side, each at its fastest configuration, overall and per
+    category; the fastest starred."""
+    compared, measured = result.compared, result.measured
+    found = [measured.get(run_key(s.run)) for s in compared]
     header = COMPARISON_COLUMNS + (MEASURED_COLUMNS if any(found) else [])
-    rows = [comparison_cells(r, m) + (["not run", ""] if any(found) and m is None else [])
-            for r, m in zip(compared, found, strict=True)]
-    by_cat = [r.by_category() for r in compared]
-    cat_rows = [[name, *(category_cell(cats[name]) for cats in by_cat)] for name in by_cat[0]]
-    return ("## Proposers compared\n\nEach proposer at its best configuration by modelled "
-            "speedup = plain_steps / sum of c(1 + len(d)), "
-            f"{pricing_source(pricing)}; proposer time not "
-            "included. `hf` follows the same rule as `vllm` (longest n, leftmost occurrence): "
-            "only its defaults differ (k 10, window 1-2).\n\n"
-            + _md_table(header, rows) + "\n"
-            + "Per category: ratio · acceptance · mean acceptance length.\n\n"
-            + _md_table(["category", *(r.proposer for r in compared)], cat_rows))
+    rows = [comparison_cells(s, m) + (["not run", ""] if any(found) and m is None else [])
+            for s, m in zip(compared, found, strict=True)]
+    rows = [[f"{r[0]} ★" if s.run is result.best else r[0], *r[1:]]
+            for r, s in zip(rows, compared, strict=True)]
+    runs = [s.run for s in compared]
+    by_cat = [r.by_category() for r in runs]
+    cat_rows = [[name, *(category_cell(r, cats[name]) for r, cats in zip(runs, by_cat,
+                                                                         strict=True))]
+                for name in by_cat[0]]
+    basis = result.verdict.speed.basis
+    return ("## Proposers compared\n\nEach proposer at its fastest configuration, by "
+            f"{basis} speedup; predicted speedup = plain_steps / sum of c(1 + len(d)), "
+            f"{pricing_source(result.pricing)}; proposer time not included. `hf` follows the "
+            "same rule as `vllm` (longest n, leftmost occurrence): only its defaults differ "
+            "(k 10, window 1-2).\n\n"
+            + _md_table(header, rows) + "\n" + CATEGORY_CAPTION + "\n\n"
+            + _md_table(["category", *(r.proposer for r in runs)], cat_rows))
 
 
 def _md_guard(measured: dict[RunKey, Measured]) -> str:

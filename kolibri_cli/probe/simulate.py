@@ -219,20 +219,6 @@ def _pass(proposer: Proposer, context, budget: int, golden, pos: int,
     return len(drafted), _accepted_prefix(drafted, golden[pos : pos + len(drafted)], stop_ids)
 
 
-def best_run(runs: list[SimRun]) -> SimRun:
-    """The run with the highest total ratio; ties go to the earlier run (smaller k first)."""
-    return max(runs, key=lambda run: run.total.ratio or 0.0)
-
-
-def best_per_proposer(runs: list[SimRun]) -> list[SimRun]:
-    """Each proposer's run with the highest modelled speedup (ties: the earlier run), in the order
-    the proposers were given. The ratio alone would always favour the longest drafts."""
-    groups: dict[str, list[SimRun]] = {}
-    for run in runs:
-        groups.setdefault(run.proposer, []).append(run)
-    return [max(group, key=lambda r: r.modelled_speedup() or 0.0) for group in groups.values()]
-
-
 SUMMED = ("plain_steps", "verify_passes", "drafts_proposed", "drafts_accepted")
 SUMMED += ("passes_with_drafts",)
 

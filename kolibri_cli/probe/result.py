@@ -1,0 +1,88 @@
+"""One probe run's result: what was simulated (and measured), ranked by speed, the verdict, where
+its c(n) came from, and the gates' outcome. Every output (terminal, JSON, Markdown, PNG) renders
+this object; none decides anything of its own.
+"""
+
+from dataclasses import dataclass, field
+
+from kolibri_cli.probe.answer import (
+    Speed,
+    Verdict,
+    category_verdicts,
+    fastest_per_proposer,
+    ranking,
+    verdict_of,
+    with_interval,
+)
+from kolibri_cli.probe.gates import Gate, failure, holds, shorthand
+from kolibri_cli.probe.simulate import SimRun
+
+
+@dataclass
+class ProbeResult:
+    config: object  # the ProbeConfig the run was made with
+    runs: list[SimRun]  # in configuration order (proposer-major, then k, then window)
+    pricing: object  # the Pricing (c(n) and where it came from) every prediction used
+    measured: dict = field(default_factory=dict)  # RunKey -> Measured (--measure)
+    throughput: object = None  # how fast the simulation ran (shard.Throughput)
+    ranked: list[Speed] = field(default_factory=list)  # every configuration, fastest first
+    verdict: Verdict | None = None  # of the fastest setting, with its interval
+    compared: list[Speed] = field(default_factory=list)  # each proposer's fastest (with spread)
+    categories: dict[str, Verdict] = field(default_factory=dict)  # per golden category
+    gates: list[Gate] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # one line per failed gate
+
+    @property
+    def best(self) -> SimRun:
+        """The fastest configuration: the one every output stars and recommends."""
+        return self.verdict.speed.run
+
+    def speed_of(self, run: SimRun) -> Speed:
+        return next(s for s in self.ranked if s.run is run)
+
+    def figures(self) -> dict[str, float | None]:
+        """The named figures of the fastest setting that gates read (gates.COLUMNS)."""
+        speed, counts = self.verdict.speed, self.best.total
+        low, high = speed.interval or (None, None)
+        worst = speed.worst
+        return {"speedup": speed.value, "predicted": speed.predicted, "measured": speed.measured,
+                "low": low, "high": high, "worst": worst and worst[1],
+                "faster": speed.faster / len(speed.per_golden) if speed.per_golden else None,
+                "ratio": counts.ratio, "acceptance": counts.acceptance_rate,
+                "mean_len": counts.mean_acceptance_length, "goldens": len(speed.per_golden)
+                or self.best.chains}
+
+
+def build_result(config, runs: list[SimRun], pricing, measured: dict | None = None,
+                 throughput=None) -> ProbeResult:
+    """Rank the runs by speed, draw the verdict (overall and per category), apply the gates."""
+    measured = measured or {}
+    ranked = ranking(runs, measured)
+    fastest = with_interval(ranked[0])
+    ranked[0] = fastest
+    compared = [with_interval(s) for s in fastest_per_proposer(runs, ranked)]
+    result = ProbeResult(config, runs, pricing, measured, throughput, ranked,
+                         verdict_of(fastest), compared, category_verdicts(runs),
+                         gates_of(config))
+    result.failures = check(result)
+    return result
+
+
+def gates_of(config) -> list[Gate]:
+    """The gates a run asked for: the shorthands first, then each --gate expression."""
+    from kolibri_cli.probe.gates import parse_gate
+
+    short = [("min-speedup", "speedup", config.min_speedup),
+             ("min-ratio", "ratio", config.min_ratio),
+             ("min-acceptance", "acceptance", config.min_acceptance)]
+    gates = [shorthand(option, figure, value) for option, figure, value in short
+             if value is not None]
+    return gates + [parse_gate(text) for text in config.gate or []]
+
+
+def check(result: ProbeResult) -> list[str]:
+    """One line per failed gate, naming the figures it read and the setting."""
+    figures = result.figures()
+    basis = result.verdict.speed.basis
+    return [failure(g, figures, result.best.name, basis) for g in result.gates
+            if not holds(g, figures)]
