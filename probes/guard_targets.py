@@ -17,7 +17,7 @@ split by exact simulation under that c(n) and keeps the best `--fixed`; then per
 measures the guard (cap 16, measuring its own costs) and those settings in one interleaved run
 (`--repeats` rounds for the longest golden, more for shorter ones; a golden's speedup is the
 median of its rounds' own ratios, or with `--statistic min` the ratio of the least disturbed
-ones: docs/probe.md, "Measured speedup"). `--null` adds a guard that never drafts (an A/A arm:
+ones: docs/simulation.md, "Measured speedup"). `--null` adds a guard that never drafts (an A/A arm:
 noise and the spec loop's own time alone); `--bench` the bench chain against the fixed settings
 best on it; `--warm` first runs the guard over the tune prompts and keeps its timings, as
 earlier `kolibri generate --spec` runs would.

@@ -50,15 +50,19 @@ def _time_once(model, cache, ids, context_len: int) -> float:
     return time.perf_counter() - t0
 
 
-def forward_times(model, max_n: int, context_len: int = 100, repeats: int = 7) -> dict[int, float]:
-    """Median seconds of an n-token forward for n = 1..max_n, measured interleaved in one run."""
+def forward_times(model, max_n: int, context_len: int = 100, repeats: int = 7,
+                  ticks=None) -> dict[int, float]:
+    """Median seconds of an n-token forward for n = 1..max_n, measured interleaved in one run;
+    `ticks(done, total)` after each round."""
     cache, ids = _filled_cache(model, context_len, max_n)
     times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
     for n in times:  # warm-up
         _time_once(model, cache, ids[:n], context_len)
-    for _ in range(repeats):
+    for r in range(repeats):
         for n in times:
             times[n].append(_time_once(model, cache, ids[:n], context_len))
+        if ticks is not None:
+            ticks(r + 1, repeats)
     return {n: float(np.median(t)) for n, t in times.items()}
 
 

@@ -26,7 +26,7 @@ ThreadsOpt = Annotated[int | None, typer.Option(
 KOpt = Annotated[int | None, typer.Option(
     "--k", help="Most draft tokens per verify pass (tree proposers: tree nodes). [default: "
     f"{DEFAULT_K}; guard: {GUARD_K}; llama.cpp's types and the tree proposers: their own, see "
-    "docs/probe.md]")]
+    "docs/proposers.md]")]
 WindowOpt = Annotated[str | None, typer.Option(
     "--window", help="n-gram sizes tried, 'MIN-MAX' or 'N' (longest first; llama.cpp's types: "
     "n = MAX). [default: 1-4, or the proposer's own]")]
@@ -45,7 +45,7 @@ QuantizeOpt = Annotated[str | None, typer.Option(
     "integer dot products as llama.cpp computes them. Each a numeric path of its own, with its "
     "own goldens.")]
 ProposerOpt = Annotated[str, typer.Option(
-    "--proposer", help=f"Draft rule: {', '.join(PROPOSERS)}. See docs/probe.md.")]
+    "--proposer", help=f"Draft rule: {', '.join(PROPOSERS)}. See docs/proposers.md.")]
 CostsOpt = Annotated[str | None, typer.Option(
     "--costs", metavar="C1,C2,...|default", help="Forward costs c(1),c(2),... adaptive and "
     "adaptive-tree draft by, as `kolibri probe --costs` takes them; default = the guess, "

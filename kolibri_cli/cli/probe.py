@@ -97,9 +97,11 @@ def probe(
     costs: str | None = typer.Option(
         None,
         "--costs",
-        metavar="C1,C2,...|default",
-        help="Forward costs c(1),c(2),... for adaptive, adaptive-tree, the guard's simulation "
-        "and the modelled speedup; default = the guess below, ignoring stored benches. "
+        metavar="C1,C2,...|measure|default",
+        help="Forward costs c(1),c(2),... every predicted speedup is priced with (and adaptive, "
+        "adaptive-tree and the guard draft by); measure = time them now on the goldens' model "
+        "(tens of seconds) and keep them, as `kolibri bench` does; default = the guess below, "
+        "ignoring stored benches. "
         "[default: the c(n) `kolibri bench` stored for the goldens' model (and --threads), else "
         "a guess: "
         f"{_guess_text()}]",
@@ -288,9 +290,18 @@ def run_probe(cfg) -> None:
 
 
 def _pricing(cfg):
-    """The c(n) to price with (a guess where a measurement could be has a note)."""
-    from kolibri_cli.probe.pricing import choose
+    """The c(n) to price with (a guess where a measurement could be has a note); with
+    `--costs measure`, timed now on the goldens' model and kept."""
+    from kolibri_cli.probe.pricing import choose, measure_here, measured_model
 
+    if cfg.measure_costs:
+        name = measured_model(cfg.goldens)
+        model = _load_model(cfg, spec=cfg.model or name)
+        from kolibri_cli.cli.render import err, progress_bar
+
+        err.print(f"timing c(n) of {model.name} on this host (kept for later runs) ...")
+        with progress_bar("timing c(n) ") as bar:
+            return measure_here(model, cfg, lambda d, t: bar("", d, t))
     return choose(cfg.costs, cfg.goldens, cfg.threads, cfg.bench_costs, cfg.engine)
 
 
@@ -318,9 +329,9 @@ def _refuse_unused(cfg) -> None:
     from kolibri_cli.probe.config import ProbeConfig
     from kolibri_cli.servers import LOCAL
 
-    if not (cfg.measure or cfg.bench):
-        refuse_unused({"--model": cfg.model},
-                      "--measure or --bench (the simulation alone needs no model)")
+    if not (cfg.measure or cfg.bench or cfg.measure_costs):
+        refuse_unused({"--model": cfg.model}, "--measure, --bench or --costs measure (the "
+                      "simulation alone needs no model)")
     if not cfg.measure:
         refuse_unused({"--repeats": cfg.repeats,
                        "--allow-model-mismatch": cfg.allow_model_mismatch or None,
@@ -427,11 +438,11 @@ def _in_process(cfg) -> bool:
     return cfg.engine in (None, "kolibri")
 
 
-def _load_model(cfg, weights: bool = True):
+def _load_model(cfg, weights: bool = True, spec: str | None = None):
     from kolibri_cli.cli.options import fit_context, load_model
     from kolibri_cli.decode.proposers import default_settings
 
-    model = load_model(cfg.model, cfg.threads if weights else None, weights=weights)
+    model = load_model(spec or cfg.model, cfg.threads if weights else None, weights=weights)
     defaults = [default_settings(name) for name in cfg.proposer]  # where k or window is not given
     fit_context(max(cfg.k or [k for k, _ in defaults]),
                 max(w[1] for w in (cfg.window or [w for _, w in defaults])), model)
@@ -544,6 +555,8 @@ def _command(cfg) -> str:
         args.append("--cross-request")
     if cfg.costs:
         args += ["--costs", ",".join(f"{c:g}" for c in cfg.costs.values())]
+    elif cfg.measure_costs:
+        args += ["--costs", "measure"]
     elif not cfg.bench_costs:
         args += ["--costs", "default"]
     optional = {"--category": cfg.category and ",".join(cfg.category), "--limit": cfg.limit,

@@ -42,6 +42,10 @@ class Pricing:
                     f"{b.date}")
         if self.source == "given":
             return "c(n) from --costs"
+        if self.source == "run" and self.bench is not None:
+            b = self.bench
+            return (f"c(n) timed in this run on {b.model} ({b.numerics}, {b.threads} threads) on "
+                    f"{b.cpu}, kept for later runs")
         if self.source == "run":
             return "c(n) measured in this run"
         return f"c(n) guessed ({self.reason})"

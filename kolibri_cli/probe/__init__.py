@@ -4,5 +4,5 @@
 - measure: the model run plain and speculative on each golden, measured vs predicted;
 - config: PROBE.toml and its merge with the command line;
 - report: the JSON document, the Markdown report, CI gates.
-Definitions: docs/probe.md.
+Definitions: docs/simulation.md; the answer: docs/probe.md.
 """

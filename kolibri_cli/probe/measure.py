@@ -19,7 +19,7 @@ longest runs in more rounds (`rounds_per_golden`), so each is timed over about a
 Each run's time counts a disturbed decode step at the median of its round's peers
 (`undisturbed_times`); a golden's speedup is the median over its rounds of plain / spec within a
 round, its times the medians, with a distribution-free 95% interval for that median
-(`median_interval`). docs/probe.md, "Measured speedup", has the evidence.
+(`median_interval`). docs/simulation.md, "Measured speedup", has the definitions.
 Non-goals: rendering (report.py, render_probe.py).
 """
 

@@ -9,11 +9,13 @@ from dataclasses import replace
 
 from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE, GUESSED_COSTS
 from kolibri_cli.decode.pricing import Pricing, asked, for_model, guess
+from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.stream import find_golden_files, iter_goldens
 
+MEASURE_REPEATS = 5  # --costs measure: medians of this many interleaved timings per row count
 MEASURE_HINT = "`--costs measure` times this host once (tens of seconds) and keeps it"
 PROBE_NUMERICS = "float32"  # the numeric path the probe's --measure loads models with
-__all__ = ["Pricing", "choose", "goldens_models", "live_runs", "source_text"]
+__all__ = ["Pricing", "choose", "goldens_models", "live_runs", "measure_here", "source_text"]
 
 
 def live_runs(runs: list, pricing: Pricing) -> list:
@@ -47,6 +49,43 @@ def choose(given: dict[int, float] | None, goldens: list, threads: int | None,
     name, sha256 = models.pop()
     chosen = for_model(name, sha256, PROBE_NUMERICS, threads)
     return replace(chosen, hint=MEASURE_HINT) if chosen.source == "guess" else chosen
+
+
+def measured_model(goldens: list) -> str:
+    """The name of the one model `--costs measure` times: the goldens' (one model only)."""
+    models = goldens_models(goldens)
+    if len(models) != 1:
+        raise KolibriError("--costs measure times the goldens' model, but these goldens come "
+                           f"from {len(models)} models; probe one model's goldens at a time, or "
+                           "give --model")
+    return next(iter(models))[0]
+
+
+def measure_here(model, config, ticks=None) -> Pricing:
+    """c(1..n) timed now on `model` with this host's kernel, for every row count the run's
+    configurations verify (k + 1), kept in the bench store as `kolibri bench` keeps its own;
+    priced as timed (source "run")."""
+    from kolibri_cli.bench.timing import costs, forward_times
+    from kolibri_cli.decode.costs import BENCH_CONTEXT
+    from kolibri_cli.engine.jit import get_threads
+    from kolibri_cli.store import benchcosts
+
+    models = goldens_models(config.goldens)
+    if models and model.sha256 not in {sha for _, sha in models}:
+        raise KolibriError(f"--costs measure: {model.name} is not the model these goldens were "
+                           "recorded from (its weights differ); give --model the goldens' model")
+    top = max(k for k, _ in settings_of(config)) + 1
+    timed = costs(forward_times(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks))
+    entry = benchcosts.save(benchcosts.entry_for(model, get_threads(), timed))
+    return Pricing("run", timed, bench=entry)
+
+
+def settings_of(config) -> list[tuple[int, tuple[int, int]]]:
+    """(k, window) of every configuration the run simulates."""
+    from kolibri_cli.decode.proposers import default_settings
+
+    return [(k, w) for p in config.proposer for k in (config.k or [default_settings(p)[0]])
+            for w in (config.window or [default_settings(p)[1]])]
 
 
 def goldens_models(paths: list) -> set[tuple[str, str]]:

@@ -3,7 +3,7 @@ words, and the measured results' dataclasses.
 
 Scope: turning a ProbeResult (and the measured `Measured`) into JSON and Markdown. Non-goals:
 terminal rendering (cli/), computing the figures or deciding anything (answer.py, result.py).
-Schema: docs/probe.md. Bump SCHEMA_VERSION on any incompatible change.
+Schema: docs/probe-json.md. Bump SCHEMA_VERSION on any incompatible change.
 """
 
 from dataclasses import dataclass, field
@@ -242,7 +242,7 @@ def verdict_json(verdict: Verdict, pricing) -> dict:
 
 
 def build_report(result: ProbeResult) -> dict:
-    """The whole JSON document (schema: docs/probe.md)."""
+    """The whole JSON document (schema: docs/probe-json.md)."""
     best, measured, pricing = result.best, result.measured, result.pricing
     return {
         "schema_version": SCHEMA_VERSION,
@@ -379,7 +379,7 @@ def render_markdown(result: ProbeResult, command: str, plot: Path | None = None)
         f"{best.chains} golden chain(s) from "
         f"{clean(', '.join(str(p) for p in config.goldens))}; settings ranked by "
         f"{result.verdict.speed.basis} speedup over plain decode; counts are exact for greedy "
-        "decoding (docs/probe.md).\n",
+        "decoding (docs/simulation.md).\n",
     ]
     ordered = sorted({r.proposer for r in result.runs if r.ordered})
     if ordered:

@@ -3,7 +3,7 @@
 Greedy acceptance is exact: a draft token is accepted iff it equals the model's argmax, and the
 model's greedy chain IS the golden. So replaying the proposer over the golden gives the real spec
 run's counts (verify passes, drafts proposed/accepted) without running the model.
-Definitions (normative; docs/probe.md): for prompt ids P and output ids G = g1..gN,
+Definitions (normative; docs/simulation.md): for prompt ids P and output ids G = g1..gN,
 g1 from prefill, plain_steps = N - 1 and
 
     pos = 1

@@ -87,6 +87,16 @@ def _costs(raw) -> dict[int, float]:
     return dict(sorted(costs.items()))
 
 
+def entry_for(model, threads: int, costs: dict[int, float]) -> BenchCosts:
+    """The entry for c(n) just timed on `model` (an engine Model) with `threads` threads, by this
+    kolibri on this CPU."""
+    from kolibri_cli import __version__
+
+    return BenchCosts(model=model.name, model_sha256=model.sha256, threads=threads,
+                      numerics=model.numerics, costs=costs, measured_at=now(),
+                      kolibri=__version__, commit=source_commit(), cpu=cpu_model())
+
+
 def path() -> Path:
     return cache_root() / FILE
 

@@ -1,7 +1,7 @@
 """Draft proposers for speculative decoding: given the context, guess the next few tokens.
 
 Model-free proposers behind one tiny interface (`Proposer`), each following a published rule
-(docs/probe.md, "Proposers"). Every proposer computes its draft with cap k and THEN cuts it to the
+(docs/proposers.md). Every proposer computes its draft with cap k and THEN cuts it to the
 caller's budget, so a smaller budget gives a prefix of the same draft: the simulation (which knows
 where a chain ends) and a real run (which does not) see the same drafts. Stateful proposers also
 have `observe(context, drafted, accepted)`, called after every verify pass by both the simulation
