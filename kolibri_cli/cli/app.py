@@ -261,4 +261,4 @@ def _reserve_closed_std_fds() -> None:
 
 def make_typer(help: str) -> typer.Typer:
     return typer.Typer(cls=_Group, help=help, no_args_is_help=True, add_completion=True,
-                       pretty_exceptions_enable=False, rich_markup_mode=None)
+                       pretty_exceptions_enable=False, rich_markup_mode="markdown")

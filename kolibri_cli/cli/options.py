@@ -13,8 +13,11 @@ from kolibri_cli.decode.proposers import (
     GUARD_K,
     PROPOSERS,
     LlamaCppOptions,
+    fit_context,  # noqa: F401  (commands import it here)
 )
-from kolibri_cli.errors import KolibriError
+from kolibri_cli.decode.sampling import OPTION_HELP as SAMPLING_HELP
+from kolibri_cli.errors import KolibriError, refuse_unused  # noqa: F401
+from kolibri_cli.store.models import verify_hint  # noqa: F401
 
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", help="Model name from the cache, a Hugging Face-layout folder, or a GGUF "
@@ -91,13 +94,6 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
                           numerics=quantize or "float32")
 
 
-def refuse_unused(options: dict, needs: str) -> None:
-    """Options given (not None) that mean nothing without `needs`: one error line naming them,
-    not a run that silently drops them (the user likely forgot `needs`, or misread an option)."""
-    if given := [name for name, value in options.items() if value is not None]:
-        raise KolibriError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} {needs}")
-
-
 def refuse_with(options: dict, other: str, why: str) -> None:
     """Options given (not None) that mean nothing together with `other`: one error line."""
     if given := [name for name, value in options.items() if value is not None]:
@@ -134,18 +130,6 @@ def _stdin_text() -> str:
         raise KolibriError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} "
                            f"at offset {e.start}); convert it, e.g. iconv -f latin1 -t utf-8"
                            ) from None
-
-
-def fit_context(k: int, window_max: int, model) -> None:
-    """A draft of k tokens is verified in one pass of k + 1 positions, and an n-gram of n tokens
-    must fit the context: larger settings could never be used."""
-    context = model.config.max_position_embeddings
-    if k + 1 > context:
-        raise KolibriError(f"--k {k} does not fit the model's context ({context} tokens; "
-                           f"at most {context - 1})")
-    if window_max > context:
-        raise KolibriError(f"--window max {window_max} exceeds the model's context "
-                           f"({context} tokens)")
 
 
 def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
@@ -246,20 +230,13 @@ def llamacpp_options(min_hits: int | None, n_min: int | None, static: Path | Non
 # ---- sampling: shared by generate, chat, goldens record, bench and probe ---------------------
 
 TemperatureOpt = Annotated[float | None, typer.Option(
-    "--temperature", help="Sample at this temperature; 0 = greedy. [default: the model's "
-    "generation_config.json, else greedy]")]
-TopKOpt = Annotated[int | None, typer.Option(
-    "--top-k", help="Sample among the k most likely tokens; 0 = off.")]
-TopPOpt = Annotated[float | None, typer.Option(
-    "--top-p", help="Sample among the most likely tokens holding this much probability; 1 = off.")]
-MinPOpt = Annotated[float | None, typer.Option(
-    "--min-p", help="Drop tokens less likely than min-p times the most likely one; 0 = off.")]
+    "--temperature", help=SAMPLING_HELP["temperature"])]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help=SAMPLING_HELP["top_k"])]
+TopPOpt = Annotated[float | None, typer.Option("--top-p", help=SAMPLING_HELP["top_p"])]
+MinPOpt = Annotated[float | None, typer.Option("--min-p", help=SAMPLING_HELP["min_p"])]
 RepetitionPenaltyOpt = Annotated[float | None, typer.Option(
-    "--repetition-penalty",
-    help="transformers' penalty on tokens already in the context; 1 = off.")]
-SeedOpt = Annotated[int | None, typer.Option(
-    "--seed", help="Seed of the position-keyed noise (same seed, same text). [default: random, "
-    "printed]")]
+    "--repetition-penalty", help=SAMPLING_HELP["repetition_penalty"])]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help=SAMPLING_HELP["seed"])]
 GreedyOpt = Annotated[bool, typer.Option(
     "--greedy", help="Argmax decoding, whatever generation_config.json says.")]
 SystemOpt = Annotated[str | None, typer.Option(
@@ -301,11 +278,3 @@ def resolve_sampling(model, given: dict):
         render.err.print(f"seed {chosen.seed} (pass --seed {chosen.seed} to repeat this run)",
                          highlight=False)
     return chosen
-
-
-def verify_hint(model) -> str:
-    """Where a divergence may come from damaged cached weights, the command that checks them."""
-    if not model.source_sha256:  # a user's folder: kolibri recorded nothing to compare with
-        return ""
-    return (f"; if {model.name} should reproduce them, check its cached files with "
-            f"`kolibri model verify {model.name}`")

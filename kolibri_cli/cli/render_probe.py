@@ -367,15 +367,3 @@ def throughput_bar(delay: float = 1.0):
     finally:
         if handle.shown:
             bar.stop()
-
-
-def throughput_line(t, configurations: int) -> str:
-    """One line: what was simulated, how fast, on how many workers."""
-    per = f"{t.steps_per_s / t.workers / 1e6:.2f}M per worker, " if t.workers > 1 else ""
-    where = {"local": "1 process", "processes": f"{t.workers} processes",
-             "ray": f"Ray, {t.workers} CPUs"}.get(t.executor, t.executor)
-    times = f" x {configurations} configurations" if configurations > 1 else ""
-    return (f"simulated {t.chains:,} chains{times}: {t.steps / 1e6:.2f}M decode steps in "
-            f"{t.seconds:.1f} s — {t.replays_per_s:,.0f} chains/s, "
-            f"{t.steps_per_s / 1e6:.2f}M steps/s ({per}{where}; "
-            f"{t.steps_per_cpu_s / 1e6:.2f}M steps per CPU-second)")

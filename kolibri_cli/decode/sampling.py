@@ -32,6 +32,20 @@ _G_MAX = -math.log(-math.log((_TWO32 - 0.5) / _TWO32)) + 1e-6  # largest noise a
 _TOP_P_FIRST = 64  # candidates tried first for top-p (grown 8x until they hold the mass)
 
 
+# The sampling options' help, shared by every command that takes them (generate, chat, bench,
+# goldens record, probe --measure).
+OPTION_HELP = {
+    "temperature": "Sample at this temperature; 0 = greedy. [default: the model's "
+                   "generation_config.json, else greedy]",
+    "top_k": "Sample among the k most likely tokens; 0 = off.",
+    "top_p": "Sample among the most likely tokens holding this much probability; 1 = off.",
+    "min_p": "Drop tokens less likely than min-p times the most likely one; 0 = off.",
+    "repetition_penalty": "transformers' penalty on tokens already in the context; 1 = off.",
+    "seed": "Seed of the position-keyed noise (same seed, same text). [default: random, "
+            "printed]",
+}
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How tokens are chosen. Defaults: greedy, no filters."""

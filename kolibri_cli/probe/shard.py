@@ -111,6 +111,18 @@ class Throughput:
         """Decode steps per CPU-second of the workers: the speed of one core."""
         return self.steps / self.cpu_seconds if self.cpu_seconds else 0.0
 
+    def line(self, configurations: int) -> str:
+        """One line: what was simulated, how fast, on how many workers."""
+        per = f"{self.steps_per_s / self.workers / 1e6:.2f}M per worker, " \
+            if self.workers > 1 else ""
+        where = {"local": "1 process", "processes": f"{self.workers} processes",
+                 "ray": f"Ray, {self.workers} CPUs"}.get(self.executor, self.executor)
+        times = f" x {configurations} configurations" if configurations > 1 else ""
+        return (f"simulated {self.chains:,} chains{times}: {self.steps / 1e6:.2f}M decode steps "
+                f"in {self.seconds:.1f} s — {self.replays_per_s:,.0f} chains/s, "
+                f"{self.steps_per_s / 1e6:.2f}M steps/s ({per}{where}; "
+                f"{self.steps_per_cpu_s / 1e6:.2f}M steps per CPU-second)")
+
     def to_json(self) -> dict:
         names = ("chains", "replays", "steps", "seconds", "cpu_seconds", "workers", "executor")
         return {name: getattr(self, name) for name in names} | {

@@ -67,3 +67,11 @@ def verify(spec: str | None = None, progress=None) -> Verification:
     checks = integrity.verify_files(path, files, progress)
     extra = [f for f in integrity.folder_files(path) if f not in files]
     return Verification(name, str(path), checks, extra, integrity.repair_hint(name, meta))
+
+
+def verify_hint(model) -> str:
+    """Where a divergence may come from damaged cached weights, the command that checks them."""
+    if not model.source_sha256:  # a user's folder: kolibri recorded nothing to compare with
+        return ""
+    return (f"; if {model.name} should reproduce them, check its cached files with "
+            f"`kolibri model verify {model.name}`")

@@ -200,3 +200,15 @@ def _cost_dict(costs) -> dict[int, float] | None:
     if not isinstance(costs, dict | None):
         raise KolibriError("adaptive takes c(n) as numbers (--costs), not a measured table")
     return costs
+
+
+def fit_context(k: int, window_max: int, model) -> None:
+    """A draft of k tokens is verified in one pass of k + 1 positions, and an n-gram of n tokens
+    must fit the context: larger settings could never be used."""
+    context = model.config.max_position_embeddings
+    if k + 1 > context:
+        raise KolibriError(f"--k {k} does not fit the model's context ({context} tokens; "
+                           f"at most {context - 1})")
+    if window_max > context:
+        raise KolibriError(f"--window max {window_max} exceeds the model's context "
+                           f"({context} tokens)")
