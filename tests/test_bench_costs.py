@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 import kolibri_cli
 from kolibri_cli.cli import app
-from kolibri_cli.decode.costs import GUESSED_COSTS, cost_model
+from kolibri_cli.costs import store as benchcosts
+from kolibri_cli.costs.model import GUESSED_COSTS, cost_model
+from kolibri_cli.costs.store import BenchCosts
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.store import benchcosts
-from kolibri_cli.store.benchcosts import BenchCosts
 
 SHA = "a" * 64
 # drafts [3, 0, 2] in "mix" and [1, 0] in "rej": passes of 4, 1, 3, 2 and 1 rows
@@ -186,7 +186,8 @@ def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
 
 
 def test_measure_lets_the_guard_time_its_own_costs_unless_given(goldens):
-    from kolibri_cli.probe.pricing import Pricing, live_runs
+    from kolibri_cli.costs.pricing import Pricing
+    from kolibri_cli.probe.measure import live_runs
     from kolibri_cli.probe.shard import sweep
 
     runs = sweep([], [3], [(1, 2)], ["guard", "adaptive"], costs={1: 1.0, 2: 1.5})

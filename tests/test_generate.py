@@ -254,7 +254,7 @@ def test_no_decoding_kernel_compiles_inside_a_request(name):
     """Drafting and sampling kernels are compiled (or loaded) before a request's clock starts:
     a sampled speculative request adds no signature to them (on a machine's first run such a
     compile cost the first `generate --compare` ~0.45 s of its speculative time)."""
-    from kolibri_cli.decode.costs import CostTable
+    from kolibri_cli.costs.model import CostTable
     from kolibri_cli.decode.proposers import default_settings, make_proposer, warm_up
     from kolibri_cli.decode.sampling import Sampler, Sampling
 

@@ -1,6 +1,6 @@
 """c(n) that `kolibri generate` / `chat` give the adaptive proposers: `--costs`, else the c(n)
 `kolibri bench` stored for the loaded model at the threads and numerics it runs with, else the
-guess, chosen as the probe chooses (decode/pricing.py); speculative output stays plain output."""
+guess, chosen as the probe chooses (costs/pricing.py); speculative output stays plain output."""
 
 import itertools
 import json
@@ -11,13 +11,13 @@ from typer.testing import CliRunner
 
 import kolibri_cli
 from kolibri_cli.cli import app
-from kolibri_cli.decode.costs import GUESSED_COSTS
-from kolibri_cli.decode.pricing import for_model
+from kolibri_cli.costs import store as benchcosts
+from kolibri_cli.costs.model import GUESSED_COSTS
+from kolibri_cli.costs.pricing import for_model
+from kolibri_cli.costs.store import BenchCosts
 from kolibri_cli.decode.proposers import AdaptiveProposer
 from kolibri_cli.engine import loader
 from kolibri_cli.engine.jit import get_threads
-from kolibri_cli.store import benchcosts
-from kolibri_cli.store.benchcosts import BenchCosts
 
 FLAT = {1: 1.0, 2: 1.0, 3: 1.0, 4: 1.0, 5: 1.0, 6: 1.0}  # drafting is free: every match drafts
 STEEP = {1: 1.0, 2: 50.0, 3: 100.0}  # a draft costs 50 steps: no match pays for one
@@ -188,8 +188,8 @@ def test_the_guard_keeps_its_timings_and_the_next_run_starts_from_them(kolibri_h
     """A first `generate --spec` calibrates from an empty table and keeps what it timed; the next
     run of the same kernel starts from those samples (a seeded table prices drafts at once),
     never another kernel's: other threads or another CPU start empty."""
-    from kolibri_cli.decode.costs import warm_table
-    from kolibri_cli.store import guardcosts
+    from kolibri_cli.costs import samples as guardcosts
+    from kolibri_cli.costs.model import warm_table
 
     folder, sha = tiny
     assert warm_table(sha, "float32", get_threads())[1] == "none"
@@ -206,7 +206,7 @@ def test_the_guard_keeps_its_timings_and_the_next_run_starts_from_them(kolibri_h
 
 
 def test_a_bench_of_this_kernel_starts_the_guard_when_it_kept_nothing(kolibri_home, tiny):
-    from kolibri_cli.decode.costs import warm_table
+    from kolibri_cli.costs.model import warm_table
 
     folder, sha = tiny
     here = BenchCosts("tiny", sha, get_threads(), "float32", FLAT, benchcosts.now(),
@@ -222,8 +222,8 @@ def test_a_bench_of_this_kernel_starts_the_guard_when_it_kept_nothing(kolibri_ho
 
 
 def test_unreadable_kept_timings_are_ignored_and_replaced(kolibri_home, tiny):
-    from kolibri_cli.decode.costs import CostTable, warm_table
-    from kolibri_cli.store import guardcosts
+    from kolibri_cli.costs import samples as guardcosts
+    from kolibri_cli.costs.model import CostTable, warm_table
 
     folder, sha = tiny
     key = guardcosts.kernel_key(sha, "float32", get_threads())
@@ -242,7 +242,7 @@ def test_unreadable_kept_timings_are_ignored_and_replaced(kolibri_home, tiny):
 
 
 def test_a_home_that_cannot_keep_the_timings_is_a_note_not_a_failure(kolibri_home, tiny):
-    from kolibri_cli.store import guardcosts
+    from kolibri_cli.costs import samples as guardcosts
 
     folder, _ = tiny
     (kolibri_home / "locks" / f"{guardcosts.FILE}.lock").mkdir(parents=True)  # cannot lock
@@ -253,7 +253,7 @@ def test_a_home_that_cannot_keep_the_timings_is_a_note_not_a_failure(kolibri_hom
 
 
 def test_costs_default_starts_the_guard_cold_and_keeps_nothing(kolibri_home, tiny):
-    from kolibri_cli.store import guardcosts
+    from kolibri_cli.costs import samples as guardcosts
 
     folder, _ = tiny
     spec_of(generate(folder, "--proposer", "guard", "--costs", "default"))

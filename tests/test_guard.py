@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import MODELS, prompts
 
-from kolibri_cli.decode.costs import DEFAULT_COST_SLOPE, KEEP, CostTable, ReplayedCosts, octave
+from kolibri_cli.costs.model import DEFAULT_COST_SLOPE, KEEP, CostTable, ReplayedCosts, octave
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import GuardProposer, make_proposer
 from kolibri_cli.decode.proposers.guard import AcceptancePrior
@@ -497,7 +497,7 @@ def _measured_by_the_definition(table, context):
     (one holding TRUSTED samples first)."""
     import statistics
 
-    from kolibri_cli.decode.costs import TRUSTED, octave
+    from kolibri_cli.costs.model import TRUSTED, octave
 
     target, out, cells = octave(context), {}, table.cells()
     for rows in sorted({r for _, r, _ in cells}):
@@ -513,7 +513,7 @@ def test_a_measuring_table_answers_its_definition_bit_for_bit_after_random_passe
     costs they read stand) change no answer: the same as a fresh table's of the same samples."""
     import random
 
-    from kolibri_cli.decode.costs import CostTable
+    from kolibri_cli.costs.model import CostTable
 
     rng = random.Random(7)
     table = CostTable()
@@ -577,7 +577,7 @@ def test_the_guards_draft_length_is_its_formula_bit_for_bit():
 def _priced_by_the_formula(rows, costs, top):
     """CostTable's pricing of measured costs as numpy array formulas: np.interp between the
     timed row counts, a short slope above the most timed, unknown beyond REACH x them."""
-    from kolibri_cli.decode.costs import REACH
+    from kolibri_cli.costs.model import REACH
 
     n = np.arange(top + 1, dtype=np.float64)  # [top + 1]
     c = np.interp(n, rows, costs)
@@ -590,7 +590,7 @@ def _priced_by_the_formula(rows, costs, top):
 def test_a_measuring_tables_pricing_is_numpys_interpolation_bit_for_bit():
     import random
 
-    from kolibri_cli.decode.costs import _priced
+    from kolibri_cli.costs.model import _priced
 
     rng = random.Random(5)
     for _ in range(20000):

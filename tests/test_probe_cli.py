@@ -210,8 +210,8 @@ def test_plot_written(goldens, tmp_path):
 
 
 def _result(goldens, runs, measured, **config):
+    from kolibri_cli.costs.pricing import Pricing
     from kolibri_cli.probe.config import ProbeConfig
-    from kolibri_cli.probe.pricing import Pricing
     from kolibri_cli.probe.result import build_result
 
     cfg = ProbeConfig(goldens=[goldens], **config)

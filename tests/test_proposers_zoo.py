@@ -13,7 +13,7 @@ from tiny_models import MODELS, assert_counts_as_simulated, prompts, tiny_model
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
-from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.costs.model import cost_model
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import (
     AdaptiveProposer,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kolibri_cli.bench.server import PassTimes, ServerCosts, cost_round, pass_lengths, solve_pass_ms
-from kolibri_cli.decode.costs import line_slope
+from kolibri_cli.costs.model import line_slope
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.servers import Completion

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tiny_models import MODELS
 
+from kolibri_cli.costs.model import BENCH_CONTEXT, CostTable, cost_model, octave
 from kolibri_cli.decode import generate as generate_module
-from kolibri_cli.decode.costs import BENCH_CONTEXT, CostTable, cost_model, octave
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.goldens.chains import Golden
@@ -140,7 +140,7 @@ def test_warm_keeps_the_guards_timings_so_the_measured_guard_starts_from_them(ko
     does, so the measured guard, which calibrated from nothing before, starts from them."""
     from types import SimpleNamespace
 
-    from kolibri_cli.decode.costs import warm_table
+    from kolibri_cli.costs.model import warm_table
     from kolibri_cli.engine.jit import get_threads
 
     tiny = MODELS[0]

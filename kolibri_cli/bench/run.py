@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.peers import PeerResult
 from kolibri_cli.bench.timing import costs, forward_times, measure_read_bandwidth, prefill_time
+from kolibri_cli.costs.pricing import Pricing
 from kolibri_cli.decode.generate import generate_plain, generate_spec
-from kolibri_cli.decode.pricing import Pricing
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 
 COST_CONTEXT = 100  # tokens in the cache when c(n) is timed (a short chat prompt)

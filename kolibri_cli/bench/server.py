@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kolibri_cli.callbacks import Ticks
-from kolibri_cli.decode.costs import line_slope
+from kolibri_cli.costs.model import line_slope
 from kolibri_cli.decode.proposers import draft, make_proposer
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.servers import LOCAL, Completion, ServerApi, serving, synth_args

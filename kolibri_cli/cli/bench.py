@@ -128,7 +128,7 @@ def _refuse_unused(given: dict) -> None:
 def _new_proposer(k, window, name: str, llamacpp):
     """proposer(costs): adaptive and adaptive-tree draft by the c(n) the run measured (`costs`),
     as generate drafts by the stored bench; the guard times its own, as in generate."""
-    from kolibri_cli.decode.pricing import PRICED_PROPOSERS
+    from kolibri_cli.costs.pricing import PRICED_PROPOSERS
     from kolibri_cli.decode.proposers import canonical_proposer
 
     priced = canonical_proposer(name) in PRICED_PROPOSERS
@@ -137,10 +137,10 @@ def _new_proposer(k, window, name: str, llamacpp):
 
 def _keep_costs(model, result) -> None:
     """Store c(n) in the kolibri home: `kolibri probe` prices the goldens of this model with
-    them, `kolibri generate`'s adaptive proposers draft by them (store/benchcosts.py)."""
+    them, `kolibri generate`'s adaptive proposers draft by them (costs/store.py)."""
     from kolibri_cli import __version__
     from kolibri_cli.cli import render
-    from kolibri_cli.store import benchcosts
+    from kolibri_cli.costs import store as benchcosts
 
     entry = benchcosts.BenchCosts(
         model=model.name, model_sha256=model.sha256, threads=result.threads,

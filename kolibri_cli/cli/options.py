@@ -137,7 +137,7 @@ def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
     """A fresh proposer from command-line settings (bad settings fail before a model loads);
     k or window None = the proposer's default; `costs` the c(n) it drafts by (see `pricing`), or
     the guard's measuring table (`guard_costs`)."""
-    from kolibri_cli.decode.costs import CostTable
+    from kolibri_cli.costs.model import CostTable
     from kolibri_cli.decode.proposers import (
         canonical_proposer,
         default_settings,
@@ -158,9 +158,9 @@ def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
 
 def guard_costs(name: str, given, model):
     """The measuring table the guard drafts by when no --costs was given: started from what
-    earlier runs of this kernel timed (decode/costs.py warm_table); None for other proposers or
+    earlier runs of this kernel timed (costs/model.py warm_table); None for other proposers or
     with --costs (numbers: frozen; `default`: the guard starts cold, ignoring what is stored)."""
-    from kolibri_cli.decode.costs import warm_table
+    from kolibri_cli.costs.model import warm_table
     from kolibri_cli.decode.proposers import canonical_proposer
     from kolibri_cli.engine.jit import get_threads
 
@@ -173,7 +173,7 @@ def keep_guard_costs(drafter, model, given=None) -> None:
     """Keep the guard's timings for the next run, unless --costs was given (a home that cannot
     be written: a note)."""
     from kolibri_cli.cli import render
-    from kolibri_cli.decode.costs import keep_table
+    from kolibri_cli.costs.model import keep_table
     from kolibri_cli.engine.jit import get_threads
 
     table = getattr(drafter, "costs", None)
@@ -187,7 +187,7 @@ def keep_guard_costs(drafter, model, given=None) -> None:
 
 def asked_costs(text: str | None, name: str):
     """--costs as given (a Pricing), None when not given; checked before a model loads."""
-    from kolibri_cli.decode.pricing import PRICED_PROPOSERS, asked, parse_costs
+    from kolibri_cli.costs.pricing import PRICED_PROPOSERS, asked, parse_costs
     from kolibri_cli.decode.proposers import canonical_proposer
     from kolibri_cli.text import shown
 
@@ -202,12 +202,12 @@ def asked_costs(text: str | None, name: str):
 
 
 def pricing(name: str, given, model):
-    """The c(n) proposer `name` drafts by on `model` (decode/pricing.py, as the probe chooses):
+    """The c(n) proposer `name` drafts by on `model` (costs/pricing.py, as the probe chooses):
     --costs; else for adaptive and adaptive-tree the latest `kolibri bench` of this model, its
     numerics and the threads the kernel runs, else the guess (a note on stderr says so). None:
     the proposer drafts without c(n), or is the guard timing its own."""
     from kolibri_cli.cli import render
-    from kolibri_cli.decode.pricing import PRICED_PROPOSERS, for_model
+    from kolibri_cli.costs.pricing import PRICED_PROPOSERS, for_model
     from kolibri_cli.decode.proposers import canonical_proposer
     from kolibri_cli.engine.jit import get_threads
 

@@ -14,10 +14,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kolibri_cli.cli.render import Col, FitTable, cell, err
+from kolibri_cli.costs.pricing import source_text
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.probe.answer import LOSES, PAYS, WASHES
-from kolibri_cli.probe.pricing import source_text
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
     GUARD_START,

@@ -372,3 +372,14 @@ def _where(piece: Piece, line_no: int) -> str:
                 line_no += block.count(b"\n")
                 left -= len(block)
     return f"{piece.path}:{line_no}"
+
+
+def models_of(paths: list) -> set[tuple[str, str]]:
+    """{(name, sha256)} of the models the goldens were recorded from, by the first golden of
+    each file (a file holds one model's chains)."""
+    models = set()
+    for file in find_golden_files(paths):
+        first = next(iter_goldens([file]), None)
+        if first is not None:
+            models.add((first.model, first.model_sha256))
+    return models

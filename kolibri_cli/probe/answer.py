@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.costs.model import cost_model
 from kolibri_cli.probe.simulate import Counts, SimRun, spec_time_by_length
 
 WASH = 0.02  # a best speedup under 1 + WASH pays too little to be worth the risk: a wash

@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kolibri_cli.decode.pricing import parse_costs
+from kolibri_cli.costs.pricing import Pricing, parse_costs
 from kolibri_cli.decode.proposers import (
     DEFAULT_K,
     DEFAULT_PROPOSER,
@@ -31,7 +31,6 @@ from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden
 from kolibri_cli.goldens.stream import find_golden_files, iter_goldens
 from kolibri_cli.probe.options import MEASURE, PRICE, REPORT, SCALE, SIMULATE, guess_text, opt
-from kolibri_cli.probe.pricing import Pricing
 from kolibri_cli.text import read_text_file, shown
 
 

@@ -27,12 +27,12 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.callbacks import Ticks
-from kolibri_cli.decode.costs import CostTable, ReplayedCosts, warm_table
+from kolibri_cli.costs.model import CostTable, ReplayedCosts, warm_table
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer, shares_state
 from kolibri_cli.decode.sampling import Sampling
@@ -343,3 +343,11 @@ def _median_costs(costs: list[dict[int, float]], top: int) -> dict[int, float]:
     if not costs:
         return {}
     return {n: statistics.median(c[n] for c in costs) for n in costs[0] if n <= top}
+
+
+def live_runs(runs: list, pricing) -> list:
+    """The runs as --measure runs them live: a guard not given --costs times its own costs as it
+    runs, as `kolibri generate --spec` does (its simulation then replays what it read)."""
+    if pricing.source == "given":
+        return runs
+    return [replace(r, costs=None) if r.proposer == "guard" else r for r in runs]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kolibri_cli.callbacks import Ticks
-from kolibri_cli.decode.costs import cost_model, line_slope
+from kolibri_cli.costs.model import cost_model, line_slope
 from kolibri_cli.decode.proposers import shares_state
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError

@@ -7,7 +7,7 @@ typer itself (only cli/ imports it).
 
 from dataclasses import MISSING, dataclass, field
 
-from kolibri_cli.decode.costs import GUESSED_COSTS
+from kolibri_cli.costs.model import GUESSED_COSTS
 
 SIMULATE, PRICE, MEASURE, REPORT, SCALE = ("What to simulate", "Pricing: c(n)",
                                            "Measuring with the model", "Reports and gates",

@@ -9,9 +9,9 @@ Schema: docs/probe-json.md. Bump SCHEMA_VERSION on any incompatible change.
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kolibri_cli.costs.pricing import source_text as pricing_source
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.probe.answer import LOSES, PAYS, RunKey, Speed, Verdict, run_key
-from kolibri_cli.probe.pricing import source_text as pricing_source
 from kolibri_cli.probe.result import ProbeResult
 from kolibri_cli.probe.seeds import FIGURES, seed_spread
 from kolibri_cli.probe.simulate import Counts, SimRun

@@ -12,9 +12,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from kolibri_cli.costs.pricing import Pricing
 from kolibri_cli.errors import KolibriError, refuse_unused
+from kolibri_cli.goldens.stream import models_of
 from kolibri_cli.probe.config import ProbeConfig
 from kolibri_cli.probe.result import ProbeResult, build_result
+
+MEASURE_REPEATS = 5  # --costs measure: medians of this many interleaved timings per row count
 
 
 @dataclass(frozen=True)
@@ -120,14 +124,53 @@ def in_process(cfg: ProbeConfig) -> bool:
 def pricing(cfg: ProbeConfig, ui: Ui):
     """The c(n) to price with (a guess where a measurement could be has a note); with
     `--costs measure`, timed now on the goldens' model and kept."""
-    from kolibri_cli.probe.pricing import choose, measure_here, measured_model
+    from kolibri_cli.costs.pricing import for_goldens
+    from kolibri_cli.goldens.stream import models_of
 
     if not cfg.measure_costs:
-        return choose(cfg.costs, cfg.goldens, cfg.threads, cfg.bench_costs, cfg.engine)
+        models = models_of(cfg.goldens) if cfg.costs is None and cfg.bench_costs else set()
+        return for_goldens(cfg.costs, models, cfg.threads, cfg.bench_costs, cfg.engine)
     model = load_model(cfg, ui, spec=cfg.model or measured_model(cfg.goldens))
     ui.note(f"timing c(n) of {model.name} on this host (kept for later runs) ...")
     with ui.progress("timing c(n) ") as ticks:
         return measure_here(model, cfg, ticks)
+
+
+def measured_model(goldens: list) -> str:
+    """The name of the one model `--costs measure` times: the goldens' (one model only)."""
+    models = models_of(goldens)
+    if len(models) != 1:
+        raise KolibriError("--costs measure times the goldens' model, but these goldens come "
+                           f"from {len(models)} models; probe one model's goldens at a time, or "
+                           "give --model")
+    return next(iter(models))[0]
+
+
+def measure_here(model, config, ticks=None) -> Pricing:
+    """c(1..n) timed now on `model` with this host's kernel, for every row count the run's
+    configurations verify (k + 1), kept in the bench store as `kolibri bench` keeps its own;
+    priced as timed (source "run")."""
+    from kolibri_cli.bench.timing import costs, forward_times
+    from kolibri_cli.costs import store as benchcosts
+    from kolibri_cli.costs.model import BENCH_CONTEXT
+    from kolibri_cli.engine.jit import get_threads
+
+    models = models_of(config.goldens)
+    if models and model.sha256 not in {sha for _, sha in models}:
+        raise KolibriError(f"--costs measure: {model.name} is not the model these goldens were "
+                           "recorded from (its weights differ); give --model the goldens' model")
+    top = max(k for k, _ in settings_of(config)) + 1
+    timed = costs(forward_times(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks))
+    entry = benchcosts.save(benchcosts.entry_for(model, get_threads(), timed))
+    return Pricing("run", timed, bench=entry)
+
+
+def settings_of(config) -> list[tuple[int, tuple[int, int]]]:
+    """(k, window) of every configuration the run simulates."""
+    from kolibri_cli.decode.proposers import default_settings
+
+    return [(k, w) for p in config.proposer for k in (config.k or [default_settings(p)[0]])
+            for w in (config.window or [default_settings(p)[1]])]
 
 
 # ---- simulating -------------------------------------------------------------------------------
@@ -234,8 +277,7 @@ def measure(cfg: ProbeConfig, model, goldens: list, runs: list, ui: Ui) -> dict:
     sweep would take minutes per configuration."""
     from kolibri_cli.goldens import record as recorder
     from kolibri_cli.probe.answer import fastest_per_proposer, ranking, run_key
-    from kolibri_cli.probe.measure import measure_runs
-    from kolibri_cli.probe.pricing import live_runs
+    from kolibri_cli.probe.measure import live_runs, measure_runs
 
     recorder.check_model_matches(model, goldens, cfg.allow_model_mismatch)
     given = cfg.sampling_overrides()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.costs.model import cost_model
 from kolibri_cli.decode.proposers import (
     LLAMACPP_DEFAULTS,
     LlamaCppOptions,

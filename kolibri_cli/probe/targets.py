@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.timing import verify_costs
-from kolibri_cli.decode.costs import (
+from kolibri_cli.costs.model import (
     BENCH_CONTEXT,
     CostTable,
     cost_model,

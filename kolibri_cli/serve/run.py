@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kolibri_cli.decode.costs import keep_table
+from kolibri_cli.costs.model import keep_table
 from kolibri_cli.decode.proposers import default_settings
 from kolibri_cli.engine.config import generation_defaults
 from kolibri_cli.errors import KolibriError

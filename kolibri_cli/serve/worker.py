@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kolibri_cli.decode.costs import warm_table
+from kolibri_cli.costs.model import warm_table
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
 from kolibri_cli.decode.proposers import default_settings, make_proposer
 from kolibri_cli.decode.sampling import Sampler, Sampling

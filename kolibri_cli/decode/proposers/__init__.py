@@ -14,7 +14,7 @@ Non-goals: verification, acceptance, the KV cache (the speculative generator own
 from functools import cache
 from typing import Protocol, runtime_checkable
 
-from kolibri_cli.decode.costs import CostTable, ReplayedCosts
+from kolibri_cli.costs.model import CostTable, ReplayedCosts
 from kolibri_cli.decode.proposers import guard, ngram
 from kolibri_cli.decode.proposers.adaptive import AdaptiveProposer
 from kolibri_cli.decode.proposers.adaptive_tree import AdaptiveTreeProposer

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.costs.model import cost_model
 from kolibri_cli.decode.proposers.ngram import longest_match
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 

@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from kolibri_cli.decode.costs import cost_model
+from kolibri_cli.costs.model import cost_model
 from kolibri_cli.decode.proposers.suffix import SuffixProposer
 from kolibri_cli.decode.proposers.tree import DraftTree
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
-from kolibri_cli.decode.costs import CostTable
+from kolibri_cli.costs.model import CostTable
 from kolibri_cli.decode.proposers.ngram import longest_match
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))

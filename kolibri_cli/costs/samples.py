@@ -13,10 +13,10 @@ that cannot be written is one KolibriError. Non-goal: a history.
 import json
 from pathlib import Path
 
+from kolibri_cli.costs.store import cpu_model, kernel_id
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.home import cache_root
 from kolibri_cli.store.atomic import write_text_atomic
-from kolibri_cli.store.benchcosts import cpu_model, kernel_id
 
 FILE = "guard-costs.json"
 FORMAT = 1

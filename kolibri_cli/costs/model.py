@@ -11,7 +11,7 @@ from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=T
 from kolibri_cli.errors import KolibriError
 
 DEFAULT_COST_SLOPE = 0.06  # c(n) = 1 + slope (n - 1) when nothing was measured: c(6) = 1.30
-# The guess when no measured c(n) applies (decode/pricing.py; DEFAULT_COST_SLOPE keeps its
+# The guess when no measured c(n) applies (costs/pricing.py; DEFAULT_COST_SLOPE keeps its
 # role in CostTable): c(2) = 1.32, then +0.15 per row (cost_model carries the slope from c(2) to
 # c(3) on), c(6) = 1.92, c(16) = 3.42. Fitted to the medians of eight `kolibri bench` runs of the
 # default model (SmolLM2-135M Q4_1, block kernel, 2 threads, Xeon with AVX-512; three of them
@@ -287,7 +287,8 @@ def warm_table(model_sha256: str, numerics: str, threads: int) -> tuple[CostTabl
     from earlier runs of this kernel ("kept"), else the c(n) `kolibri bench` timed for it with
     this kolibri on this CPU, one sample per row count ("bench"), else empty: the request
     calibrates ("none")."""
-    from kolibri_cli.store import benchcosts, guardcosts
+    from kolibri_cli.costs import samples as guardcosts
+    from kolibri_cli.costs import store as benchcosts
 
     cells = guardcosts.load(guardcosts.kernel_key(model_sha256, numerics, threads))
     if cells:
@@ -306,7 +307,7 @@ def warm_table(model_sha256: str, numerics: str, threads: int) -> tuple[CostTabl
 
 def keep_table(table: CostTable, model_sha256: str, numerics: str, threads: int) -> None:
     """Keep a measuring table's samples for the next run of this kernel (a frozen one: nothing)."""
-    from kolibri_cli.store import guardcosts
+    from kolibri_cli.costs import samples as guardcosts
 
     cells = table.cells() if isinstance(table, CostTable) and not table.frozen else []
     if cells:

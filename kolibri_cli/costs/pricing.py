@@ -1,22 +1,24 @@
 """Which c(n) a model's forward passes are priced with, and where they came from: given
-(`--costs`), timed on this host by `kolibri bench` for the model (store/benchcosts.py), timed by
+(`--costs`), timed on this host by `kolibri bench` for the model (costs/store.py), timed by
 the running bench itself, or a guess. One choice for `kolibri generate` / `chat` (the adaptive
-proposers draft by it) and `kolibri probe` (probe/pricing.py finds the goldens' model first), so
+proposers draft by it) and `kolibri probe` (`for_goldens`, given the goldens' model), so
 a probe's simulation of adaptive describes what generate does.
 
 Scope: choosing the costs and saying why. The guess is only the fallback when nothing measured
 applies; the output says so and names the command that measures. Non-goal: the guard's costs
-while generating (it times its own, decode/costs.py CostTable).
+while generating (it times its own, costs/model.py CostTable).
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from kolibri_cli.decode.costs import GUESSED_COSTS, cost_model
+from kolibri_cli.costs import store as benchcosts
+from kolibri_cli.costs.model import DEFAULT_COST_SLOPE, GUESSED_COSTS, cost_model
+from kolibri_cli.costs.store import BenchCosts
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.store import benchcosts
-from kolibri_cli.store.benchcosts import BenchCosts
 
+MEASURE_HINT = "`--costs measure` times this host once (tens of seconds) and keeps it"
+PROBE_NUMERICS = "float32"  # the numeric path the probe's --measure loads models with
 PRICED_PROPOSERS = ("adaptive", "adaptive-tree")  # draft by c(n) given as numbers
 
 
@@ -117,3 +119,27 @@ def guess(reason: str, hint: str, measure: str = "") -> Pricing:
     option of the command at hand that would)."""
     return Pricing("guess", GUESSED_COSTS, reason=reason, note="note: c(n) is a guess (the "
                    f"default model's on a 2-core AVX-512 host): {reason}{hint}", hint=measure)
+
+
+def source_text(pricing: Pricing | None) -> str:
+    """Where a report's c(n) came from; without a Pricing (a library caller's runs), what
+    SimRun.modelled_speedup falls back to."""
+    if pricing is None:
+        return f"c(n) as given to the runs, else 1 + {DEFAULT_COST_SLOPE:g} (n - 1)"
+    return pricing.source_text()
+
+
+def for_goldens(given: dict[int, float] | None, models: set[tuple[str, str]],
+                threads: int | None, use_bench: bool = True, engine: str | None = None) -> Pricing:
+    """The probe's choice: given costs; else the latest bench of the goldens' model (`models`:
+    {(name, sha256)} they were recorded from; with `threads` if given); else the guess, with a
+    note saying how to measure (`use_bench` False: the guess, asked for, without a note)."""
+    if (chosen := asked(given, use_bench)) is not None:
+        return chosen
+    if engine not in (None, "kolibri"):
+        return Pricing("guess", GUESSED_COSTS, reason=f"kolibri's bench does not time {engine}")
+    if len(models) != 1:
+        return guess("the goldens come from several models" if models else "no goldens read", "")
+    name, sha256 = next(iter(models))
+    chosen = for_model(name, sha256, PROBE_NUMERICS, threads)
+    return replace(chosen, hint=MEASURE_HINT) if chosen.source == "guess" else chosen

@@ -1,0 +1,12 @@
+"""The cost model c(n): what an n-token forward costs relative to a 1-token one, in one place.
+
+- model: c(n) as a function (`cost_model`, the guess, the least-squares line) and `CostTable`,
+  c(n) given or measured by the speculative generator from its own passes;
+- pricing: which c(n) a run uses and where they came from (`Pricing`: given, a stored bench,
+  timed in this run, or the guess) — the one vocabulary generate, bench, probe and the guard
+  share;
+- store: the c(n) each `kolibri bench` (or `probe --costs measure`) timed, kept per model,
+  threads and numerics in KOLIBRI_HOME/bench-costs.json;
+- samples: the guard's own timings, kept per kernel between runs (guard-costs.json).
+Timing forwards is the bench's (bench/timing.py). Docs: docs/costs.md.
+"""
