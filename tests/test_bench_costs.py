@@ -145,15 +145,18 @@ def test_save_keeps_one_entry_per_key_and_writes_atomically(kolibri_home, monkey
     assert sorted(p.name for p in kolibri_home.iterdir()) == ["bench-costs.json", "locks"]
 
 
-def test_a_narrower_bench_of_the_same_kernel_keeps_the_wider_one(kolibri_home):
-    """`kolibri bench --k 1` after `--k 3` on the same kolibri and CPU keeps c(1..4): the new run
-    measured nothing the stored one lacks; a wider run, another commit or another CPU replaces."""
+def test_a_narrower_bench_of_the_same_kernel_keeps_the_wider_rows(kolibri_home):
+    """`kolibri bench --k 1` after `--k 3` on the same kolibri, kernel and CPU keeps c(3..4)
+    beside its own c(2): what it did not time still holds. Another commit, CPU or kernel
+    replaces the whole curve."""
     wide = entry()
     benchcosts.save(wide)
     narrow = entry(costs={1: 1.0, 2: 1.7}, at="2026-12-01T00:00:00+00:00")
-    assert benchcosts.save(narrow) == wide and benchcosts.load() == [wide]
-    for other in (entry(costs={**wide.costs, 5: 2.8}, at="2026-12-01T01:00:00+00:00"),
-                  dataclasses.replace(entry(costs={1: 1.0, 2: 1.1}), cpu="b cpu"),
+    merged = dataclasses.replace(narrow, costs={**wide.costs, 2: 1.7})
+    assert benchcosts.save(narrow) == merged and benchcosts.load() == [merged]
+    wider = entry(costs={**wide.costs, 5: 2.8}, at="2026-12-01T01:00:00+00:00")
+    assert benchcosts.save(wider) == wider and benchcosts.load() == [wider]
+    for other in (dataclasses.replace(entry(costs={1: 1.0, 2: 1.1}), cpu="b cpu"),
                   entry(costs={1: 1.0, 2: 1.2}, kernel="engine-0123 znver3 ")):
         assert benchcosts.save(other) is other and benchcosts.load() == [other]
 
@@ -181,8 +184,10 @@ def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
     r = CliRunner().invoke(app, ["bench", "-m", "tiny", "--repeats", "1", "--k", "1",
                                  "--threads", "1", "--json"])
     assert r.exit_code == 0, r.output
-    assert benchcosts.load() == [stored]  # a narrower run of the same kernel keeps c(1..3)
-    assert "kept the stored c(1..3)" in r.stderr and "not this run's c(1..2)" in r.stderr
+    (merged,) = benchcosts.load()  # a narrower run of the same kernel keeps c(3) beside its own
+    assert list(merged.costs) == [1, 2, 3] and merged.costs[3] == stored.costs[3]
+    assert {str(n): c for n, c in merged.costs.items() if n < 3} == json.loads(r.stdout)["costs"]
+    assert "with c(n) for n = 3..3 kept from an earlier run of this kernel" in r.stderr
 
 
 def test_measure_lets_the_guard_time_its_own_costs_unless_given(goldens):

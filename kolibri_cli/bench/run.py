@@ -8,7 +8,13 @@ from dataclasses import asdict, dataclass
 
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.peers import PeerResult
-from kolibri_cli.bench.timing import costs, forward_times, measure_read_bandwidth, prefill_time
+from kolibri_cli.bench.timing import (
+    costs,
+    curve_sizes,
+    forward_times,
+    measure_read_bandwidth,
+    prefill_time,
+)
 from kolibri_cli.costs.pricing import Pricing
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.sampling import GREEDY, Sampling
@@ -79,17 +85,20 @@ class BenchResult:
 
 
 def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
-              sampling: Sampling = GREEDY, prefill: int = 0, peer=None) -> BenchResult:
+              sampling: Sampling = GREEDY, prefill: int = 0, peer=None,
+              curve: int = 0) -> BenchResult:
     """`new_proposer(costs)` gives a fresh proposer per repeat (stateful ones, suffix and
     adaptive, then repeat the same run), drafting by `costs` if it drafts by c(n): c(n) is timed
     first, so adaptive drafts by this run's c(n) rather than a guess. The sampling cost is the
     plain run's time in the sampler over its decode time, taken in the same run. `prefill` > 0
     also times a prompt of that many tokens; `peer(max_n)` runs the peer (after kolibri, in the
-    same run) and returns its PeerResult."""
+    same run) and returns its PeerResult. `curve` > k + 1 also times c(n) on a grid up to that
+    many tokens (for `kolibri probe --concurrency`)."""
     prompt = bench_prompt(model)
     bandwidth = measure_read_bandwidth()
     k = new_proposer(None).k
-    times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats)
+    times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats,
+                          sizes=curve_sizes(k + 1, max(curve, k + 1)))
     measured = costs(times)
     plain_tps, spec_tps, identical, sample_s = [], [], True, []
     for _ in range(repeats):  # alternate, so machine noise hits both modes alike

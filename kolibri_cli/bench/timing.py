@@ -51,11 +51,12 @@ def _time_once(model, cache, ids, context_len: int) -> float:
 
 
 def forward_times(model, max_n: int, context_len: int = 100, repeats: int = 7,
-                  ticks=None) -> dict[int, float]:
-    """Median seconds of an n-token forward for n = 1..max_n, measured interleaved in one run;
-    `ticks(done, total)` after each round."""
-    cache, ids = _filled_cache(model, context_len, max_n)
-    times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
+                  ticks=None, sizes: list[int] | None = None) -> dict[int, float]:
+    """Median seconds of an n-token forward for n = 1..max_n (or each n of `sizes`, which holds
+    1), measured interleaved in one run; `ticks(done, total)` after each round."""
+    sizes = sorted(set(sizes)) if sizes else list(range(1, max_n + 1))
+    cache, ids = _filled_cache(model, context_len, sizes[-1])
+    times: dict[int, list[float]] = {n: [] for n in sizes}
     for n in times:  # warm-up
         _time_once(model, cache, ids[:n], context_len)
     for r in range(repeats):
@@ -64,6 +65,17 @@ def forward_times(model, max_n: int, context_len: int = 100, repeats: int = 7,
         if ticks is not None:
             ticks(r + 1, repeats)
     return {n: float(np.median(t)) for n, t in times.items()}
+
+
+def curve_sizes(small: int, most: int) -> list[int]:
+    """The row counts a c(T) curve up to `most` tokens is timed at: every n up to `small`, then
+    a grid growing by half octaves (8, 12, 16, 24, 32, ...), and `most` itself; linear
+    interpolation (costs.model.cost_model) fills the rest."""
+    sizes, n = list(range(1, min(small, most) + 1)), 8
+    while n < most:
+        sizes += [n, n * 3 // 2]
+        n *= 2
+    return sorted({s for s in sizes if s <= most} | {most})
 
 
 def prefill_time(model, n_tokens: int, repeats: int = 3) -> float:

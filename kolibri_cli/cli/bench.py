@@ -46,6 +46,11 @@ def bench(
         "source GGUF).")
     ] = None,
     threads: opt.ThreadsOpt = None,
+    curve: Annotated[int | None, typer.Option(
+        "--curve", min=2, max=4096, metavar="T", help="Also time c(n) on a grid up to T tokens "
+        "in one forward (1..k+1, then 8, 12, 16, 24, ...): the curve `kolibri probe "
+        "--concurrency` prices a step of many sequences with (e.g. 64 sequences x (k + 1)).")
+    ] = None,
     engine: Annotated[str | None, typer.Option(
         "--engine", help="Time c(1..k+1) of an inference server instead: llama-server (started "
         "here on the model's GGUF; timed in its decode loop with synthetic acceptance), or a "
@@ -91,7 +96,7 @@ def bench(
                                      prefill)
 
     result = run_bench(m, new_proposer, repeats, get_threads(), how, prefill,
-                       run_peer if peer else None)
+                       run_peer if peer else None, curve or 0)
     _keep_costs(m, result)
     if as_json:
         return opt.print_json(result.to_dict())
@@ -109,7 +114,7 @@ def _refuse_unused(given: dict) -> None:
     if server:
         kernel_only = ("window", "min_hits", "n_min", "lookup_cache_static",
                        "lookup_cache_dynamic", "temperature", "top_k", "top_p", "min_p",
-                       "repetition_penalty", "seed", "prefill", "peer", "quantize")
+                       "repetition_penalty", "seed", "prefill", "peer", "quantize", "curve")
         options = {f"--{key.replace('_', '-')}": given[key] for key in kernel_only}
         options["--proposer"] = None if given["proposer_name"] == DEFAULT_PROPOSER else 1
         options["--greedy"] = given["greedy"] or None
@@ -138,24 +143,16 @@ def _new_proposer(k, window, name: str, llamacpp):
 def _keep_costs(model, result) -> None:
     """Store c(n) in the kolibri home: `kolibri probe` prices the goldens of this model with
     them, `kolibri generate`'s adaptive proposers draft by them (costs/store.py)."""
-    from kolibri_cli import __version__
     from kolibri_cli.cli import render
-    from kolibri_cli.costs import store as benchcosts
+    from kolibri_cli.costs import store
 
-    entry = benchcosts.BenchCosts(
-        model=model.name, model_sha256=model.sha256, threads=result.threads,
-        numerics=model.numerics, costs=result.costs, measured_at=benchcosts.now(),
-        kolibri=__version__, commit=benchcosts.source_commit(), cpu=benchcosts.cpu_model(),
-        kernel=benchcosts.kernel_id())
-    kept = benchcosts.save(entry, render.note)
-    if kept is not entry:
-        top = max(entry.costs)
-        render.note(f"kept the stored c(1..{max(kept.costs)}) of {kept.date} in "
-                    f"{benchcosts.path()}, not this run's c(1..{top}): same kolibri and CPU, more "
-                    f"rows (`kolibri bench --k {max(kept.costs) - 1}` replaces it)")
-        return
-    render.note(f"kept c(n) in {benchcosts.path()}: `kolibri probe` prices {model.name}'s goldens "
-                "and `kolibri generate --proposer adaptive` drafts with them")
+    entry = store.entry_for(model, result.threads, result.costs)
+    kept = store.save(entry, render.note)
+    more = sorted(set(kept.costs) - set(entry.costs))
+    also = (f" (with c(n) for n = {more[0]}..{more[-1]} kept from an earlier run of this kernel)"
+            if more else "")
+    render.note(f"kept c(n) in {store.path()}{also}: `kolibri probe` prices {model.name}'s "
+                "goldens and `kolibri generate --proposer adaptive` drafts with them")
 
 
 def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_json) -> None:

@@ -21,6 +21,8 @@ from kolibri_cli.probe.answer import LOSES, PAYS, WASHES
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
     GUARD_START,
+    LOAD_CAPTION,
+    LOAD_COLUMNS,
     MEASURED_COLUMNS,
     MIN_TIMED_STEPS,
     SEED_COLUMNS,
@@ -30,6 +32,8 @@ from kolibri_cli.probe.report import (
     fmt_pct,
     fmt_ratio,
     guard_rows,
+    load_rows,
+    load_text,
     pricing_text,
     run_key,
     seed_cells,
@@ -79,6 +83,21 @@ def render_probe(result: ProbeResult, console: Console | None = None) -> None:
         console.print(measured_table(m, f"{proposer} k={k} window={format_window(window)}"))
     if measured:
         console.print(guard_table(measured))
+    if result.load is not None:
+        console.print(load_table(result.load))
+
+
+def load_table(load) -> FitTable:
+    """--concurrency: the fastest setting per B, and which setting is fastest at each B."""
+    cols = [Col(n, numeric=n != "fastest setting at B", drop={"tokens in flight": 3,
+                                                           "acceptance": 2,
+                                                           "per sequence": 1}.get(n, 0))
+            for n in LOAD_COLUMNS]
+    rows = [[r[0], _guard_cell(p.speedup), *r[2:]] for r, p in zip(load_rows(load),
+                                                                   load.fastest.points,
+                                                                   strict=True)]
+    return FitTable(f"under load ({load.fastest.run.name})", cols, rows, title_justify="left",
+                    caption=LOAD_CAPTION)
 
 
 def verdict_lines(result: ProbeResult) -> Text:
@@ -87,6 +106,8 @@ def verdict_lines(result: ProbeResult) -> Text:
     text.append("\n" + pricing_text(result.pricing), style="dim")
     if result.config.by_category and len(result.categories) > 1:
         text.append("\n" + category_line(result.categories))
+    if result.load is not None:
+        text.append("\n" + load_text(result.load, result.pricing))
     return text.append("\n")
 
 
@@ -245,9 +266,12 @@ def write_plot(path: Path, result: ProbeResult) -> None:
     import matplotlib.pyplot as plt
 
     best = result.best
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    _plot_sweep(left, result, [r for r in result.runs if r.proposer == best.proposer])
-    _plot_positions(right, best)
+    panels = 3 if result.load is not None else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
+    _plot_sweep(axes[0], result, [r for r in result.runs if r.proposer == best.proposer])
+    _plot_positions(axes[1], best)
+    if result.load is not None:
+        _plot_load(axes[2], result.load)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
@@ -268,6 +292,23 @@ def _plot_sweep(ax, result: ProbeResult, runs: list[SimRun]) -> None:
     ax.set_xlabel("k (draft tokens per pass)")
     ax.set_ylabel(f"{best.basis} speedup over plain")
     ax.set_title(f"{result.best.proposer}: speedup by setting")
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def _plot_load(ax, load) -> None:
+    """Speedup over concurrency (log2 axis) with the 1.0x line: the fastest setting at B = 1,
+    and the best setting at each B."""
+    bs = load.concurrencies
+    ax.plot(bs, [p.speedup for p in load.fastest.points], marker="o",
+            label=load.fastest.run.name)
+    ax.plot(bs, [p.speedup for p in load.best_points], marker=".", linestyle=":",
+            label="the fastest setting at each B")
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--", label="plain decode (1.0x)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency B (sequences at once)")
+    ax.set_ylabel("throughput speedup over plain")
+    ax.set_title("under load")
     ax.grid(alpha=0.3)
     ax.legend()
 

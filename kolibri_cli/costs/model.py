@@ -1,6 +1,7 @@
 """Forward costs: c(n), the cost of an n-token forward relative to a 1-token forward, either
 given (a fixed model) or measured while generating (`CostTable`, by rows and context length)."""
 
+import bisect
 from collections import deque
 from collections.abc import Callable
 
@@ -28,7 +29,8 @@ REACH = 2  # a measuring table prices rows up to REACH x the most it has timed; 
 
 def cost_model(costs: dict[int, float] | None) -> Callable[[int], float]:
     """c(n), the cost of an n-token forward relative to a 1-token forward, from measured costs
-    (any unit; divided by costs[1]); n beyond the measured range extrapolates the last slope.
+    (any unit; divided by costs[1]): as measured where measured, linear between measured n (a
+    curve timed on a grid, e.g. for `probe --concurrency`), the last slope beyond the largest.
     Without measurements: the default model c(n) = 1 + DEFAULT_COST_SLOPE * (n - 1), between the
     target c(6) <= 1.25 set for the float32 kernel and its prototype's measured 1.42."""
     if not costs:
@@ -36,12 +38,19 @@ def cost_model(costs: dict[int, float] | None) -> Callable[[int], float]:
     if 1 not in costs:
         raise KolibriError("costs need c(1), the 1-token forward; measure c(n) from n = 1")
     rel = {n: c / costs[1] for n, c in sorted(costs.items())}
-    top = max(rel)
-    below = max((n for n in rel if n < top), default=None)
+    ns = list(rel)
+    top = ns[-1]
+    below = ns[-2] if len(ns) > 1 else None
     slope = DEFAULT_COST_SLOPE if below is None else (rel[top] - rel[below]) / (top - below)
 
     def c(n: int) -> float:
-        return rel[n] if n in rel else rel[top] + slope * (n - top)
+        if n in rel:
+            return rel[n]
+        if n > top:
+            return rel[top] + slope * (n - top)
+        hi = bisect.bisect(ns, n)  # ns[hi - 1] < n < ns[hi]
+        lo_n, hi_n = ns[hi - 1], ns[hi]
+        return rel[lo_n] + (rel[hi_n] - rel[lo_n]) * (n - lo_n) / (hi_n - lo_n)
 
     return c
 

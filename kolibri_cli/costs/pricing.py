@@ -9,8 +9,10 @@ applies; the output says so and names the command that measures. Non-goal: the g
 while generating (it times its own, costs/model.py CostTable).
 """
 
+import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from kolibri_cli.costs import store as benchcosts
 from kolibri_cli.costs.model import DEFAULT_COST_SLOPE, GUESSED_COSTS, cost_model
@@ -76,6 +78,55 @@ def parse_costs(items: list, shown: str, what: str = "costs") -> dict[int, float
         raise KolibriError(f"{what} must be finite positive numbers c(1),c(2),... (e.g. "
                            f"1,1.05,1.1) or default, got {shown}")
     return {n: c for n, c in enumerate(costs, start=1)}
+
+
+MAX_FILE_BYTES = 1 << 20  # a c(n) file larger than this is not one
+MAX_ROWS_GIVEN = 65536  # the largest n a given c(n) may name
+
+
+def read_costs_file(path: Path) -> dict[int, float]:
+    """A c(n) curve from a file: a JSON object {"1": 1.0, "8": 1.9, ...} (n -> c(n); any unit,
+    divided by c(1)) or text lines "n c" / "n,c" (# comments). n need not be consecutive: c is
+    linear between the n given and follows the last slope beyond them. Anything else is one
+    KolibriError naming the file."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise KolibriError(f"--costs {path}: larger than {MAX_FILE_BYTES >> 20} MB; a c(n) "
+                               "curve is a few hundred numbers")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise KolibriError(f"--costs {path}: cannot read it ({why})") from None
+    pairs = _json_pairs(text) if text.lstrip().startswith("{") else _text_pairs(text)
+    return _checked_curve(pairs, path)
+
+
+def _json_pairs(text: str) -> list:
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return []
+    return list(obj.items()) if isinstance(obj, dict) else []
+
+
+def _text_pairs(text: str) -> list:
+    lines = [line.split("#")[0].replace(",", " ").split() for line in text.splitlines()]
+    return [tuple(parts) if len(parts) == 2 else (None, None) for parts in lines if parts]
+
+
+def _checked_curve(pairs: list, path) -> dict[int, float]:
+    try:
+        curve = {int(n): float(c) for n, c in pairs}
+    except (TypeError, ValueError, OverflowError):
+        curve = {}
+    ok = (curve and 1 in curve and len(curve) == len(pairs)
+          and all(1 <= n <= MAX_ROWS_GIVEN for n in curve)
+          and all(math.isfinite(c) and c > 0 for c in curve.values()))
+    if not ok:
+        raise KolibriError(f"--costs {path}: not a c(n) curve; write a JSON object "
+                           '{"1": 1.0, "8": 1.9, ...} or lines "n c", with n = 1 among them, '
+                           f"each n in 1..{MAX_ROWS_GIVEN} once, each c finite and positive")
+    return dict(sorted(curve.items()))
 
 
 def asked(given: dict[int, float] | None, use_bench: bool = True) -> Pricing | None:

@@ -15,7 +15,7 @@ import json
 import math
 import platform
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from kolibri_cli.home import cache_root
 from kolibri_cli.store.atomic import write_text_atomic
 
 FILE = "bench-costs.json"
+MAX_ROWS = 65536  # the most tokens of one forward a stored c(n) may name
 FORMAT = 1  # the file's "format"; another value is refused, not guessed at
 
 
@@ -73,7 +74,8 @@ class BenchCosts:
 
 
 def _costs(raw) -> dict[int, float]:
-    """{"1": 1.0, "2": 1.49, ...}: consecutive n from 1, finite positive c(n), c(1) = 1."""
+    """{"1": 1.0, "2": 1.49, ...}: n from 1 (consecutive, or a grid: 1..16, 24, 32, ...) up to
+    MAX_ROWS, finite positive c(n), c(1) = 1."""
     if not isinstance(raw, dict) or not raw or any(
             isinstance(c, bool) or not isinstance(c, int | float) for c in raw.values()):
         raise ValueError("costs that are not a table of numbers c(n)")
@@ -81,7 +83,7 @@ def _costs(raw) -> dict[int, float]:
         costs = {int(n): float(c) for n, c in raw.items()}
     except ValueError:
         raise ValueError(f"costs {raw!r}") from None
-    if sorted(costs) != list(range(1, len(costs) + 1)) or costs[1] != 1.0 or any(
+    if 1 not in costs or costs[1] != 1.0 or min(costs) < 1 or max(costs) > MAX_ROWS or any(
             not math.isfinite(c) or c <= 0 for c in costs.values()):
         raise ValueError(f"costs {raw!r}: c(1) = 1 and finite positive c(2), c(3), ...")
     return dict(sorted(costs.items()))
@@ -94,7 +96,8 @@ def entry_for(model, threads: int, costs: dict[int, float]) -> BenchCosts:
 
     return BenchCosts(model=model.name, model_sha256=model.sha256, threads=threads,
                       numerics=model.numerics, costs=costs, measured_at=now(),
-                      kolibri=__version__, commit=source_commit(), cpu=cpu_model())
+                      kolibri=__version__, commit=source_commit(), cpu=cpu_model(),
+                      kernel=kernel_id())
 
 
 def path() -> Path:
@@ -125,10 +128,10 @@ def load() -> list[BenchCosts]:
 
 def save(entry: BenchCosts, notify=None) -> BenchCosts:
     """Keep `entry`, replacing the stored one of its key, and return what is kept for the key:
-    `entry`, or the stored one when that covers more rows and the same kernel and CPU timed it
-    (a narrow `kolibri bench --k 1` does not throw away c(2..9) that still hold). An unreadable
-    file is replaced (said through `notify`): it only ever held measurements bench can take
-    again."""
+    `entry`, merged with the stored one's other rows when the same kernel and CPU timed both (a
+    narrow `kolibri bench --k 1` does not throw away c(2..9) or a curve that still hold; its own
+    rows replace theirs). An unreadable file is replaced (said through `notify`): it only ever
+    held measurements bench can take again."""
     from filelock import FileLock
 
     (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
@@ -140,8 +143,8 @@ def save(entry: BenchCosts, notify=None) -> BenchCosts:
                 notify(f"note: {str(e).split('; ')[0]}: replacing it")
             entries = []
         stored = next((e for e in entries if e.key == entry.key), None)
-        if stored is not None and _wider_same_kernel(stored, entry):
-            return stored
+        if stored is not None and _same_kernel(stored, entry):
+            entry = replace(entry, costs=dict(sorted((stored.costs | entry.costs).items())))
         kept = [e for e in entries if e.key != entry.key]
         doc = {"format": FORMAT, "entries": [e.to_json() for e in [*kept, entry]]}
         write_text_atomic(path(), json.dumps(doc, indent=1) + "\n")
@@ -167,12 +170,12 @@ def forget(model_sha256: str) -> int:
     return len(entries) - len(kept)
 
 
-def _wider_same_kernel(stored: BenchCosts, new: BenchCosts) -> bool:
-    """The stored entry prices more rows than `new`, timed by the same kolibri (version, commit
-    and kernel) on the same CPU: its extra rows are as valid as the new ones."""
-    same = ((stored.kolibri, stored.commit, stored.cpu, stored.kernel)
+def _same_kernel(stored: BenchCosts, new: BenchCosts) -> bool:
+    """Both timed by the same kolibri (version and commit) and kernel on the same CPU: the
+    stored rows the new run did not time (a curve up to 512 tokens, a wider k) still hold, and
+    are kept."""
+    return ((stored.kolibri, stored.commit, stored.cpu, stored.kernel)
             == (new.kolibri, new.commit, new.cpu, new.kernel))
-    return same and max(stored.costs) > max(new.costs)
 
 
 def timed_here(entry: BenchCosts) -> bool:

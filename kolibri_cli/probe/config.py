@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kolibri_cli.costs.pricing import Pricing, parse_costs
+from kolibri_cli.costs.pricing import Pricing, parse_costs, read_costs_file
 from kolibri_cli.decode.proposers import (
     DEFAULT_K,
     DEFAULT_PROPOSER,
@@ -81,6 +81,11 @@ class ProbeConfig:
     max_tokens: int | None = opt(
         "--max-tokens", "int", SIMULATE, metavar="N",
         help="Use only the first N output ids of each golden.")
+    concurrency: list[int] | None = opt(
+        "--concurrency", "text", SIMULATE, metavar="B[,B...]",
+        help="Also simulate a server under steady load, B sequences at once (e.g. "
+        "1,2,4,8,16,32,64): throughput speedup per B, the best setting per B, and the "
+        "concurrency above which drafting stops paying (docs/load.md).")
     costs: dict[int, float] | None = opt(
         "--costs", "text", PRICE, metavar="C1,C2,...|measure|default",
         help="Forward costs c(1),c(2),... every predicted speedup is priced with (and adaptive, "
@@ -230,6 +235,7 @@ class ProbeConfig:
             "min_acceptance": self.min_acceptance,
             "min_speedup": self.min_speedup,
             "gate": self.gate,
+            "concurrency": self.concurrency,
             "sampling": self.sampling_overrides(),
             "rows": _str_or_none(self.rows),
         }
@@ -328,6 +334,8 @@ def _parse(key: str, value):
         for text in gates:
             parse_gate(text)  # a bad expression fails before anything runs
         return list(gates)
+    if key == "concurrency":
+        return _concurrency(value)
     if key == "category":
         items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
         categories = [c.strip() for c in items if c.strip()]
@@ -390,9 +398,24 @@ def select_goldens(config: ProbeConfig, most: int | None = None) -> list[Golden]
 
 
 def _costs(value) -> dict[int, float]:
-    """"1,1.05,1.1" or [1, 1.05, 1.1] -> {1: 1.0, 2: 1.05, 3: 1.1}: c(n) for n = 1, 2, ..."""
+    """"1,1.05,1.1" or [1, 1.05, 1.1] -> {1: 1.0, 2: 1.05, 3: 1.1}: c(n) for n = 1, 2, ...; or
+    the path of a c(n) curve file (costs.pricing.read_costs_file)."""
+    if isinstance(value, str | Path) and Path(value).is_file():
+        return read_costs_file(Path(value))
     items = value.split(",") if isinstance(value, str) else _as_list(value, "costs", int | float)
     return parse_costs(items, shown(value))
+
+
+def _concurrency(value) -> list[int]:
+    """"1,2,4" or [1, 2, 4] -> [1, 2, 4]: each a whole number in 1..MAX_CONCURRENCY."""
+    from kolibri_cli.probe.load import MAX_CONCURRENCY
+
+    items = value.split(",") if isinstance(value, str) else _as_list(value, "concurrency", int)
+    numbers = [_positive_int(v.strip() if isinstance(v, str) else v, "concurrency")
+               for v in items]
+    if max(numbers) > MAX_CONCURRENCY:
+        raise KolibriError(f"concurrency must be at most {MAX_CONCURRENCY}, got {max(numbers)}")
+    return sorted(set(numbers))
 
 
 def _positive_int(value, key: str, low: int = 1) -> int:

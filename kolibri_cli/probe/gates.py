@@ -33,6 +33,7 @@ COLUMNS = {
     "acceptance": "accepted / drafted tokens (0-1)",
     "mean_len": "1 + accepted / passes with drafts",
     "goldens": "the goldens it was measured or simulated on",
+    "crossover": "with --concurrency: the largest concurrency asked for up to which it pays",
 }
 _COMPARE = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
             ast.NotEq: "!="}

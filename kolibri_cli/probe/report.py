@@ -12,6 +12,7 @@ from pathlib import Path
 from kolibri_cli.costs.pricing import source_text as pricing_source
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.probe.answer import LOSES, PAYS, RunKey, Speed, Verdict, run_key
+from kolibri_cli.probe.load import ENGINE_SETTINGS
 from kolibri_cli.probe.result import ProbeResult
 from kolibri_cli.probe.seeds import FIGURES, seed_spread
 from kolibri_cli.probe.simulate import Counts, SimRun
@@ -260,6 +261,30 @@ def build_report(result: ProbeResult) -> dict:
         "runs": [run_json(r, result.speed_of(r), r is best, measured.get(run_key(r)))
                  for r in result.runs],
         "guard": guard_json(measured),
+        "load": None if result.load is None else load_json(result.load, result.pricing),
+    }
+
+
+def load_json(load, pricing) -> dict:
+    """--concurrency: per B the fastest setting's figures and the best setting there, every
+    setting's speedup, the crossovers and the engines' settings for them."""
+    def point(p) -> dict:
+        return p.to_json()
+
+    return {
+        "text": load_text(load, pricing),
+        "concurrency": load.concurrencies,
+        "setting": load.fastest.run.name,
+        "crossover": load.crossover,
+        "best_crossover": load.best_crossover,
+        "points": [point(p) for p in load.fastest.points],
+        "best": [{"setting": c.run.name, **point(p)} for c, p in zip(load.best_at,
+                                                                      load.best_points,
+                                                                      strict=True)],
+        "settings": {c.run.name: [p.speedup for p in c.points] for c in load.curves},
+        "engines": {engine: {"setting": text, "value": load.crossover}
+                    for engine, text in ENGINE_SETTINGS.items()},
+        "costs_measured_up_to": max(pricing.costs) if pricing and pricing.costs else None,
     }
 
 
@@ -314,6 +339,43 @@ def verdict_text(verdict: Verdict) -> str:
                 f"{speed.run.name}, {figure}{spread}{counted} — leave it off")
     return (f"n-gram speculation is a wash {where}: its fastest setting, {speed.run.name}, "
             f"{figure}{spread}{counted} — too close to 1.00x to be worth turning on")
+
+
+def load_text(load, pricing=None) -> str:
+    """Under load in one or two sentences: up to which concurrency the fastest setting pays, the
+    setting that turns drafting off there, and a setting that pays longer if there is one."""
+    curve, cross = load.fastest, load.crossover
+    first, last = curve.points[0], curve.points[-1]
+    name = curve.run.name
+    if cross is None:
+        text = (f"under load: {name} does not pay at any concurrency asked for "
+                f"({fmt_ratio(first.speedup)} at B = {first.concurrency}) — leave it off")
+    elif cross == last.concurrency:
+        text = (f"under load: {name} pays at every concurrency asked for, "
+                f"{fmt_ratio(first.speedup)} at B = {first.concurrency} and "
+                f"{fmt_ratio(last.speedup)} at B = {last.concurrency}")
+    else:
+        at = curve.at(cross)
+        text = (f"under load: {name} pays up to B = {cross} ({fmt_ratio(first.speedup)} at "
+                f"{first.concurrency}, {fmt_ratio(at.speedup)} at {cross}); above {cross}, turn "
+                f"it off — vLLM: disable_by_batch_size={cross}")
+    longer = [c for c in load.best_at if c is not curve]
+    if load.best_crossover is not None and (cross is None or load.best_crossover > cross) \
+            and longer:
+        other = max(longer, key=lambda c: crossover_of(c))
+        text += (f"; {other.run.name} pays longer, up to B = {crossover_of(other)}"
+                 if crossover_of(other) else "")
+    top = max(load.concurrencies) * (max(c.run.k for c in load.curves) + 1)
+    if pricing is not None and pricing.costs and max(pricing.costs) < top:
+        text += (f" (c(T) known up to T = {max(pricing.costs)}, extrapolated to {top}: "
+                 "`--costs measure` times the curve)")
+    return text
+
+
+def crossover_of(curve) -> int:
+    from kolibri_cli.probe.load import crossover
+
+    return crossover(curve) or 0
 
 
 def category_line(categories: dict[str, Verdict]) -> str:
@@ -374,6 +436,8 @@ def render_markdown(result: ProbeResult, command: str, plot: Path | None = None)
         parts.append(f"Predicted speedups priced with {clean(result.pricing.line())}.\n")
     if config.by_category and len(result.categories) > 1:
         parts.append(f"{clean(category_line(result.categories))}.\n")
+    if result.load is not None:
+        parts.append(f"{clean(load_text(result.load, result.pricing))}.\n")
     parts += [
         f"Regenerate with `{clean(command)}`.\n",
         f"{best.chains} golden chain(s) from "
@@ -406,6 +470,8 @@ def render_markdown(result: ProbeResult, command: str, plot: Path | None = None)
             parts.append(_md_measured(m, speed.run.name))
     if measured:
         parts.append(_md_guard(measured))
+    if result.load is not None:
+        parts.append(md_load(result.load, result.pricing))
     if plot is not None:
         parts.append(f"![predicted speedup over k, and per-position acceptance]({plot})\n")
     return "\n".join(parts)
@@ -552,6 +618,30 @@ def md_comparison(result: ProbeResult) -> str:
             "(k 10, window 1-2).\n\n"
             + _md_table(header, rows) + "\n" + CATEGORY_CAPTION + "\n\n"
             + _md_table(["category", *(r.proposer for r in runs)], cat_rows))
+
+
+LOAD_COLUMNS = ["B", "speedup", "tokens / step", "tokens in flight", "acceptance",
+                "per sequence", "fastest setting at B", "its speedup"]
+
+
+def load_rows(load) -> list[list[str]]:
+    """One LOAD_COLUMNS row per concurrency (terminal and Markdown share them)."""
+    return [[str(b), fmt_ratio(p.speedup), fmt_num(p.tokens_per_step, 1), fmt_num(p.in_flight, 1),
+             fmt_pct(p.acceptance), fmt_ratio(p.per_sequence), best.run.name,
+             fmt_ratio(best.at(b).speedup)]
+            for b, p, best in zip(load.concurrencies, load.fastest.points, load.best_at,
+                                  strict=True)]
+
+
+LOAD_CAPTION = ("B sequences at once, each step one forward over every token in flight at "
+                "c(tokens); speedup = spec throughput / plain throughput at the same B; per "
+                "sequence = one sequence's speed relative to plain decoding alone (B = 1); "
+                "prefill left out (docs/load.md)")
+
+
+def md_load(load, pricing) -> str:
+    return (f"## Under load ({load.fastest.run.name})\n\n{LOAD_CAPTION}.\n\n"
+            + _md_table(LOAD_COLUMNS, load_rows(load)))
 
 
 def _md_guard(measured: dict[RunKey, Measured]) -> str:

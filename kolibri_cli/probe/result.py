@@ -29,6 +29,7 @@ class ProbeResult:
     verdict: Verdict | None = None  # of the fastest setting, with its interval
     compared: list[Speed] = field(default_factory=list)  # each proposer's fastest (with spread)
     categories: dict[str, Verdict] = field(default_factory=dict)  # per golden category
+    load: object = None  # --concurrency: a load.LoadReport
     gates: list[Gate] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # one line per failed gate
 
@@ -50,11 +51,12 @@ class ProbeResult:
                 "faster": speed.faster / len(speed.per_golden) if speed.per_golden else None,
                 "ratio": counts.ratio, "acceptance": counts.acceptance_rate,
                 "mean_len": counts.mean_acceptance_length, "goldens": len(speed.per_golden)
-                or self.best.chains}
+                or self.best.chains,
+                "crossover": None if self.load is None else self.load.crossover}
 
 
 def build_result(config, runs: list[SimRun], pricing, measured: dict | None = None,
-                 throughput=None) -> ProbeResult:
+                 throughput=None, load=None) -> ProbeResult:
     """Rank the runs by speed, draw the verdict (overall and per category), apply the gates."""
     measured = measured or {}
     ranked = ranking(runs, measured)
@@ -62,7 +64,7 @@ def build_result(config, runs: list[SimRun], pricing, measured: dict | None = No
     ranked[0] = fastest
     compared = [with_interval(s) for s in fastest_per_proposer(runs, ranked)]
     result = ProbeResult(config, runs, pricing, measured, throughput, ranked,
-                         verdict_of(fastest), compared, category_verdicts(runs),
+                         verdict_of(fastest), compared, category_verdicts(runs), load,
                          gates_of(config))
     result.failures = check(result)
     return result

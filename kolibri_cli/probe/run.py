@@ -39,14 +39,31 @@ def run(cfg: ProbeConfig, ui: Ui) -> ProbeResult:
     model = (load_model(cfg, ui, weights=cfg.bench or in_process(cfg))
              if cfg.measure or cfg.bench else None)
     extra = [bench_golden(model)] if cfg.bench else []
-    measured = None
-    if cfg.measure:
+    measured = load = goldens = None
+    if cfg.measure or cfg.concurrency:  # each needs the goldens themselves, not just counts
         goldens = goldens_in_memory(cfg) + extra
         runs, throughput = simulate(cfg, in_memory_tasks(cfg, goldens), ui)
-        measured = measure(cfg, model, goldens, runs, ui)
     else:
         runs, throughput = simulate(cfg, planned_tasks(cfg, extra), ui)
-    return build_result(cfg, runs, cfg.pricing, measured, throughput)
+    if cfg.measure:
+        measured = measure(cfg, model, goldens, runs, ui)
+    if cfg.concurrency:
+        load = under_load(cfg, runs, measured, goldens, ui)
+    return build_result(cfg, runs, cfg.pricing, measured, throughput, load)
+
+
+def under_load(cfg: ProbeConfig, runs: list, measured: dict | None, goldens: list, ui: Ui):
+    """Every configuration at every concurrency asked for (probe/load.py), under the run's c(n)
+    as a curve over tokens in flight."""
+    from kolibri_cli.probe.answer import ranking
+    from kolibri_cli.probe.load import load_report
+
+    fastest = ranking(runs, measured)[0].run
+    with ui.progress("simulating under load ") as ticks:
+        ticks(0, 1)
+        report = load_report(runs, fastest, cfg.concurrency, cfg.pricing.costs, goldens)
+        ticks(1, 1)
+    return report
 
 
 # ---- checks -----------------------------------------------------------------------------------
@@ -148,9 +165,10 @@ def measured_model(goldens: list) -> str:
 
 def measure_here(model, config, ticks=None) -> Pricing:
     """c(1..n) timed now on `model` with this host's kernel, for every row count the run's
-    configurations verify (k + 1), kept in the bench store as `kolibri bench` keeps its own;
-    priced as timed (source "run")."""
-    from kolibri_cli.bench.timing import costs, forward_times
+    configurations verify (k + 1) — with --concurrency, a curve up to the most tokens a step
+    holds (B x (k + 1)) — kept in the bench store as `kolibri bench` keeps its own; priced as
+    timed (source "run")."""
+    from kolibri_cli.bench.timing import costs, curve_sizes, forward_times
     from kolibri_cli.costs import store as benchcosts
     from kolibri_cli.costs.model import BENCH_CONTEXT
     from kolibri_cli.engine.jit import get_threads
@@ -160,7 +178,9 @@ def measure_here(model, config, ticks=None) -> Pricing:
         raise KolibriError(f"--costs measure: {model.name} is not the model these goldens were "
                            "recorded from (its weights differ); give --model the goldens' model")
     top = max(k for k, _ in settings_of(config)) + 1
-    timed = costs(forward_times(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks))
+    most = top * max(config.concurrency or [1])
+    timed = costs(forward_times(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks,
+                                curve_sizes(top, most)))
     entry = benchcosts.save(benchcosts.entry_for(model, get_threads(), timed))
     return Pricing("run", timed, bench=entry)
 

@@ -180,25 +180,39 @@ def simulate_chain(prompt_ids, output_ids, proposer: Proposer, k: int,
                    counting: ServerCounting | None = None) -> Counts:
     """Replay speculation with `proposer` (draft cap k) over one golden chain P, G; with
     `counting`, count drafts as that server does."""
-    context = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)  # [len(P) + N]
-    golden = context[len(prompt_ids) :]  # [N] G, a view
-    n = len(golden)
-    limit, stop_ids = (n, ()) if counting is None else (counting.max_tokens, counting.eos_ids)
+    context = chain_context(prompt_ids, output_ids)  # [len(P) + N]
+    n = len(output_ids)
     counts = Counts(plain_steps=n - 1, drafted_at=[0] * k, accepted_at=[0] * k)
-    observe = getattr(proposer, "observe", None)
     start_request(proposer, prompt_ids)
     pos = 1
     while pos < n:
-        budget = min(k, limit - pos - 1)
-        # propose even when budget = 0 (it returns []): the generator does, and stateful
-        # proposers must see the same calls in both
-        drafted, accepted = _pass(proposer, context[: len(prompt_ids) + pos], budget, golden, pos,
-                                  stop_ids)
+        drafted, accepted, pos = next_pass(proposer, context, len(prompt_ids), pos, k, counting)
         counts.record_pass(drafted, accepted)
-        pos += accepted + 1
-        if observe is not None:
-            observe(context[: len(prompt_ids) + pos], drafted, accepted)
     return counts
+
+
+def chain_context(prompt_ids, output_ids) -> np.ndarray:  # -> int64[len(P) + N]
+    """P + G as one array: every pass's context is a prefix of it."""
+    return np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)
+
+
+def next_pass(proposer: Proposer, context: np.ndarray, prompt_len: int, pos: int, k: int,
+              counting: ServerCounting | None = None) -> tuple[int, int, int]:
+    """One verify pass of the Definitions at output position `pos` of the chain `context`
+    (chain_context): (drafted, accepted, the next pos); a stateful proposer observes it."""
+    golden = context[prompt_len:]  # [N] G, a view
+    limit, stop_ids = (len(golden), ()) if counting is None else (counting.max_tokens,
+                                                                  counting.eos_ids)
+    budget = min(k, limit - pos - 1)
+    # propose even when budget = 0 (it returns []): the generator does, and stateful proposers
+    # must see the same calls in both
+    drafted, accepted = _pass(proposer, context[: prompt_len + pos], budget, golden, pos,
+                              stop_ids)
+    pos += accepted + 1
+    observe = getattr(proposer, "observe", None)
+    if observe is not None:
+        observe(context[: prompt_len + pos], drafted, accepted)
+    return drafted, accepted, pos
 
 
 def _pass(proposer: Proposer, context, budget: int, golden, pos: int,

@@ -56,7 +56,8 @@ __all__ = [
     "HfProposer", "LlamaCppCacheProposer", "LlamaCppMapK4vProposer", "LlamaCppMapKProposer",
     "LlamaCppModProposer", "LlamaCppOptions", "LlamaCppSimpleProposer", "NgramProposer",
     "Proposer", "SglangProposer", "SuffixProposer", "SuffixTreeProposer", "DraftTree",
-    "canonical_proposer", "default_settings", "draft", "draft_tree", "is_tree_proposer",
+    "canonical_proposer", "default_settings", "draft", "draft_tree", "drafts_by_costs",
+    "is_tree_proposer",
     "format_window", "make_proposer", "parse_k", "parse_k_list", "parse_window",
     "parse_window_list", "shares_state", "start_request", "validate_k", "validate_window",
 ]
@@ -123,6 +124,12 @@ def draft_tree(proposer: Proposer, context, budget: int) -> DraftTree:
                            f"depth {tree.depth()} (cap {proposer.k}, budget {budget}): a proposer "
                            "bug")
     return tree
+
+
+def drafts_by_costs(name: str) -> bool:
+    """Whether proposer `name` decides each draft by a cost table it reads every pass (the
+    guard), so a simulation under load must run it live at the step's costs."""
+    return PROPOSERS[canonical_proposer(name)] is GuardProposer
 
 
 def is_tree_proposer(proposer) -> bool:

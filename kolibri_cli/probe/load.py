@@ -1,0 +1,217 @@
+"""Speculation under load: B sequences decoded together, and the concurrency where drafting
+stops paying.
+
+The step model (docs/load.md): a server under steady load keeps B slots busy; each slot replays
+the goldens in its own seeded order, the next joining the moment one ends (its prefill left
+out). Every step each slot takes its next verify pass, exactly as the proposer drafts it on
+that chain, and the step is one forward over all the tokens in flight, costing c(T) with
+T = sum over slots of (1 + drafted). Plain decoding runs B tokens a step at c(B). Each slot
+walks every golden exactly once, so spec and plain produce the same tokens and
+
+    throughput speedup = (plain steps of all goldens) x c(B) x B / B  /  sum over steps c(T)
+
+i.e. sum(plain_steps) x c(B) / sum_s c(T_s) per slot, the B = 1 prediction when B = 1.
+
+Proposers whose drafts do not depend on c(n) replay the per-pass rows the B = 1 simulation
+kept; those that draft by c(n) (the guard, adaptive) run live, each pass priced at the step's
+load: drafting n rows beside T' tokens of the other slots costs c(T' + n) - c(T'), relative to
+a plain row's c(T' + 1) - c(T'), with T' the other slots' tokens of the step before.
+Non-goals: prefill, queueing, KV-cache limits, a sequence's own context length in c.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kolibri_cli.costs.model import CostTable, cost_model
+from kolibri_cli.decode.proposers import drafts_by_costs, start_request
+from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.simulate import SimRun, chain_context, next_pass
+
+ORDER_SEED = 0  # slot b replays the goldens in permutation b of this seed
+MAX_CONCURRENCY = 4096
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    """One configuration at concurrency B."""
+
+    concurrency: int  # B
+    speedup: float  # throughput (and per-sequence) speed of spec over plain at this B
+    tokens_per_step: float  # spec: new tokens per step, all slots
+    in_flight: float  # spec: tokens per forward (sum of 1 + drafted), mean over steps
+    acceptance: float | None  # accepted / drafted over every pass of the window
+    per_sequence: float  # spec speed of one sequence, relative to plain decoding alone (B = 1)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class LoadCurve:
+    """One configuration over the concurrencies asked for."""
+
+    run: SimRun
+    points: list[LoadPoint] = field(default_factory=list)
+
+    def at(self, concurrency: int) -> LoadPoint:
+        return next(p for p in self.points if p.concurrency == concurrency)
+
+
+def slot_orders(goldens: int, concurrency: int) -> list[np.ndarray]:
+    """[B] permutations of range(goldens): slot b's order of the goldens (slot 0: as given)."""
+    rng = np.random.default_rng(ORDER_SEED)
+    return [np.arange(goldens)] + [rng.permutation(goldens) for _ in range(concurrency - 1)]
+
+
+def load_point(run: SimRun, concurrency: int, c, goldens: list | None = None) -> LoadPoint:
+    """The configuration `run` at concurrency B under c(T) (a function of tokens in flight);
+    `goldens` (the Golden chains) are needed to run a cost-driven proposer live."""
+    if run.goldens is None:
+        raise KolibriError("--concurrency needs every golden's passes: too many chains to keep "
+                           "in memory for this; pick some with --limit or --category")
+    if drafts_by_costs(run.proposer):
+        if goldens is None:
+            raise KolibriError(f"{run.proposer} drafts by c(n): its load simulation runs it live "
+                               "and needs the goldens")
+        drafted, accepted = _live(run, concurrency, c, goldens)  # [B, S] each
+    else:
+        drafted, accepted = _replayed(run, concurrency)  # [B, S] each
+    return _point(run, concurrency, c, drafted, accepted)
+
+
+def _point(run: SimRun, b: int, c, drafted: np.ndarray, accepted: np.ndarray) -> LoadPoint:
+    plain_steps = sum(g.counts.plain_steps for g in run.goldens)  # per slot
+    in_flight = (1 + drafted).sum(axis=0)  # [S] tokens per step
+    step_costs = np.array([c(int(t)) for t in in_flight])  # [S]
+    spec_cost, plain_cost = float(step_costs.sum()), plain_steps * c(b)
+    tokens = float((1 + accepted).sum())  # == b * plain_steps
+    proposed = int(drafted.sum())
+    return LoadPoint(
+        concurrency=b, speedup=plain_cost / spec_cost if spec_cost else 1.0,
+        tokens_per_step=tokens / in_flight.size, in_flight=float(in_flight.mean()),
+        acceptance=float(accepted.sum()) / proposed if proposed else None,
+        per_sequence=plain_steps * c(1) / spec_cost if spec_cost else 1.0)
+
+
+def _replayed(run: SimRun, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each slot's passes, goldens in its order, from the rows the simulation kept."""
+    rows = [(np.asarray(g.counts.draft_lengths), np.asarray(g.counts.accepted_lengths))
+            for g in run.goldens]
+    streams = [[rows[i] for i in order] for order in slot_orders(len(rows), b)]
+    drafted = np.stack([np.concatenate([d for d, _ in s]) for s in streams])  # [B, S]
+    accepted = np.stack([np.concatenate([a for _, a in s]) for s in streams])  # [B, S]
+    return drafted, accepted
+
+
+def marginal_costs(c, others: int, top: int) -> dict[int, float]:
+    """c(n) of one slot's n rows beside `others` tokens of the other slots, relative to one
+    plain row there: (c(others + n) - c(others)) / (c(others + 1) - c(others)), n = 1..top."""
+    base = c(others) if others else 0.0
+    one = c(others + 1) - base
+    if one <= 0:
+        return {n: 1.0 for n in range(1, top + 1)}
+    return {n: max((c(others + n) - base) / one, 1e-9) for n in range(1, top + 1)}
+
+
+def _live(run: SimRun, b: int, c, goldens: list) -> tuple[np.ndarray, np.ndarray]:
+    """Run a cost-driven proposer live in every slot, step by step, each pass priced by the
+    marginal cost of its rows at the previous step's load."""
+    by_id = {g.id: g for g in goldens}
+    chains = [by_id[g.id] for g in run.goldens]
+    slots = [_Slot(run, [chains[i] for i in order]) for order in slot_orders(len(chains), b)]
+    drafted, accepted, last = [], [], [1] * b
+    while slots[0].busy:
+        total = sum(last)
+        rows = [s.step(marginal_costs(c, total - last[i], run.k + 1))
+                for i, s in enumerate(slots)]
+        last = [1 + d for d, _ in rows]
+        drafted.append([d for d, _ in rows])
+        accepted.append([a for _, a in rows])
+    return np.array(drafted).T, np.array(accepted).T  # [B, S]
+
+
+class _Slot:
+    """One slot: its goldens in order, a fresh proposer per chain, one pass per step."""
+
+    def __init__(self, run: SimRun, chains: list):
+        self.run, self.chains, self.pos, self.chain = run, list(chains), 1, None
+        self.proposer = None
+        self._next_chain()
+
+    @property
+    def busy(self) -> bool:
+        return self.chain is not None
+
+    def _next_chain(self) -> None:
+        while self.chains:
+            self.chain, self.pos = self.chains.pop(0), 1
+            if len(self.chain.output_ids) > 1:  # a chain of 1 token has no decode step
+                self.context = chain_context(self.chain.prompt_ids, self.chain.output_ids)
+                self.proposer = self.run.new_proposer()
+                start_request(self.proposer, self.chain.prompt_ids)
+                return
+        self.chain = None
+
+    def step(self, costs: dict[int, float]) -> tuple[int, int]:
+        self.proposer.costs = CostTable.from_costs(costs)
+        drafted, accepted, self.pos = next_pass(self.proposer, self.context,
+                                                len(self.chain.prompt_ids), self.pos, self.run.k)
+        if self.pos >= len(self.chain.output_ids):
+            self._next_chain()
+        return drafted, accepted
+
+
+def load_curve(run: SimRun, concurrencies: list[int], costs: dict[int, float] | None,
+               goldens: list | None = None) -> LoadCurve:
+    """The configuration at every concurrency asked for, under c(T) = `costs`."""
+    c = cost_model(costs)
+    return LoadCurve(run, [load_point(run, b, c, goldens) for b in concurrencies])
+
+
+def crossover(curve: LoadCurve) -> int | None:
+    """The largest concurrency asked for up to which drafting pays (speedup > 1 at it and at
+    every smaller one asked for); None when it does not pay even at the smallest."""
+    paying = None
+    for point in sorted(curve.points, key=lambda p: p.concurrency):
+        if point.speedup <= 1.0:
+            break
+        paying = point.concurrency
+    return paying
+
+
+@dataclass
+class LoadReport:
+    """Every configuration over the concurrencies asked for, and the answer: up to which B the
+    fastest setting (at B = 1) pays, and which setting is fastest at each B."""
+
+    concurrencies: list[int]  # ascending
+    curves: list[LoadCurve]  # one per configuration, in run order
+    fastest: LoadCurve  # the curve of the B = 1 verdict's setting
+    crossover: int | None  # of `fastest`
+    best_at: list[LoadCurve]  # per concurrency (same order): the configuration fastest there
+    best_crossover: int | None  # how far drafting pays choosing the setting per B
+
+    @property
+    def best_points(self) -> list[LoadPoint]:
+        return [curve.at(b) for curve, b in zip(self.best_at, self.concurrencies, strict=True)]
+
+
+def load_report(runs: list[SimRun], fastest: SimRun, concurrencies: list[int],
+                costs: dict[int, float] | None, goldens: list | None) -> LoadReport:
+    """Every configuration at every concurrency under c(T) = `costs`."""
+    concurrencies = sorted(set(concurrencies))
+    curves = [load_curve(run, concurrencies, costs, goldens) for run in runs]
+    headline = next(c for c in curves if c.run is fastest)
+    best_at = [max(curves, key=lambda c, b=b: c.at(b).speedup) for b in concurrencies]
+    envelope = LoadCurve(fastest, [c.at(b) for c, b in zip(best_at, concurrencies, strict=True)])
+    return LoadReport(concurrencies, curves, headline, crossover(headline), best_at,
+                      crossover(envelope))
+
+
+# What each engine calls the setting that turns n-gram drafting off above a concurrency, as its
+# docs name it: kolibri says which value the simulation gives it.
+ENGINE_SETTINGS = {
+    "vLLM": "speculative_config {\"disable_by_batch_size\": B} (older releases: "
+            "--speculative-disable-by-batch-size B): no drafting while more than B requests run",
+}

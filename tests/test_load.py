@@ -1,0 +1,122 @@
+"""Speculation under load (probe/load.py) against a naive reference of the step model: B slots,
+each replaying the goldens in its order, one pass per slot per step, a step costing c(tokens in
+flight); plain runs B tokens a step at c(B)."""
+
+import itertools
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kolibri_cli.cli import app
+from kolibri_cli.costs.model import cost_model
+from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.probe.load import crossover, load_curve, load_point, load_report, slot_orders
+from kolibri_cli.probe.shard import simulate
+from kolibri_cli.probe.simulate import Counts, GoldenSim, SimRun
+
+
+def passes_run(chains: dict[str, list[tuple[int, int]]], k: int = 3) -> SimRun:
+    """A run whose goldens made exactly these passes: [(drafted, accepted), ...] per golden."""
+    goldens = []
+    for gid, passes in chains.items():
+        counts = Counts(plain_steps=sum(a + 1 for _, a in passes), drafted_at=[0] * k,
+                        accepted_at=[0] * k)
+        for d, a in passes:
+            counts.record_pass(d, a)
+        goldens.append(GoldenSim(gid, "c", counts))
+    return SimRun("vllm", k, (1, 2), goldens, Counts(), chains=len(goldens))
+
+
+def naive_speedup(chains: dict, b: int, c) -> float:
+    """The step model written out: every slot's passes in its order, step by step."""
+    names = list(chains)
+    streams = [list(itertools.chain.from_iterable(chains[names[i]] for i in order))
+               for order in slot_orders(len(names), b)]
+    steps = len(streams[0])
+    assert all(len(s) == steps for s in streams)  # every slot walks every golden once
+    spec = 0.0
+    for s in range(steps):
+        spec += c(sum(1 + stream[s][0] for stream in streams))
+    plain_steps = sum(a + 1 for passes in chains.values() for _, a in passes)
+    return plain_steps * c(b) / spec
+
+
+TWO = {"a": [(2, 2), (0, 0), (3, 1)], "b": [(1, 0), (1, 1)]}  # 6 + 3 plain steps
+
+
+@pytest.mark.parametrize("costs", [{1: 1.0, 2: 1.5}, {1: 1.0, 2: 1.1, 4: 1.3, 8: 3.0}])
+@pytest.mark.parametrize("b", [1, 2, 3, 5])
+def test_two_sequences_of_known_drafts_match_the_naive_step_model(costs, b):
+    run, c = passes_run(TWO), cost_model(costs)
+    assert load_point(run, b, c).speedup == pytest.approx(naive_speedup(TWO, b, c))
+
+
+def test_one_slot_is_the_single_sequence_prediction():
+    c = cost_model({1: 1.0, 2: 1.5})  # linear: c(n) = 1 + 0.5 (n - 1)
+    point = load_point(passes_run(TWO), 1, c)
+    assert point.speedup == pytest.approx(9 / (c(3) + c(1) + c(4) + c(2) + c(2)))
+    assert point.tokens_per_step == pytest.approx(9 / 5)
+    assert point.acceptance == pytest.approx(4 / 7)
+
+
+def test_the_best_k_changes_with_concurrency():
+    """Long drafts win alone (a forward of a few rows costs little more than one), short ones
+    win under load (past 8 tokens every row costs as much as a plain step)."""
+    long = {"a": [(4, 3)] * 4 + [(4, 1)] * 2, "b": [(4, 4), (4, 2), (4, 0)]}
+    short = {"a": [(1, 1)] * 8 + [(1, 0)] * 2, "b": [(1, 1), (1, 1), (1, 0), (1, 0), (1, 1)]}
+    c = cost_model({1: 1.0, 2: 1.05, 4: 1.15, 8: 1.4, 16: 11.0})
+    alone = [load_point(passes_run(x, k), 1, c).speedup for x, k in ((long, 4), (short, 1))]
+    loaded = [load_point(passes_run(x, k), 8, c).speedup for x, k in ((long, 4), (short, 1))]
+    assert alone[0] > alone[1] and loaded[0] < loaded[1]
+    for chains, k in ((long, 4), (short, 1)):
+        for b in (1, 8):
+            assert load_point(passes_run(chains, k), b, c).speedup == pytest.approx(
+                naive_speedup(chains, b, c))
+
+
+def test_crossover_is_the_last_concurrency_that_still_pays():
+    run = passes_run(TWO)
+    curve = load_curve(run, [1, 2, 4, 8], {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4, 16: 6.0, 32: 14.0})
+    paying = [p.concurrency for p in curve.points if p.speedup > 1]
+    assert paying and crossover(curve) == paying[-1] and crossover(curve) < 8
+
+
+def test_guard_under_load_never_loses_much_and_matches_alone(kolibri_home):
+    """The guard runs live, pricing each pass at the step's load: at B = 1 it is the single-
+    sequence simulation exactly; under load it drafts less, and stays near plain."""
+    from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+    from kolibri_cli.probe.answer import predicted_speed
+
+    goldens = [Golden(g.id, g.category, g.prompt, g.chat, g.prompt_ids, g.output_ids[:48],
+                      g.model, g.model_sha256) for g in load_goldens(DEFAULT_CHAT)[:6]]
+    costs = {1: 1.0, 2: 1.32, 3: 1.47}
+    run = simulate(goldens, 16, (1, 4), "guard", costs)
+    report = load_report([run], run, [1, 2, 4, 8], costs, goldens)
+    points = report.fastest.points
+    assert points[0].speedup == pytest.approx(predicted_speed(run).predicted)
+    assert all(p.speedup >= 0.97 for p in points)
+    assert points[-1].in_flight / 8 < points[0].in_flight  # it drafts less under load
+
+
+def test_probe_concurrency_through_the_cli(tmp_path):
+    path = tmp_path / "g.jsonl"
+    pattern = [7, 8, 9, 7, 8, 3, 7, 8, 9, 4] * 3
+    lines = [{"id": f"g{i}", "category": "c", "prompt": "p", "chat": True,
+              "prompt_ids": [7, 8, 9, i], "output_ids": pattern + [i] * 3, "model": "m",
+              "model_sha256": "0" * 64, "reference": {}} for i in range(4)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["probe", "--goldens", str(path), "--k", "1,4", "--window", "1-2", "--costs",
+            "1,1.05,1.1,1.2,1.3,1.6,2,2.5,3", "--concurrency", "1,2,4,8", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    load = json.loads(result.stdout)["load"]
+    assert load["concurrency"] == [1, 2, 4, 8] and len(load["points"]) == 4
+    assert load["points"][0]["speedup"] == pytest.approx(json.loads(result.stdout)["best"][
+        "speedup"])
+    assert load["text"].startswith("under load: ") and set(load["settings"]) == {
+        "vllm k=1 window=1-2", "vllm k=4 window=1-2"}
+    gate = CliRunner().invoke(app, args[:-1] + ["--gate", "crossover >= 99"])
+    assert gate.exit_code == 1 and "crossover" in gate.stderr
+    bad = CliRunner().invoke(app, ["probe", "--goldens", str(path), "--concurrency", "0"])
+    assert bad.exit_code == 1 and "concurrency must be a whole number >= 1" in bad.stderr
