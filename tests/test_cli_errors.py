@@ -302,7 +302,7 @@ def test_writing_commands_report_as_json(kolibri_home, tiny_llama_folder, tmp_pa
     (["probe", "--repeats", "3"], "--repeats needs --measure"),
     (["probe", "--seed", "3", "--allow-model-mismatch"],
      "--allow-model-mismatch, --seed need --measure"),
-    (["probe", "--model", "x"], "--model needs --measure or --bench"),
+    (["probe", "--model", "x"], "--model needs --measure, --bench or --costs measure"),
     (["probe", "--measure", "--timeout", "5"], "--timeout needs --measure on a server"),
     (["probe", "--measure", "--engine", "llama-server", "--engine-api", "vllm"],
      "--engine-api needs --engine URL"),

@@ -40,8 +40,9 @@ def test_json_schema_and_values(goldens):
     doc = json.loads(result.stdout)
     assert set(doc) == {"schema_version", "verdict", "best", "ranking", "categories", "gates",
                         "gate_failures", "throughput", "config", "pricing", "comparison", "runs",
-                        "guard"}
+                        "guard", "load"}
     assert doc["schema_version"] == 2 and doc["guard"] is None  # nothing measured
+    assert doc["load"] is None  # no --concurrency
     assert doc["config"]["k"] == [3] and doc["config"]["window"] == ["1-2"]
     assert (doc["throughput"]["chains"], doc["throughput"]["steps"]) == (2, 9)
     (r,) = doc["runs"]

@@ -61,8 +61,6 @@ def run_probe(cfg) -> None:
     if cfg.plot:
         require_matplotlib()
     result = run.run(cfg, _ui())
-    if cfg.pricing.note:
-        note(cfg.pricing.note)
     if cfg.plot:
         write_plot(cfg.plot, result)
     if cfg.markdown:
@@ -73,6 +71,8 @@ def run_probe(cfg) -> None:
         print_json(build_report(result), indent=None)
     else:
         render_probe(result)
+    if cfg.pricing.note:
+        note(cfg.pricing.note)
     if result.failures:
         more = f" (and {len(result.failures) - 3} more)" if len(result.failures) > 3 else ""
         raise KolibriError("gate failed: " + "; ".join(result.failures[:3]) + more)

@@ -322,7 +322,7 @@ def pricing_text(pricing) -> str:
 def verdict_text(verdict: Verdict) -> str:
     """The answer in one sentence: pays / a wash / does not pay, the setting, by how much."""
     speed = verdict.speed
-    where = "here" if verdict.scope == "all" else f"on {verdict.scope}"
+    where = "here" if verdict.scope == "all" else f"on {clean(str(verdict.scope))}"
     figure = (f"{speed.basis} speedup {fmt_ratio(speed.value)} over plain decode"
               if speed.value is not None else "no speedup could be computed")
     spread = "" if speed.interval is None else \
@@ -331,7 +331,8 @@ def verdict_text(verdict: Verdict) -> str:
     if speed.per_golden and verdict.scope == "all":
         worst = speed.worst
         counted = (f"; {speed.faster} of {len(speed.per_golden)} goldens faster"
-                   + ("" if worst is None else f", worst {fmt_ratio(worst[1])} ({worst[0]})"))
+                   + ("" if worst is None else
+                      f", worst {fmt_ratio(worst[1])} ({clean(str(worst[0]))})"))
     if verdict.answer == PAYS:
         return f"n-gram speculation pays {where}: {speed.run.name}, {figure}{spread}{counted}"
     if verdict.answer == LOSES:
@@ -380,7 +381,7 @@ def crossover_of(curve) -> int:
 
 def category_line(categories: dict[str, Verdict]) -> str:
     """Where it pays and where it does not, one clause per category."""
-    clauses = [f"{v.answer} on {name} ({fmt_ratio(v.speed.value)}"
+    clauses = [f"{v.answer} on {clean(str(name))} ({fmt_ratio(v.speed.value)}"
                + (f" with {v.speed.run.name})" if v.pays else ")")
                for name, v in categories.items()]
     return "by category: " + "; ".join(clauses)
