@@ -158,7 +158,8 @@ def _import(run, tmp_path, name: str, seed: int):
 
 def _keep_records(sha: str) -> None:
     """An entry of this weights' sha256 in bench-costs.json and guard-costs.json."""
-    from kolibri_cli.store import benchcosts, guardcosts
+    from kolibri_cli.costs import samples as guardcosts
+    from kolibri_cli.costs import store as benchcosts
 
     benchcosts.save(benchcosts.BenchCosts(
         model=sha[:6], model_sha256=sha, threads=1, numerics="float32", costs={1: 1.0, 2: 1.2},
@@ -204,7 +205,8 @@ def test_model_rm_removes_everything_of_the_model_and_nothing_else(run, kolibri_
     done = json.loads(result.stdout)
     assert done["name"] == "same" and done["files"] >= 4 and done["bytes"] > 0
     assert done["records"] == {"bench-costs.json": 1, "guard-costs.json": 1}
-    from kolibri_cli.store import benchcosts, guardcosts
+    from kolibri_cli.costs import samples as guardcosts
+    from kolibri_cli.costs import store as benchcosts
 
     assert [e.model_sha256 for e in benchcosts.load()] == [other]
     assert json.loads(guardcosts.path().read_text())["kernels"].keys() == {

@@ -77,6 +77,7 @@ def rm(
     import sys
 
     from kolibri_cli.cli import render
+    from kolibri_cli.costs import forget_model
     from kolibri_cli.errors import KolibriError
     from kolibri_cli.store import cache
 
@@ -87,7 +88,7 @@ def rm(
             raise KolibriError(f"not removing {what} without a terminal to ask on; pass --yes")
         if not typer.confirm(f"Remove {what}?", default=False, err=True):
             return render.note("nothing removed")
-    done = cache.remove(name)
+    done = cache.remove(name, forget=forget_model)
     if as_json:
         return print_json(done.to_dict())
     also = "".join(f"; {n} entries of {file}" for file, n in done.records.items())

@@ -10,3 +10,10 @@
 - samples: the guard's own timings, kept per kernel between runs (guard-costs.json).
 Timing forwards is the bench's (bench/timing.py). Docs: docs/costs.md.
 """
+
+
+def forget_model(model_sha256: str) -> dict[str, int]:
+    """Drop what the home keeps of one model's costs (`kolibri model rm`): {file: entries}."""
+    from kolibri_cli.costs import samples, store
+
+    return {store.FILE: store.forget(model_sha256), samples.FILE: samples.forget(model_sha256)}

@@ -606,13 +606,15 @@ def removal(name: str) -> Removal:
     return Removal(name, str(folder), len(files), used, {})
 
 
-def remove(name: str) -> Removal:
+def remove(name: str, forget=None) -> Removal:
     """Delete the cached model `name`: its folder, the temporaries a killed pull or import left,
-    and what the home keeps about it — its c(n) from `kolibri bench`, the guard's timings, the
-    digests of its files — unless another cached model has the same weights. Nothing else: other
-    models, and the GGUF an imported model came from, stay. locks/NAME.lock stays too (empty):
-    deleting a lock file someone waits on would let two pulls of NAME run at once."""
-    from kolibri_cli.store import benchcosts, digests, guardcosts
+    and what the home keeps about it — the digests of its files, and what `forget(sha256)`
+    drops of what other packages keep by its weights (costs.forget_model: its c(n) from
+    `kolibri bench`, the guard's timings; {file: entries dropped}) — unless another cached
+    model has the same weights. Nothing else: other models, and the GGUF an imported model came
+    from, stay. locks/NAME.lock stays too (empty): deleting a lock file someone waits on would
+    let two pulls of NAME run at once."""
+    from kolibri_cli.store import digests
 
     with _name_lock(valid_name(name)):
         found = removal(name)
@@ -624,9 +626,8 @@ def remove(name: str) -> Removal:
         _remove_leftovers(name)
         shared = sha in {_weights_sha256(model_dir(n)) for n in installed_models()}
         records = {digests.FILE: digests.forget(folder)}
-        if sha and not shared:
-            records |= {benchcosts.FILE: benchcosts.forget(sha),
-                        guardcosts.FILE: guardcosts.forget(sha)}
+        if sha and not shared and forget is not None:
+            records |= forget(sha)
     found.records = {file: n for file, n in records.items() if n}
     return found
 
