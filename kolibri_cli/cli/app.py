@@ -224,6 +224,16 @@ def _flush_or_quiet() -> None:
             pass  # closed, or not a stream: nothing to flush
 
 
+def _broken_pipe(console) -> None:
+    """rich's Console.on_broken_pipe, kolibri's way: a reader that went away (`| head`) is its
+    choice, not a failure — rich's own answer is exit 1. Used by every rich console, --help's
+    included (rich documents this method as the hook for it)."""
+    if console.quiet:
+        return
+    _quiet_closed_pipes()
+    raise typer.Exit(0)
+
+
 def _quiet_closed_pipes() -> None:
     """Point fd 1 and 2, where their reader went away, at /dev/null: what is still buffered
     for them, and Python's flush at exit, then write nowhere instead of raising again."""
@@ -260,5 +270,8 @@ def _reserve_closed_std_fds() -> None:
 
 
 def make_typer(help: str) -> typer.Typer:
+    import rich.console
+
+    rich.console.Console.on_broken_pipe = _broken_pipe
     return typer.Typer(cls=_Group, help=help, no_args_is_help=True, add_completion=True,
                        pretty_exceptions_enable=False, rich_markup_mode="markdown")
