@@ -252,6 +252,72 @@ def test_crafted_gguf_metadata(run, tmp_path, kolibri_home, case):
         (kolibri_home / "models").iterdir())
 
 
+TOKENIZER_CASES = [case for case, (changes, _) in _gguf_cases().items()
+                   if all(key.startswith("tokenizer.") for key in changes)]
+
+
+def _traces(tmp_path):
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hello"},
+                                             {"role": "assistant", "content": "hi"}]}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("case", TOKENIZER_CASES)
+def test_crafted_gguf_metadata_read_as_a_tokenizer(run, tmp_path, kolibri_home, case):
+    """Where kolibri only tokenizes, a GGUF is read for its metadata: the same refusals."""
+    changes, fragment = _gguf_cases()[case]
+    fields = gguf_fields()
+    for key, value in changes.items():
+        if value is None:
+            fields.pop(key)
+        else:
+            fields[key] = value
+    path = write_gguf(tmp_path / "x.gguf", fields)
+    one_error_line(run("goldens", "import", _traces(tmp_path), "-o", tmp_path / "g.jsonl", "-m",
+                       path), "x.gguf", fragment)
+    assert not (kolibri_home / "models").exists() and not (tmp_path / "g.jsonl").exists()
+
+
+def _kv_type_offset(data: bytes) -> int:
+    """Where the first metadata value's type (u32) is: after the 24-byte header and the key."""
+    import struct
+
+    return 24 + 8 + struct.unpack_from("<Q", data, 24)[0]
+
+
+@pytest.mark.parametrize("damage", ["empty", "3 bytes", "cut in the header", "cut in a key",
+                                    "cut in the vocabulary", "version 1", "value type 99",
+                                    "string array of 2^60"])
+def test_a_damaged_gguf_read_as_a_tokenizer_is_one_line(run, tmp_path, kolibri_home, damage):
+    import struct
+
+    data = bytearray(write_gguf(tmp_path / "good.gguf").read_bytes())
+    at = _kv_type_offset(data)
+    fragment = "truncated GGUF metadata"
+    if damage == "empty":
+        data, fragment = b"", "not a GGUF file"
+    elif damage == "3 bytes":
+        data, fragment = data[:3], "not a GGUF file"
+    elif damage == "cut in the header":
+        data = data[:20]
+    elif damage == "cut in a key":
+        data = data[:at - 2]
+    elif damage == "cut in the vocabulary":
+        data = data[:data.find(b"<|im_end|>") + 4]
+    elif damage == "version 1":
+        data[4:8], fragment = struct.pack("<I", 1), "GGUF version 1 is not supported"
+    elif damage == "value type 99":
+        data[at:at + 4], fragment = struct.pack("<I", 99), "value of unknown type 99"
+    else:  # the tokens array claims 2^60 strings: refused where the file ends
+        tokens = data.find(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 8
+        data[tokens:tokens + 8] = struct.pack("<Q", 1 << 60)
+    path = tmp_path / "x.gguf"
+    path.write_bytes(bytes(data))
+    one_error_line(run("goldens", "import", _traces(tmp_path), "-o", tmp_path / "g.jsonl", "-m",
+                       path), "x.gguf", fragment)
+
+
 @pytest.mark.parametrize("case", ["missing tensor", "wrong shape", "extra tensor"])
 def test_import_refuses_a_gguf_that_could_never_load(run, tmp_path, kolibri_home, case):
     import numpy as np

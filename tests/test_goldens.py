@@ -41,6 +41,29 @@ def test_round_trip(tmp_path):
     assert [p.name for p in tmp_path.joinpath("sub").iterdir()] == ["g.jsonl"]  # no temp left
 
 
+def test_identity_is_written_where_known_and_old_goldens_still_read(tmp_path):
+    """Goldens of a model without weights carry "identity"; files written before it (no key)
+    read as before, and an empty identity is not written."""
+    from kolibri_cli.engine.model import Identity
+
+    made = Golden(**golden_dict(id="new", model_sha256="", identity={"tokenizer_sha256": "ab" * 32,
+                                                           "served_model": "qwen3-8b"}))
+    old = Golden(**golden_dict())
+    path = tmp_path / "g.jsonl"
+    save_goldens(path, [made, old])
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines[0]["identity"] == made.identity and "identity" not in lines[1]
+    assert load_goldens(path) == [made, old]
+    assert made.made_by == Identity(tokenizer_sha256="ab" * 32, served_model="qwen3-8b")
+    assert old.made_by == Identity(model_sha256="b179" + "0" * 60)
+    extra = write_lines(tmp_path / "x.jsonl", [golden_dict(identity={"future_key": "x",
+                                                                     "fingerprint": "f"})])
+    assert load_goldens(extra)[0].identity == {"fingerprint": "f"}  # unknown keys: ignored
+    for bad in ([1], {"served_model": 3}):
+        with pytest.raises(KolibriError, match=r"x.jsonl:1: 'identity' must be an object of"):
+            load_goldens(write_lines(tmp_path / "x.jsonl", [golden_dict(identity=bad)]))
+
+
 def test_blank_lines_are_skipped(tmp_path):
     path = write_lines(tmp_path / "g.jsonl", ["", golden_dict(), "   "])
     assert [g.id for g in load_goldens(path)] == ["code-1"]

@@ -200,3 +200,99 @@ def test_sampled_goldens_from_llama_server_repeat_with_their_seed(cli, tmp_path,
     assert [g.output_ids for g in first] == [g.output_ids for g in again]
     assert [g.output_ids for g in first] != [g.output_ids for g in other]
     assert all(g.sampling["temperature"] == 1.5 and g.sampling["seed"] == 7 for g in first)
+
+
+# ---- the server's own tokenizer: a deployment whose weights are not here ----------------------
+
+
+@pytest.fixture
+def bare(tmp_path, monkeypatch):
+    """The command line over an empty kolibri home (offline): nothing local to tokenize with."""
+    home = tmp_path / "empty-home"
+    monkeypatch.setenv("KOLIBRI_HOME", str(home))
+    monkeypatch.setenv("KOLIBRI_OFFLINE", "1")
+    run = lambda *args: CliRunner().invoke(app, [str(a) for a in args])  # noqa: E731
+    run.home = home
+    return run
+
+
+def test_the_servers_tokenizer_is_the_full_models(llama_server, pulled_default):
+    """llama-server's /tokenize, /detokenize and /apply-template against kolibri's own tokenizer
+    of the full model, on text that trips tokenizers (digits, whitespace, UTF-8, specials) and
+    on the 18 shipped chat prompts; the ordinary ids it draws are ordinary in the full model."""
+    from kolibri_cli.engine.tokenizer import Tokenizer
+    from kolibri_cli.servers import server_model
+
+    full = Tokenizer(pulled_default.path)
+    model = server_model(llama_server())
+    tok = model.tokenizer
+    for text in ["", "1234567 89", "  leading\ttabs\n\nand newlines", "héllo wörld ✓ 🐦",
+                 "don't I'll we're", "<|im_start|>user\nhi<|im_end|>", "a" * 500]:
+        assert tok.encode(text) == full.encode(text), text
+        assert tok.decode(full.encode(text)) == full.decode(full.encode(text), False), text
+    for g in load_goldens(DEFAULT_CHAT):
+        assert tok.encode_prompt(g.prompt, chat=True) == g.prompt_ids, g.id
+    assert (model.vocab_size, model.eos_ids, model.context) == (49152, EOS, 4096)
+    assert model.identity.served_model == pulled_default.gguf.name  # its file, not its path
+    assert model.identity.fingerprint.startswith("llama.cpp Q4_1, 134515008 parameters")
+    drawn = tok.sample_ordinary(model.vocab_size, 40, seed=5)
+    special = set(full._tok.get_added_tokens_decoder())
+    assert len(set(drawn)) == 40 and not special & set(drawn)
+
+
+def test_from_logs_to_a_verdict_with_the_servers_tokenizer(bare, llama_server, tmp_path):
+    """docs/engines.md's sequence with no --model and an empty kolibri home: logged traffic
+    imported with the server's tokenizer (the full model's prompt ids on the 18 shipped
+    prompts), goldens recorded the same way, the server's c(n), the probe's verdict priced with
+    it, and the measured probe on the server."""
+    url, shipped = llama_server().url, load_goldens(DEFAULT_CHAT)
+    traces = tmp_path / "traffic.jsonl"
+    traces.write_text("".join(json.dumps({"id": g.id, "category": g.category, "request": {
+        "messages": [{"role": "user", "content": g.prompt}], "max_tokens": 24}, "response": {
+        "choices": [{"message": {"content": f"Here is {g.id}: {g.prompt[:60]}"},
+                     "finish_reason": "stop"}]}}) + "\n" for g in shipped))
+    imported, recorded = tmp_path / "imported.jsonl", tmp_path / "recorded.jsonl"
+    done = bare("goldens", "import", traces, "-o", imported, "--engine", url)
+    assert done.exit_code == 0, done.stderr
+    done = bare("goldens", "record", "-p", DEFAULT_PROMPTS, "-o", recorded, "--engine", url,
+                "-n", 8)
+    assert done.exit_code == 0, done.stderr
+    for path in (imported, recorded):
+        goldens = load_goldens(path)
+        assert [g.prompt_ids for g in goldens] == [g.prompt_ids for g in shipped]
+        assert goldens[0].model_sha256 == "" and goldens[0].identity["served_model"]
+        assert goldens[0].identity["fingerprint"].startswith("llama.cpp")
+    assert all(g.output_ids[-1] == 2 for g in load_goldens(imported))  # finish "stop": eos
+    done = bare("bench", "--engine", url, "--k", 3, "--repeats", 1, "--json")
+    assert done.exit_code == 0, done.stderr
+    costs = json.loads(done.stdout)["costs_option"]
+    assert costs.startswith("1.000,") and costs.count(",") == 3
+    done = bare("probe", "--goldens", imported, "--costs", costs, "--proposer",
+                "llamacpp-simple", "--k", 3, "--window", 2, "--json")
+    assert done.exit_code == 0, done.stderr
+    verdict = json.loads(done.stdout)
+    assert verdict["best"]["proposer"] == "llamacpp-simple"
+    assert verdict["comparison"][0]["modelled_speedup"] > 0
+    done = bare("probe", "--goldens", imported, "--costs", costs, "--proposer",
+                "llamacpp-simple", "--k", 3, "--window", 2, "--measure", "--engine", url,
+                "--baseline", url, "--repeats", 1, "--category", "code", "--json")
+    assert done.exit_code == 0, done.stderr
+    measured = next(r["measured"] for r in json.loads(done.stdout)["runs"] if r["measured"])
+    assert measured["spec_equals_plain"] and measured["predicted_speedup"] > 0
+    assert not bare.home.joinpath("models").exists()  # nothing pulled, nothing imported
+
+
+def test_a_gguf_given_as_the_model_is_run_by_llama_server_not_imported(bare, pulled_default,
+                                                                      llama_server_binary,
+                                                                      tmp_path):
+    """`--engine llama-server -m FILE.gguf`: kolibri reads the GGUF's metadata for the prompt
+    ids and starts llama-server on the file itself; the cache gains nothing."""
+    out = tmp_path / "g.jsonl"
+    done = bare("goldens", "record", "-p", DEFAULT_PROMPTS, "--limit", 3, "-o", out, "--engine",
+                "llama-server", "-m", pulled_default.gguf, "-n", 4, "-t", 1)
+    assert done.exit_code == 0, done.stderr
+    shipped = {g.id: g for g in load_goldens(DEFAULT_CHAT)}
+    for g in load_goldens(out):
+        assert g.prompt_ids == shipped[g.id].prompt_ids and 1 <= len(g.output_ids) <= 4
+        assert set(g.identity) == {"tokenizer_sha256", "served_model", "fingerprint"}
+    assert not bare.home.joinpath("models").exists()

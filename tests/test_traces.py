@@ -1,11 +1,11 @@
 """`kolibri goldens import`: logged chat traffic -> goldens through the tokenizer and template."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 from conftest import write_tiny_tokenizer
 
+from kolibri_cli.engine.model import Identity, TokenizerOnly
 from kolibri_cli.engine.tokenizer import Tokenizer
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.traces import import_traces
@@ -20,8 +20,8 @@ def model(tmp_path):
     folder.mkdir()
     write_tiny_tokenizer(folder)
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
-    return SimpleNamespace(tokenizer=Tokenizer(folder), eos_ids=(2,), name="tiny",
-                           sha256="ab" * 32)
+    return TokenizerOnly("tiny", Tokenizer(folder), None, None, (2,),
+                         Identity(model_sha256="ab" * 32))
 
 
 def write(tmp_path, lines) -> str:
@@ -99,7 +99,7 @@ def test_a_model_without_chat_template_is_named_not_told_to_use_raw(tmp_path, mo
     folder = tmp_path / "plain"
     folder.mkdir()
     write_tiny_tokenizer(folder)
-    plain = SimpleNamespace(tokenizer=Tokenizer(folder), eos_ids=(2,), name="plain", sha256="0")
+    plain = TokenizerOnly("plain", Tokenizer(folder), None, None, (2,), Identity())
     with pytest.raises(KolibriError, match="plain has no chat template") as e:
         import_traces(write(tmp_path, [pair("a", "b")]), plain)
     assert "--raw" not in str(e.value)  # goldens import has no --raw

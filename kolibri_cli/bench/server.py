@@ -45,9 +45,9 @@ PROMPT_SEED = 5
 def periodic_prompt(model, seed: int = PROMPT_SEED, longest: int = 0) -> list[int]:
     """PERIOD distinct random ordinary token ids (more when a pass of `longest` tokens needs
     them), repeated PERIODS times."""
-    ordinary = np.asarray(model.tokenizer.ordinary_ids(model.config.vocab_size), dtype=np.int64)
-    unit = np.random.default_rng(seed).choice(ordinary, max(PERIOD, longest + 1),
-                                              replace=False).tolist()
+    if model.vocab_size is None:
+        raise KolibriError(f"the vocabulary size of {model.name} is not known: pass --model")
+    unit = model.tokenizer.sample_ordinary(model.vocab_size, max(PERIOD, longest + 1), seed)
     return unit * PERIODS
 
 
@@ -92,6 +92,11 @@ class ServerCosts:
         return line_slope(self.costs)
 
     @property
+    def costs_option(self) -> str:
+        """c(1), c(2), ... as `kolibri probe --costs` takes them."""
+        return ",".join(f"{self.costs[n]:.3f}" for n in range(1, max(self.costs) + 1))
+
+    @property
     def fitted(self) -> dict[int, float]:
         """c(n) on the least-squares line: the raw medians smoothed, for comparison."""
         return {n: 1.0 + self.slope * (n - 1) for n in self.costs}
@@ -102,6 +107,7 @@ class ServerCosts:
                 "repeats": self.repeats,
                 "forward_ms": {str(n): t for n, t in self.forward_ms.items()},
                 "costs": {str(n): c for n, c in self.costs.items()},
+                "costs_option": self.costs_option,
                 "fit": {"slope": self.slope,
                         "costs": {str(n): c for n, c in self.fitted.items()}},
                 "passes": [{"n": p.n, "ms": p.ms, "full_share": p.full} for p in self.passes]}

@@ -14,7 +14,11 @@ TIMEOUT = 600.0  # seconds, --timeout's default
 
 
 def bench(
-    model: opt.ModelOpt = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Model name from the cache, a Hugging Face-layout folder, or a GGUF "
+        "file (imported into the cache on first use). With --engine only its tokenizer is read "
+        "(a folder of tokenizer files, or a GGUF's metadata). [default: with --engine URL the "
+        "server's own tokenizer, else smollm2-135m-instruct]")] = None,
     k: opt.KOpt = None,
     window: opt.WindowOpt = None,
     proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
@@ -164,7 +168,8 @@ def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_js
     if not is_server(engine):
         raise KolibriError(f"unknown --engine {engine!r}: kolibri, {LOCAL} or a llama.cpp "
                            "server's base URL")
-    m = opt.load_model(model, weights=False)
+    m = opt.load_tokenizer(model, engine, None if engine == LOCAL else api or "llama.cpp",
+                           timeout)
     prompt = sb.periodic_prompt(m, longest=k + 1)
     with render.progress_bar("timing passes ") as bar:
         ticks = lambda d, t: bar("", d, t)  # noqa: E731

@@ -21,9 +21,11 @@ from kolibri_cli.cli.options import (
     TemperatureOpt,
     ThreadsOpt,
     TimeoutOpt,
+    TokenizerModelOpt,
     TopKOpt,
     TopPOpt,
     load_model,
+    load_tokenizer,
     print_json,
     refuse_unused,
     resolve_sampling,
@@ -64,7 +66,11 @@ def record(
     greedy: GreedyOpt = False,
     seeds: Annotated[int, typer.Option(
         "--seeds", min=1, help="Sampled chains per prompt, seeds --seed, +1, ...")] = 1,
-    model: ModelOpt = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Model name from the cache, a Hugging Face-layout folder, or a GGUF "
+        "file. With a server engine only its tokenizer is read (a folder of tokenizer files, or a "
+        "GGUF's metadata: nothing is imported). [default: with --engine URL the server's own "
+        "tokenizer, else smollm2-135m-instruct]")] = None,
     threads: ThreadsOpt = None,
     engine_api: EngineApiOpt = None,
     gguf: GgufOpt = None,
@@ -94,8 +100,9 @@ def record(
         refuse_unused({"--quantize": quantize}, "--engine kolibri (the numeric path it runs)")
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
     _check_output(output, prompts, "prompts")
-    m = load_model(model, threads, weights=not remote, quantize=quantize)
-    chat = not raw and m.tokenizer.chat_template is not None
+    m = load_tokenizer(model, engine, engine_api, timeout, served_model) if remote else \
+        load_model(model, threads, quantize=quantize)
+    chat = not raw and m.tokenizer.has_chat_template
     how = resolve_sampling(m, given)
     with _engine(engine, m, engine_api, gguf, threads, timeout, served_model) as runner:
         with render.progress_bar(f"recording ({engine}, {how.describe()}) ") as bar:
@@ -104,8 +111,8 @@ def record(
     save_goldens(output, goldens)
     capped = sum(g.reference.get("max_tokens", max_tokens) < max_tokens for g in goldens)
     if capped:
-        render.note(f"note: --max-tokens capped by the context "
-                    f"({m.config.max_position_embeddings}) for {capped} of {len(goldens)} chains")
+        render.note(f"note: --max-tokens capped by the context ({m.context}) for {capped} of "
+                    f"{len(goldens)} chains")
     if as_json:
         return print_json({"output": str(output), "goldens": len(goldens), "capped": capped,
                            "model": m.name, "engine": engine})
@@ -143,16 +150,32 @@ def import_(
     output: Annotated[Path, typer.Option("--output", "-o", help="Goldens JSONL to write.")],
     category: Annotated[str, typer.Option(
         help="Category for traces that do not name one.")] = "traces",
-    model: ModelOpt = None,
+    model: TokenizerModelOpt = None,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="A server's base URL: tokenize with its own tokenizer and chat template "
+        "(llama.cpp, vLLM; SGLang for text only). [default: the --model's tokenizer, here]")
+    ] = None,
+    engine_api: EngineApiOpt = None,
+    timeout: TimeoutOpt = 600.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Turn logged chat traffic into golden chains with the model's tokenizer and template."""
+    from kolibri_cli import servers
     from kolibri_cli.cli import render
     from kolibri_cli.goldens.chains import save_goldens
     from kolibri_cli.goldens.traces import import_traces
 
+    if engine is not None and (not servers.is_server(engine) or engine == servers.LOCAL):
+        raise KolibriError(f"--engine {engine!r}: goldens import tokenizes with a running "
+                           "server's tokenizer: pass its base URL (http://host:port)")
+    if engine is None:
+        refuse_unused({"--engine-api": engine_api,
+                       "--timeout": None if timeout == 600.0 else timeout}, "--engine URL")
     _check_output(output, traces, "traces")
-    m = load_model(model, weights=False)
+    m = load_tokenizer(model, engine, engine_api, timeout)
+    if not m.eos_ids:
+        render.note(f"note: {m.name} names no end-of-sequence token: answers that ended "
+                    "naturally are imported without one")
     goldens = import_traces(traces, m, category)
     save_goldens(output, goldens)
     if as_json:

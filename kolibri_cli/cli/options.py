@@ -23,6 +23,11 @@ ModelOpt = Annotated[str | None, typer.Option(
     "--model", "-m", help="Model name from the cache, a Hugging Face-layout folder, or a GGUF "
     "file (imported into the cache on first use, as `kolibri model import` does) (default: "
     "smollm2-135m-instruct, pulled on first use).")]
+TokenizerModelOpt = Annotated[str | None, typer.Option(
+    "--model", "-m", help="Whose tokenizer and chat template make the ids: a model name from "
+    "the cache, a folder (its tokenizer files are enough: no weights needed), or a GGUF file "
+    "(only its metadata is read; nothing is imported). [default: with --engine URL the server's "
+    "own tokenizer, else smollm2-135m-instruct]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", "-t", min=1, help="Kernel threads (default: all cores).")]
@@ -92,6 +97,17 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
     with render.progress_bar() as bar:
         return open_model(spec, notify=render.note, progress=bar, weights=weights,
                           numerics=quantize or "float32")
+
+
+def load_tokenizer(spec: str | None, engine: str | None = None, api: str | None = None,
+                   timeout: float = 600.0, served_model: str | None = None):
+    """What tokenizes for a run whose model runs elsewhere, or nowhere (servers.tokenizing_model):
+    `spec`'s tokenizer (no weights read), or a server's own; progress on stderr."""
+    from kolibri_cli.cli import render
+    from kolibri_cli.servers import tokenizing_model
+
+    with render.progress_bar() as bar:
+        return tokenizing_model(spec, engine, api, timeout, served_model, render.note, bar)
 
 
 def refuse_with(options: dict, other: str, why: str) -> None:
@@ -268,7 +284,8 @@ def resolve_sampling(model, given: dict):
     from kolibri_cli.decode.sampling import Sampling, new_seed
     from kolibri_cli.engine.config import generation_defaults
 
-    settings = generation_defaults(model.path) | given
+    folder = model.path is not None and Path(model.path).is_dir()
+    settings = (generation_defaults(model.path) if folder else {}) | given
     chosen = Sampling(**settings).check()
     if chosen.greedy and "seed" in given:
         render.note("note: --seed has no effect: decoding is greedy (sampling needs "

@@ -91,6 +91,7 @@ def _ui():
 
     return Ui(load_model=lambda spec, threads, weights: options.load_model(spec, threads,
                                                                            weights=weights),
+              load_tokenizer=options.load_tokenizer,
               sampling=lambda model, given: options.resolve_sampling(
                   model, options.sampling_options(**given)),
               progress=progress, simulating=throughput_bar, note=render.note)

@@ -238,6 +238,7 @@ def server_costs_table(r) -> Table:
                                   f"{min(p.ms):.1f}-{max(p.ms):.1f}{full})"))
     rows.append(("least-squares line", f"c(n) = 1 + {r.slope:.3f} (n - 1): "
                  + ", ".join(f"{c:.2f}" for c in r.fitted.values())))
+    rows.append(("for kolibri probe", f"--costs {r.costs_option}"))
     return kv_table("kolibri bench (server decode loop)", rows)
 
 

@@ -205,13 +205,17 @@ def _real(value, key: str) -> float:
 def generation_eos(folder: Path, config: "ModelConfig") -> "ModelConfig":
     """transformers' generate stops on generation_config.json's eos ids when the folder has that
     file and it sets them; config.json's otherwise."""
-    gen = _generation_config(folder)
+    eos = generation_eos_ids(folder)
+    return dataclasses.replace(config, eos_token_ids=eos) if eos else config
+
+
+def generation_eos_ids(folder: Path) -> tuple[int, ...]:
+    """generation_config.json's eos ids; () without the file or without them."""
     try:
-        eos = eos_token_ids(gen)
+        return eos_token_ids(_generation_config(folder))
     except (TypeError, ValueError):
         raise KolibriError(f"{Path(folder) / GENERATION_CONFIG}: not a valid generation config") \
             from None
-    return dataclasses.replace(config, eos_token_ids=eos) if eos else config
 
 
 GENERATION_CONFIG = "generation_config.json"

@@ -25,6 +25,7 @@ from kolibri_cli.errors import KolibriError
 from kolibri_cli.text import printable, shown
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+INDEX = "model.safetensors.index.json"  # a sharded checkpoint's map of tensors to files
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry; recomputed from config
 
 
@@ -46,7 +47,7 @@ def safetensors_files(path: Path) -> list[Path]:
     """The weight files: the shards an index names, else every *.safetensors in the folder.
     Only regular files inside the folder: an index naming ../x or /etc/x, or a FIFO (a read
     that never ends), is refused."""
-    index = path / "model.safetensors.index.json"
+    index = path / INDEX
     if index.is_file():
         files = [path / s for s in _index_shards(index)]
         missing = [f.name for f in files if not f.is_file()]
@@ -56,11 +57,31 @@ def safetensors_files(path: Path) -> list[Path]:
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise KolibriError(f"{path} has no *.safetensors weights (kolibri does not read .bin)")
+        raise no_weights(path)
     odd = next((f for f in files if not f.is_file()), None)
     if odd is not None:
         raise KolibriError(f"{odd}: not a regular file")
     return files
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON file holding one object; anything else is one KolibriError naming the file."""
+    try:
+        found = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot be read ({e.strerror})") from None
+    except (ValueError, RecursionError) as e:  # JSON, UTF-8, 4300+ digit ints, deep nesting
+        raise KolibriError(f"{path}: not valid JSON ({printable(str(e), 120)})") from None
+    if not isinstance(found, dict):
+        raise KolibriError(f"{path}: not a JSON object")
+    return found
+
+
+def no_weights(path: Path) -> KolibriError:
+    """What a command that runs the model says of a folder without weights."""
+    return KolibriError(f"{path} has no *.safetensors weights (kolibri does not read .bin): this "
+                        "command runs the model here and needs them; a folder of tokenizer files "
+                        "serves goldens import and --engine URL (docs/engines.md)")
 
 
 def _index_shards(index: Path) -> list[str]:

@@ -1,15 +1,51 @@
-"""A loaded model: config + tokenizer + the forward kernel, and what identifies it."""
+"""A loaded model: config + tokenizer + the forward kernel, and what identifies it; and a model
+known by its tokenizer only (`TokenizerOnly`), whose weights a server runs or that kolibri only
+tokenizes for.
+"""
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
 from kolibri_cli.engine import blockfile, loader
-from kolibri_cli.engine.config import ModelConfig, generation_eos
-from kolibri_cli.engine.tokenizer import Tokenizer
+from kolibri_cli.engine.config import (
+    ModelConfig,
+    eos_token_ids,
+    generation_eos,
+    generation_eos_ids,
+)
+from kolibri_cli.engine.tokenizer import Tokenizer, Tokenizes
 from kolibri_cli.engine.weights import STORAGE, Weights, int8_weights, layout
 from kolibri_cli.errors import KolibriError
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What identifies the model that made a golden's ids, and what a model is matched by: the
+    weights' sha256 where kolibri has them, else the tokenizer's; a server's name for its model
+    and its fingerprint where a server made (or tokenized) them. "" = not known."""
+
+    model_sha256: str = ""  # the weights' (the source GGUF's, or the safetensors files')
+    tokenizer_sha256: str = ""  # a tokenizer-only model's: its files, or a GGUF's metadata
+    served_model: str = ""  # the model name a server reports
+    fingerprint: str = ""  # a server's own mark of its weights, where it reports one
+
+    GOLDEN_KEYS = ("tokenizer_sha256", "served_model", "fingerprint")  # a golden's "identity"
+
+    def to_dict(self) -> dict[str, str]:
+        """The golden's "identity" object (model_sha256 is a field of its own)."""
+        return {key: getattr(self, key) for key in self.GOLDEN_KEYS if getattr(self, key)}
+
+    def merged(self, other: "Identity") -> "Identity":
+        """This identity with what `other` knows added (its non-empty fields win)."""
+        return dataclasses.replace(self, **{k: v for k, v in vars(other).items() if v})
+
+    def conflict(self, other: "Identity") -> str | None:
+        """The first field both know and that differs, else None."""
+        return next((key for key, ours in vars(self).items()
+                     if ours and getattr(other, key) and ours != getattr(other, key)), None)
 
 
 @dataclass
@@ -37,6 +73,18 @@ class Model:
     @property
     def eos_ids(self) -> tuple[int, ...]:
         return self.config.eos_token_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def context(self) -> int:
+        return self.config.max_position_embeddings
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(model_sha256=self.sha256)
 
     @cached_property
     def transformer(self):
@@ -67,6 +115,9 @@ def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
                weights: bool = True, numerics: str = "float32") -> Model:
     """The model in a model folder, its kernel compiled (or loaded) and warm; `weights=False`:
     config and tokenizer only (what a remote engine's client needs)."""
+    if weights and Path(path).is_dir() and not has_weights(path) \
+            and (Path(path) / "tokenizer.json").is_file():
+        raise loader.no_weights(path)  # a tokenizer-only folder: say so before its config
     path = loader.check_folder(path)
     config = generation_eos(path, ModelConfig.from_file(path / "config.json"))
     model = Model(name=name, path=path, config=config, tokenizer=Tokenizer(path),
@@ -80,3 +131,75 @@ def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
         notify("compiling the forward kernel (first run only; 2-3 minutes on 2 cores) ...")
     model.transformer.warm_up()
     return model
+
+
+@dataclass
+class TokenizerOnly:
+    """A model kolibri knows by its tokenizer only: a folder of tokenizer files, a GGUF's
+    metadata, or a server's own tokenizer. Enough to record and import goldens and to measure on
+    a server; nothing here runs it."""
+
+    name: str
+    tokenizer: Tokenizes
+    vocab_size: int | None  # V: ids must stay below it (None: not known, a vLLM server)
+    context: int | None  # positions a prompt and its output may take (None: not known)
+    eos_ids: tuple[int, ...]
+    identity: Identity
+    path: Path | None = None  # the folder or GGUF file (None: a server)
+    weights: None = None
+    numerics: None = None  # no numeric path of kolibri's: the goldens' numerics are not checked
+    source_sha256: str = ""
+
+    @property
+    def sha256(self) -> str:
+        """The weights' sha256, which a tokenizer-only model does not know."""
+        return self.identity.model_sha256
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def has_weights(folder: Path) -> bool:
+    """A block file, a safetensors index or any *.safetensors file."""
+    folder = Path(folder)
+    return ((folder / blockfile.NAME).is_file() or (folder / loader.INDEX).is_file()
+            or any(folder.glob("*.safetensors")))
+
+
+def tokenizer_folder(path: Path, name: str) -> TokenizerOnly:
+    """A folder's tokenizer files (tokenizer.json; tokenizer_config.json, chat_template.jinja,
+    config.json and generation_config.json where present), of any architecture."""
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file():
+        raise KolibriError(f"{path} has no tokenizer.json: a tokenizer-only model is a folder "
+                           "with the model's tokenizer.json and tokenizer_config.json")
+    tokenizer = Tokenizer(path)
+    config = loader.read_json_object(path / "config.json") \
+        if (path / "config.json").is_file() else {}
+    files = [path / f for f in TOKENIZER_FILES if (path / f).is_file()]
+    return TokenizerOnly(
+        name=name, tokenizer=tokenizer, path=path,
+        vocab_size=_count(config, "vocab_size", path) or tokenizer.vocab_size,
+        context=_count(config, "max_position_embeddings", path),
+        eos_ids=generation_eos_ids(path) or _eos_ids(config, tokenizer, path),
+        identity=Identity(tokenizer_sha256=loader.sha256_files(files)))
+
+
+def _count(config: dict, key: str, path: Path) -> int | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KolibriError(f"{path / 'config.json'}: {key} must be a whole number >= 1")
+    return value
+
+
+def _eos_ids(config: dict, tokenizer: Tokenizer, path: Path) -> tuple[int, ...]:
+    """config.json's eos ids, else the id of tokenizer_config.json's eos_token."""
+    try:
+        ids = eos_token_ids(config)
+    except ValueError as e:
+        raise KolibriError(f"{path / 'config.json'}: {e}") from None
+    eos = tokenizer.special_tokens().get("eos_token")
+    found = None if eos is None else tokenizer.token_to_id(eos)
+    return ids or (() if found is None else (found,))

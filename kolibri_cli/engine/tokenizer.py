@@ -2,13 +2,15 @@
 
 The chat template is rendered with jinja2 exactly as transformers' `apply_chat_template` does
 (engine/template.py: the sandbox, with bounds on time, memory and output; the named special
-tokens that are set, `tools`/`documents` None). Non-goals: tool calling.
+tokens that are set, `tools`/`documents` None). `Tokenizes` is what commands that only tokenize
+need of a tokenizer: this module's (files here) or a server's (servers/tokenizer.py).
+Non-goals: tool calling.
 """
 
-import json
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol
 
 from kolibri_cli.engine import template
 from kolibri_cli.errors import KolibriError
@@ -32,6 +34,35 @@ def _rust_errors(what: str):
         raise KolibriError(f"{what} ({printable(str(e), 160)})") from None
 
 
+class Tokenizes(Protocol):
+    """A tokenizer as the commands that only tokenize use it (goldens import and record, bench
+    and the measured probe on a server)."""
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def encode_messages(self, messages: list[dict]) -> list[int]: ...
+
+    def encode_prompt(self, prompt: str, chat: bool, system: str | None = None) -> list[int]: ...
+
+    def sample_ordinary(self, n_rows: int, k: int, seed: int) -> list[int]: ...
+
+
+def encode_prompt(tok: Tokenizes, prompt: str, chat: bool, system: str | None) -> list[int]:
+    """A prompt's ids: chat, one user turn (after an optional system message) through the chat
+    template, whose text carries its own special tokens; raw, the text with the tokenizer's."""
+    if chat:
+        system_turn = [] if system is None else [{"role": "system", "content": system}]
+        return tok.encode_messages([*system_turn, {"role": "user", "content": prompt}])
+    if system is not None:
+        raise KolibriError("a system message needs the chat template (drop --raw)")
+    return tok.encode(prompt)
+
+
 class Tokenizer:
     def __init__(self, folder: Path):
         from tokenizers import Tokenizer as HFTokenizer
@@ -42,15 +73,37 @@ class Tokenizer:
         self.config = _read_config(folder / "tokenizer_config.json")
         self.chat_template = _chat_template(folder, self.config)
 
+    @classmethod
+    def of(cls, tok, config: dict) -> "Tokenizer":
+        """One made in memory (a GGUF's vocabulary): a `tokenizers.Tokenizer` and the
+        tokenizer_config.json it would have (special tokens, chat_template)."""
+        self = cls.__new__(cls)
+        self._tok, self.config = tok, config
+        self.chat_template = config.get("chat_template")
+        return self
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.chat_template is not None
 
     def ordinary_ids(self, n_rows: int) -> list[int]:
         """Ids of ordinary text tokens: below both the embedding's row count and the
         tokenizer's vocabulary (higher rows are padding), not an added/special token."""
         added = set(self._tok.get_added_tokens_decoder())
         return [i for i in range(min(n_rows, self.vocab_size)) if i not in added]
+
+    def sample_ordinary(self, n_rows: int, k: int, seed: int) -> list[int]:
+        """k distinct ordinary ids, drawn with `seed`."""
+        import numpy as np
+
+        ordinary = np.asarray(self.ordinary_ids(n_rows), dtype=np.int64)
+        if len(ordinary) < k:
+            raise KolibriError(f"the vocabulary has {len(ordinary)} ordinary tokens, {k} needed")
+        return np.random.default_rng(seed).choice(ordinary, k, replace=False).tolist()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         with _rust_errors("the tokenizer cannot encode the text"):
@@ -96,27 +149,18 @@ class Tokenizer:
             **self.special_tokens(),
         )
 
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """The rendered template carries its own special tokens, so none are added."""
+        return self.encode(self.render_messages(messages), add_special_tokens=False)
+
     def encode_prompt(self, prompt: str, chat: bool, system: str | None = None) -> list[int]:
-        """Chat: the rendered template carries its own special tokens, so none are added."""
-        if chat:
-            return self.encode(self.render_chat(prompt, system), add_special_tokens=False)
-        if system is not None:
-            raise KolibriError("a system message needs the chat template (drop --raw)")
-        return self.encode(prompt)
+        return encode_prompt(self, prompt, chat, system)
 
 
 def _read_config(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise KolibriError(f"{path}: cannot be read ({e.strerror})") from None
-    except (ValueError, RecursionError) as e:  # JSON, UTF-8, 4300+ digit ints, deep nesting
-        raise KolibriError(f"{path}: not valid JSON ({printable(str(e), 120)})") from None
-    if not isinstance(cfg, dict):
-        raise KolibriError(f"{path}: not a JSON object")
-    return cfg
+    from kolibri_cli.engine.loader import read_json_object
+
+    return read_json_object(path) if path.is_file() else {}
 
 
 def _chat_template(folder: Path, config: dict) -> str | None:

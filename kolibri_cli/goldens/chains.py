@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kolibri_cli.decode.sampling import Sampling
+from kolibri_cli.engine.model import Identity
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.store.atomic import write_text_atomic
 from kolibri_cli.text import read_text_file, shown
@@ -52,11 +53,18 @@ class Golden:
     reference: dict = field(default_factory=dict)  # {"engine", "engine_version", "dtype", ...}
     eos_ids: list[int] = field(default_factory=list)  # the model's eos ids (optional in files)
     sampling: dict = field(default_factory=dict)  # Sampling.to_dict(); {} (or absent) = greedy
+    identity: dict = field(default_factory=dict)  # Identity.to_dict(): a tokenizer's sha256, a
+    # server's model name and fingerprint; {} (or absent) = only model_sha256 identifies it
     where: str = field(default="", compare=False, repr=False)  # "file:line" it was read from
 
     @property
     def sampler(self) -> Sampling:
         return Sampling.from_dict(self.sampling)
+
+    @property
+    def made_by(self) -> Identity:
+        """What identifies the model that made the chain (engine.model.Identity)."""
+        return Identity(model_sha256=self.model_sha256, **self.identity)
 
     @property
     def seed(self) -> int | None:
@@ -120,8 +128,9 @@ def _checked_line(golden: Golden) -> str:
 def _golden_dict(golden: Golden) -> dict:
     d = asdict(golden)
     del d["where"]
-    if not d["sampling"]:
-        del d["sampling"]
+    for optional in ("sampling", "identity"):
+        if not d[optional]:
+            del d[optional]
     return d
 
 
@@ -239,7 +248,16 @@ def golden_from(obj: dict, where: str) -> Golden:
     except KolibriError as e:
         raise KolibriError(f"{where}: {e}") from None
     return Golden(**{name: obj[name] for name in GOLDEN_FIELDS}, eos_ids=eos_ids,
-                  sampling=sampling, where=where)
+                  sampling=sampling, identity=_identity(obj.get("identity", {}), where),
+                  where=where)
+
+
+def _identity(value, where: str) -> dict:
+    """A golden's "identity": an object of strings; keys other than Identity's are ignored."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise KolibriError(f"{where}: 'identity' must be an object of strings, got "
+                           f"{shown(value)}")
+    return {key: value[key] for key in Identity.GOLDEN_KEYS if value.get(key)}
 
 
 def _jsonl_objects(path: Path):

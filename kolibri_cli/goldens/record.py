@@ -12,7 +12,7 @@ from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, PromptSpec, first_divergence
-from kolibri_cli.servers import ServerApi
+from kolibri_cli.servers import ServerApi, server_identity
 from kolibri_cli.text import shown
 
 ENGINES = ("kolibri", "transformers")  # in-process; a server is passed as a ServerApi
@@ -74,15 +74,19 @@ def record(model, prompts: list[PromptSpec], engine: "str | ServerApi", max_toke
     sampling.seed, +1, ..., ids suffixed "/seed<N>". A server samples with its own rule, so
     its sampled chains repeat only on the same server and seed."""
     run = _server(engine) if isinstance(engine, ServerApi) else _engine(model, engine)
+    identity = model.identity
+    if isinstance(engine, ServerApi):  # the server made the output ids
+        identity = identity.merged(server_identity(engine))
     encoded = [(p, _fitting_ids(model, p, chat)) for p in prompts]  # all checked before any run
     runs = [(p, ids, s) for p, ids in encoded for s in _seeded(sampling, seeds)]
-    context = model.config.max_position_embeddings
     goldens = []
     for i, (p, ids, s) in enumerate(runs):
-        output_ids, ref = run(ids, min(max_tokens, context - len(ids)), s)
+        room = max_tokens if model.context is None else model.context - len(ids)
+        output_ids, ref = run(ids, min(max_tokens, room), s)
         gid = p.id if seeds == 1 else f"{p.id}/seed{s.seed}"
         goldens.append(Golden(gid, p.category, p.prompt, chat, ids, output_ids, model.name,
-                              model.sha256, ref, list(model.eos_ids), s.to_dict()))
+                              identity.model_sha256, ref, list(model.eos_ids), s.to_dict(),
+                              identity.to_dict()))
         check_fits(model, goldens[-1])  # a server's ids: in the vocabulary and the context
         if step:
             step(i + 1, len(runs))
@@ -93,8 +97,8 @@ def _fitting_ids(model, prompt: PromptSpec, chat: bool) -> list[int]:
     """The prompt's ids, leaving the context room for one new token (a golden must replay in
     it; each chain's max_tokens is capped to the room left, as its reference records)."""
     ids = model.tokenizer.encode_prompt(prompt.prompt, chat=chat)
-    context = model.config.max_position_embeddings
-    if len(ids) >= context:
+    context = model.context
+    if context is not None and len(ids) >= context:
         raise KolibriError(f"prompt {shown(prompt.id)} is {len(ids)} tokens; the context of "
                            f"{model.name} is {context}: shorten it or leave it out")
     return ids
@@ -140,10 +144,12 @@ def check_one(model, golden: Golden) -> CheckResult:
 
 
 def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> None:
-    """The goldens were recorded from this model's weights and on its numeric path (float32 vs
-    q8_0) unless allowed otherwise, and every one fits it whatever: ids inside its vocabulary,
-    prompt + output inside its context."""
-    other = [g for g in goldens if g.reference.get("engine", "kolibri") in ENGINES
+    """The goldens were recorded from this model — the same weights, or where those are not known
+    the same tokenizer, served model and fingerprint, each compared where both sides know it —
+    and on its numeric path (float32 vs q8_0) when kolibri runs it, unless allowed otherwise; and
+    every one fits it whatever: ids inside its vocabulary, prompt + output inside its context."""
+    other = [g for g in goldens if model.numerics is not None
+             and g.reference.get("engine", "kolibri") in ENGINES
              and g.reference.get("dtype", "float32") != model.numerics]  # servers: their own
     if other and not allow_mismatch:
         dtype = other[0].reference.get("dtype", "float32")
@@ -151,22 +157,33 @@ def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> N
             f"golden {other[0].id!r} was recorded on the {dtype} numeric path, the model runs "
             f"{model.numerics} ({'--quantize ' + dtype if dtype != 'float32' else 'no --quantize'}"
             " matches it); pass --allow-model-mismatch to proceed anyway")
-    wrong = [g for g in goldens if g.model_sha256 and g.model_sha256 != model.sha256]
-    if wrong and not allow_mismatch:
-        raise KolibriError(
-            f"golden {shown(wrong[0].id)} was recorded from model {shown(wrong[0].model)} "
-            f"(sha256 {shown(wrong[0].model_sha256[:12])}…), not {model.name} "
-            f"(sha256 {model.sha256[:12]}…); pass --allow-model-mismatch to proceed anyway"
-        )
+    if not allow_mismatch and any(g.model_sha256 or g.identity for g in goldens):
+        ours = model.identity  # a folder's weights are read for it: only when there is a match
+        for g in goldens:
+            if key := g.made_by.conflict(ours):
+                raise KolibriError(_mismatch(g, key, getattr(g.made_by, key), model.name,
+                                             getattr(ours, key)))
     for g in goldens:
         check_fits(model, g)
 
 
+def _mismatch(golden: Golden, key: str, theirs: str, name: str, ours: str) -> str:
+    if key == "model_sha256":
+        return (f"golden {shown(golden.id)} was recorded from model {shown(golden.model)} "
+                f"(sha256 {shown(theirs[:12])}…), not {name} (sha256 {ours[:12]}…); pass "
+                "--allow-model-mismatch to proceed anyway")
+    label = {"tokenizer_sha256": "tokenizer sha256", "served_model": "served model",
+             "fingerprint": "server fingerprint"}[key]
+    short = (lambda v: v[:12] + "…") if key == "tokenizer_sha256" else (lambda v: v)
+    return (f"golden {shown(golden.id)} was recorded with {label} {shown(short(theirs))}, not "
+            f"{shown(short(ours))} ({name}); pass --allow-model-mismatch to proceed anyway")
+
+
 def check_fits(model, golden: Golden) -> None:
-    vocab, context = model.config.vocab_size, model.config.max_position_embeddings
+    vocab, context = model.vocab_size, model.context
     where = f"{golden.where} (golden {shown(golden.id)})" if golden.where else \
         f"golden {shown(golden.id)}"
-    for name in ("prompt_ids", "output_ids"):
+    for name in ("prompt_ids", "output_ids") if vocab is not None else ():
         ids = getattr(golden, name)
         bad = next((i for i, t in enumerate(ids) if t >= vocab), None)
         if bad is not None:
@@ -174,6 +191,6 @@ def check_fits(model, golden: Golden) -> None:
                                f"of {model.name} (0..{vocab - 1}); the golden was recorded with "
                                "another tokenizer")
     need = len(golden.prompt_ids) + len(golden.output_ids)
-    if need > context:
+    if context is not None and need > context:
         raise KolibriError(f"{where}: prompt and output take {need} positions, more than the "
                            f"context of {model.name} ({context})")

@@ -21,7 +21,7 @@ from kolibri_cli.text import read_text_file
 def import_traces(path: str | Path, model, category: str = "traces") -> list[Golden]:
     """Every trace in the JSONL file `path` as a golden of `model` (its tokenizer and template)."""
     path = Path(path)
-    if model.tokenizer.chat_template is None:  # the tokenizer's own message advises --raw
+    if not model.tokenizer.has_chat_template:  # the tokenizer's own message advises --raw
         raise KolibriError(f"{model.name} has no chat template: traces are rendered with it; "
                            "import them with a chat model")
     lines = read_text_file(path, "traces file").splitlines()  # /dev/zero: refused, not read
@@ -57,7 +57,7 @@ def _object(line: str, where: str) -> dict:
 def _golden(obj: dict, model, category: str, lineno: int, where: str) -> Golden:
     messages, answer, finish, meta = _conversation(obj, where)
     tok = model.tokenizer
-    prompt_ids = tok.encode(tok.render_messages(messages), add_special_tokens=False)
+    prompt_ids = tok.encode_messages(messages)
     output_ids = tok.encode(answer, add_special_tokens=False)
     if finish == "stop" and model.eos_ids:
         output_ids.append(model.eos_ids[0])
@@ -65,9 +65,10 @@ def _golden(obj: dict, model, category: str, lineno: int, where: str) -> Golden:
         raise KolibriError(f"{where}: the answer is empty")
     user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
     reference = {"engine": "import", "retokenized": True, **meta}
+    identity = model.identity
     return Golden(obj.get("id", lineno), str(obj.get("category", category)), user, True,
-                  prompt_ids, output_ids, model.name, model.sha256, reference,
-                  list(model.eos_ids))
+                  prompt_ids, output_ids, model.name, identity.model_sha256, reference,
+                  list(model.eos_ids), identity=identity.to_dict())
 
 
 def _conversation(obj: dict, where: str) -> tuple[list[dict], str, str, dict]:

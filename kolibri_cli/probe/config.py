@@ -137,8 +137,9 @@ class ProbeConfig:
         "runs the model once for its chain).")
     model: str | None = opt(
         ("--model", "-m"), "text", MEASURE, metavar="NAME|PATH",
-        help="Model for --measure, --bench or --costs measure (its tokenizer only, for a "
-        "server engine). [default: smollm2-135m-instruct]")
+        help="Model for --measure, --bench or --costs measure. For a server engine only its "
+        "tokenizer is read (a folder of tokenizer files, or a GGUF's metadata). [default: with "
+        "--engine URL the server's own tokenizer, else smollm2-135m-instruct]")
     threads: int | None = opt(
         ("--threads", "-t"), "int", MEASURE, metavar="N",
         help="Kernel (or started llama-servers') threads for --measure and --costs measure.")

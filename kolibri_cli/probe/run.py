@@ -26,6 +26,7 @@ class Ui:
     """What the workflow asks of the terminal: cli/ gives it one."""
 
     load_model: Callable  # (spec | None, threads | None, weights: bool) -> Model, with progress
+    load_tokenizer: Callable  # (spec | None, engine, api, timeout) -> what tokenizes for a server
     sampling: Callable  # (model, given options: dict) -> Sampling (a random seed is said)
     progress: Callable  # (label) -> context manager yielding ticks(done, total)
     simulating: Callable  # () -> context manager yielding a bar: .update(Throughput), .shown
@@ -271,7 +272,8 @@ def load_model(cfg: ProbeConfig, ui: Ui, weights: bool = True, spec: str | None 
     """The model --measure, --bench or --costs measure runs, checked to fit the drafts."""
     from kolibri_cli.decode.proposers import default_settings, fit_context
 
-    model = ui.load_model(spec or cfg.model, cfg.threads if weights else None, weights)
+    model = ui.load_model(spec or cfg.model, cfg.threads, True) if weights else \
+        ui.load_tokenizer(spec or cfg.model, cfg.engine, cfg.engine_api, cfg.timeout)
     defaults = [default_settings(name) for name in cfg.proposer]  # where k or window is not given
     fit_context(max(cfg.k or [k for k, _ in defaults]),
                 max(w[1] for w in (cfg.window or [w for _, w in defaults])), model)

@@ -1,9 +1,11 @@
 """Open a model by name or folder: resolve it through the cache (pulling the default model on
-first use), check a cached model's files against what was written, then load it."""
+first use), check a cached model's files against what was written, then load it; or, where
+kolibri only tokenizes, open just what tokenizes (`open_tokenizer`)."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from kolibri_cli.engine.model import Model, load_model
+from kolibri_cli.engine.model import Model, TokenizerOnly, has_weights, load_model, tokenizer_folder
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.store import cache, digests, integrity
 
@@ -13,6 +15,22 @@ def open_model(spec: str | None = None, notify=None, progress=None, weights: boo
     model = _open(spec, notify, progress, weights, numerics)
     model.digest = digests.files_sha256  # a user's folder is not read whole on every run
     return model
+
+
+def open_tokenizer(spec: str | None = None, notify=None, progress=None) -> Model | TokenizerOnly:
+    """What tokenizes for `spec` where kolibri only tokenizes: a GGUF file's metadata (its
+    tensors are not read and nothing is imported), a folder of tokenizer files without weights,
+    else the model (a cached one, pulled on first use, or a folder with weights) without its
+    weights, identified by their sha256 as before."""
+    path = Path(spec).expanduser() if spec else None
+    if path is not None and path.is_file() and path.suffix.lower() == ".gguf":
+        from kolibri_cli.store.vocabulary import gguf_tokenizer
+
+        return gguf_tokenizer(path)
+    if path is not None and spec not in cache.REGISTRY and path.is_dir() \
+            and not cache.provenance(path) and not has_weights(path):
+        return tokenizer_folder(path, spec)
+    return open_model(spec, notify, progress, weights=False)
 
 
 def _open(spec, notify, progress, weights: bool, numerics: str) -> Model:

@@ -112,3 +112,34 @@ def write(path: Path, n_layers: int = 32, d: int = 4096, ff: int = 14336, heads:
     for t, rows, cols in plan:
         w.write_tensor_data(random_rows(t, rows, cols, rng))
     w.close()
+
+
+def write_sparse(path: Path, tokenizer_from: Path, data_bytes: int = 40 * 10**9,
+                 context: int = 131072) -> None:
+    """A deployment-sized GGUF that takes no disk: the tokenizer and chat template of the GGUF
+    `tokenizer_from` (its tokenizer.* metadata, as typed there), a 70B-like llama's context and
+    80 layers, and Q4_0 [28672, 8192] tensor infos for at least `data_bytes`, whose data is a
+    sparse hole (zeros never written): what reading a big GGUF's metadata alone is tested and
+    timed on."""
+    import os
+
+    import gguf
+
+    src = gguf.GGUFReader(str(tokenizer_from))
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, f in src.fields.items():
+        if key.startswith("tokenizer."):
+            w.add_key_value(key, f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None)
+    w.add_context_length(context)
+    w.add_block_count(80)
+    per = 28672 * (8192 // 32 * 18)  # Q4_0: 18 bytes per block of 32 weights; 32-byte aligned
+    n = data_bytes // per + 1
+    for i in range(n):
+        w.add_tensor_info(f"blk.{i}.ffn_up.weight", (28672, 8192 // 32 * 18),
+                          np.dtype(np.uint8), per, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    start = (Path(path).stat().st_size + 31) // 32 * 32  # the data section is 32-byte aligned
+    os.truncate(path, start + n * per)

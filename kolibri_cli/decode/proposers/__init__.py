@@ -212,7 +212,9 @@ def _cost_dict(costs) -> dict[int, float] | None:
 def fit_context(k: int, window_max: int, model) -> None:
     """A draft of k tokens is verified in one pass of k + 1 positions, and an n-gram of n tokens
     must fit the context: larger settings could never be used."""
-    context = model.config.max_position_embeddings
+    context = model.context
+    if context is None:  # not known (a server that does not say): the server will refuse
+        return
     if k + 1 > context:
         raise KolibriError(f"--k {k} does not fit the model's context ({context} tokens; "
                            f"at most {context - 1})")
