@@ -179,7 +179,7 @@ def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_js
                 result = sb.measure_costs(servers, prompt, repeats, LOCAL, threads, ticks)
         else:
             server = connect(engine, api or "llama.cpp", m.tokenizer, m.eos_ids, timeout,
-                             vocab=m.config.vocab_size)
+                             vocab=m.vocab_size)
             if server.api != "llama.cpp":
                 raise KolibriError("c(n) from a URL needs llama.cpp's per-request timings; for "
                                    "other servers pass c(n) to the probe with --costs")

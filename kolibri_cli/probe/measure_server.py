@@ -189,7 +189,7 @@ def measure_urls(model, goldens: list[Golden], run: SimRun, spec_url: str, plain
     from kolibri_cli.servers import connect
 
     plain, spec = (connect(url, api, model.tokenizer, model.eos_ids, timeout,
-                           vocab=model.config.vocab_size) for url in (plain_url, spec_url))
+                           vocab=model.vocab_size) for url in (plain_url, spec_url))
     return measure_on_server(plain, spec, goldens, run, repeats,
                              costs=(lambda: costs) if costs else None, engine=spec.url,
                              step=step, sampling=sampling)

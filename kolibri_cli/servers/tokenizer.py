@@ -13,10 +13,12 @@ tokenizer and by what the server reports of it (its name, size, context, end-of-
   messages (a chat prompt needs --model); GET /get_model_info's weight_version, where set, is
   the fingerprint.
 - any other OpenAI-compatible server has no tokenizer endpoint: refused with one line.
-Every request goes through the transport (servers/transport.py) and its policy; every answer is
-checked before it is used. Non-goals: tool calls and images in chat messages.
+Every request goes through the transport (servers/transport.py) and its policy, its answer read
+up to a cap sized by what was sent and checked field by field (servers/answers.py) before use.
+Non-goals: tool calls and images in chat messages.
 """
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +26,9 @@ import numpy as np
 from kolibri_cli.engine.model import Identity, TokenizerOnly
 from kolibri_cli.engine.tokenizer import encode_prompt
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.servers.answers import Answer, answer
 from kolibri_cli.servers.api import ServerApi
-from kolibri_cli.servers.transport import Http
-from kolibri_cli.text import shown
+from kolibri_cli.servers.transport import BODY_BYTES, Http
 
 PROBE_TEXT = "kolibri"  # tokenized once up front: a server that cannot tokenize fails at once
 SAMPLE_TRIES = 50  # candidate ids tried per ordinary id wanted (most of a vocabulary is)
@@ -35,24 +37,24 @@ SAMPLE_TRIES = 50  # candidate ids tried per ordinary id wanted (most of a vocab
 class LlamaCppTokenizer:
     """llama-server's /tokenize, /detokenize and /apply-template."""
 
-    def __init__(self, http: Http, props: dict):
-        self.http = http
-        self.has_chat_template = bool(props.get("chat_template"))
+    def __init__(self, http: Http, props: Answer, vocab: int | None = None):
+        self.http, self.vocab = http, vocab
+        self.has_chat_template = bool(props.text("chat_template", limit=None))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._encode(text, add_special_tokens, parse_special=True)
 
     def _encode(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         body = {"content": text, "add_special": add_special, "parse_special": parse_special}
-        return _ids(self.http.post("/tokenize", body), "tokens", self.http.where("/tokenize"))
+        return _ids(self.http, "/tokenize", body, _text_bytes(text), self.vocab)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        answer = self.http.post("/detokenize", {"tokens": list(ids)})
-        return _text(answer, "content", self.http.where("/detokenize"))
+        return _text(self.http, "/detokenize", {"tokens": list(ids)}, _ids_bytes(ids), "content")
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
-        answer = self.http.post("/apply-template", {"messages": messages})
-        prompt = _text(answer, "prompt", self.http.where("/apply-template"))
+        body = {"messages": messages}
+        prompt = _text(self.http, "/apply-template", body, _text_bytes(json.dumps(body)),
+                       "prompt")
         return self.encode(prompt, add_special_tokens=False)
 
     def encode_prompt(self, prompt: str, chat: bool, system: str | None = None) -> list[int]:
@@ -78,29 +80,28 @@ class OpenAiTokenizer:
 
     has_chat_template = True  # the server renders messages, or refuses to (SGLang)
 
-    def __init__(self, http: Http):
-        self.http = http
+    def __init__(self, http: Http, vocab: int | None = None):
+        self.http, self.vocab = http, vocab
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         body = {"prompt": text, "add_special_tokens": add_special_tokens}
-        return _ids(self.http.post("/tokenize", body), "tokens", self.http.where("/tokenize"))
+        return _ids(self.http, "/tokenize", body, _text_bytes(text), self.vocab)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        answer = self.http.post("/detokenize", {"tokens": list(ids)})
-        key = "prompt" if isinstance(answer, dict) and "prompt" in answer else "text"
-        return _text(answer, key, self.http.where("/detokenize"))
+        got = answer(self.http.post("/detokenize", {"tokens": list(ids)},
+                                    max_bytes=_ids_bytes(ids)), self.http.where("/detokenize"))
+        return _required(got, "prompt" if got.has("prompt") else "text")
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
         body = {"messages": messages, "add_generation_prompt": True, "add_special_tokens": False}
         try:
-            answer = self.http.post("/tokenize", body)
+            return _ids(self.http, "/tokenize", body, _text_bytes(json.dumps(body)), self.vocab)
         except KolibriError as e:
             if " HTTP 4" not in f" {e}":
                 raise
             raise KolibriError(f"{self.http.where('/tokenize')} does not render chat messages "
                                "(SGLang's takes text only): pass --model with the served model's "
                                "tokenizer files or GGUF to render its chat template here") from None
-        return _ids(answer, "tokens", self.http.where("/tokenize"))
 
     def encode_prompt(self, prompt: str, chat: bool, system: str | None = None) -> list[int]:
         return encode_prompt(self, prompt, chat, system)
@@ -113,46 +114,47 @@ class OpenAiTokenizer:
 def server_model(api: ServerApi) -> TokenizerOnly:
     """The model `api`'s server runs, with the server's own tokenizer; a server that cannot
     tokenize is one error line."""
-    if api.api == "llama.cpp":
-        props = _object(api.http.get("/props"), api.http.where("/props"))
-        tokenizer = LlamaCppTokenizer(api.http, props)
-    else:
-        props, tokenizer = {}, OpenAiTokenizer(api.http)
-    _check_tokenizes(tokenizer, api)
+    props = _props(api) if api.api == "llama.cpp" else answer({}, api.url)
     info = _first_model(api.http)
-    meta = info.get("meta") if isinstance(info.get("meta"), dict) else {}
+    meta = info.object("meta") if info is not None else None
+    vocab = meta.count("n_vocab") if meta is not None else None
+    tokenizer = LlamaCppTokenizer(api.http, props, vocab or None) if api.api == "llama.cpp" \
+        else OpenAiTokenizer(api.http)
+    _check_tokenizes(tokenizer, api)
+    slot = props.object("default_generation_settings")
+    context = (slot.count("n_ctx") if slot is not None else None) or \
+        (info.count("max_model_len") if info is not None else None)
     identity = server_identity(api, props, info)
     return TokenizerOnly(
-        name=identity.served_model or api.url, tokenizer=tokenizer,
-        vocab_size=_count(meta.get("n_vocab")),
-        context=_count((props.get("default_generation_settings") or {}).get("n_ctx"))
-        or _count(info.get("max_model_len")),
-        eos_ids=_eos_ids(api, tokenizer, props), identity=identity)
+        name=identity.served_model or api.url, tokenizer=tokenizer, vocab_size=vocab or None,
+        context=context or None, eos_ids=_eos_ids(api, tokenizer, props), identity=identity)
 
 
-def server_identity(api: ServerApi, props: dict | None = None,
-                    info: dict | None = None) -> Identity:
+def server_identity(api: ServerApi, props: Answer | None = None,
+                    info: Answer | None = None) -> Identity:
     """The server's name for its model and, where it reports one, a fingerprint of its weights:
     llama.cpp its type, parameter count and file size; SGLang its weight_version. `props` and
     `info` (llama.cpp's /props, /v1/models' first entry): where already asked for."""
     if api.api == "llama.cpp":
-        props = props or _object(api.http.get("/props"), api.http.where("/props"))
-        name, path = props.get("model_alias"), props.get("model_path")
+        props = props or _props(api)
+        name, path = props.text("model_alias"), props.text("model_path")
         if not name or name == path:  # no alias: the file's name, not where this host keeps it
-            name = Path(str(path or "")).name
-        meta = (info if info is not None else _first_model(api.http)).get("meta")
-        return Identity(served_model=str(name or ""), fingerprint=_llamacpp_fingerprint(meta))
-    info = _optional(api.http, "/get_model_info")
-    version = info.get("weight_version") if info else None
+            name = Path(path or "").name
+        info = info if info is not None else _first_model(api.http)
+        meta = info.object("meta") if info is not None else None
+        return Identity(served_model=name, fingerprint=_llamacpp_fingerprint(meta))
+    got = _optional(api.http, "/get_model_info")
+    version = got.text("weight_version") if got is not None else None
     return Identity(served_model=str(getattr(api, "served_model", "") or ""),
                     fingerprint=f"weight_version {version}" if version else "")
 
 
-def _llamacpp_fingerprint(meta) -> str:
-    if not isinstance(meta, dict) or not all(_count(meta.get(k)) for k in ("n_params", "size")):
+def _llamacpp_fingerprint(meta: Answer | None) -> str:
+    if meta is None or not meta.count("n_params") or not meta.count("size"):
         return ""
-    ftype = f"{meta['ftype']}, " if isinstance(meta.get("ftype"), str) else ""
-    return f"llama.cpp {ftype}{meta['n_params']} parameters, {meta['size']} bytes"
+    ftype = meta.text("ftype")
+    return f"llama.cpp {ftype + ', ' if ftype else ''}{meta.count('n_params')} parameters, " \
+        f"{meta.count('size')} bytes"
 
 
 def _check_tokenizes(tokenizer, api: ServerApi) -> None:
@@ -167,59 +169,65 @@ def _check_tokenizes(tokenizer, api: ServerApi) -> None:
                            "served model's tokenizer files or GGUF") from None
 
 
-def _eos_ids(api: ServerApi, tokenizer, props: dict) -> tuple[int, ...]:
+def _eos_ids(api: ServerApi, tokenizer, props: Answer) -> tuple[int, ...]:
     """The id of the eos token the server names (llama.cpp: /props; vLLM: /tokenizer_info)."""
-    token = props.get("eos_token")
+    token = props.text("eos_token")
     if token is None and api.api != "llama.cpp":
-        token = (_optional(api.http, "/tokenizer_info") or {}).get("eos_token")
-    token = token.get("content") if isinstance(token, dict) else token
+        info = _optional(api.http, "/tokenizer_info")
+        eos = info.get("eos_token") if info is not None else None
+        token = eos.get("content") if isinstance(eos, dict) else eos
     if not isinstance(token, str) or not token:
         return ()
     ids = tokenizer.encode(token, add_special_tokens=False)
     return (ids[0],) if len(ids) == 1 else ()
 
 
-def _first_model(http: Http) -> dict:
-    """/v1/models' first entry ({} where the server lists none)."""
-    answer = _optional(http, "/v1/models") or {}
-    models = answer.get("data")
-    return models[0] if isinstance(models, list) and models and isinstance(models[0], dict) \
-        else {}
+def _props(api: ServerApi) -> Answer:
+    return answer(api.http.get("/props"), api.http.where("/props"))
 
 
-def _optional(http: Http, path: str) -> dict | None:
+def _first_model(http: Http) -> Answer | None:
+    """/v1/models' first entry (None where the server lists none)."""
+    got = _optional(http, "/v1/models")
+    models = got.objects("data") if got is not None else []
+    return models[0] if models else None
+
+
+def _optional(http: Http, path: str) -> Answer | None:
     """GET `path`, or None where the server does not have it."""
     try:
-        answer = http.get(path, timeout=min(http.timeout, 30.0))
+        got = http.get(path, timeout=min(http.timeout, 30.0))
     except KolibriError as e:
         if "HTTP 404" in str(e) or "HTTP 405" in str(e) or "not JSON" in str(e):
             return None
         raise
-    return answer if isinstance(answer, dict) else None
+    return answer(got, http.where(path)) if isinstance(got, dict) else None
 
 
-def _object(answer, where: str) -> dict:
-    if not isinstance(answer, dict):
-        raise KolibriError(f"{where}: the answer is not a JSON object")
-    return answer
+def _ids(http: Http, path: str, body: dict, max_bytes: int, vocab: int | None) -> list[int]:
+    """POST and read the answer's "tokens": token ids below `vocab` ([] for no text)."""
+    got = answer(http.post(path, body, max_bytes=max_bytes), http.where(path))
+    return [] if got.get("tokens") == [] else got.ids("tokens", vocab)
 
 
-def _ids(answer, key: str, where: str) -> list[int]:
-    ids = answer.get(key) if isinstance(answer, dict) else None
-    if not isinstance(ids, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise KolibriError(f"{where}: the answer has no list of token ids {key!r} "
-                           f"(got {shown(answer, 80)})")
-    return ids
+def _text(http: Http, path: str, body: dict, max_bytes: int, key: str) -> str:
+    got = answer(http.post(path, body, max_bytes=max_bytes), http.where(path))
+    return _required(got, key)
 
 
-def _text(answer, key: str, where: str) -> str:
-    text = answer.get(key) if isinstance(answer, dict) else None
-    if not isinstance(text, str):
-        raise KolibriError(f"{where}: the answer has no text {key!r} (got {shown(answer, 80)})")
+def _required(got: Answer, key: str) -> str:
+    text = got.text(key, limit=None)
+    if text is None:
+        raise KolibriError(f"{got.where}: the answer has no text {key!r}")
     return text
 
 
-def _count(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 \
-        else None
+def _text_bytes(text: str) -> int:
+    """An answer's cap for `text` tokenized or rendered: each character at most one id of up to
+    ~12 JSON bytes, or a few escaped bytes."""
+    return BODY_BYTES + 16 * len(text)
+
+
+def _ids_bytes(ids: list[int]) -> int:
+    """An answer's cap for `ids` as text: a token's piece, escaped, is rarely 64 bytes."""
+    return BODY_BYTES + 64 * len(ids)
