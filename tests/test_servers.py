@@ -283,3 +283,24 @@ def test_engine_urls_are_exact_and_checked(url, expected):
     with pytest.raises(KolibriError) as e:
         Http(url)
     assert expected in str(e.value) and "secret" not in str(e.value)
+
+
+@pytest.mark.parametrize("length, too_large", [("²", False), ("-5", False), ("1e9", False),
+                                               ("99999999999999999999", True)])
+def test_a_strange_content_length_is_read_to_the_close_or_refused(stub, length, too_large):
+    """http.client parses Content-Length (a bad one: read to the close); one past the cap is
+    refused before reading (`²` was a ValueError when kolibri parsed the header itself)."""
+    s = stub({("GET", "/x"): [(200, {"ok": 1})]})
+    original = s.server.RequestHandlerClass._answer
+
+    def lying(handler):
+        handler.send_header = lambda name, value, _send=handler.send_header: _send(
+            name, length if name == "Content-Length" else value)
+        original(handler)
+
+    s.server.RequestHandlerClass.do_GET = lying
+    if too_large:
+        with pytest.raises(KolibriError, match="the answer is larger than 4.0 MB"):
+            Http(s.url, retries=0).get("/x")
+    else:
+        assert Http(s.url, retries=0).get("/x") == {"ok": 1}

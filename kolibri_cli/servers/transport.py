@@ -194,8 +194,7 @@ class Http:
 
     def _body(self, response, path: str, max_bytes: int) -> bytes:
         """The whole body, or a KolibriError as soon as it is seen to pass `max_bytes`."""
-        length = response.getheader("Content-Length")
-        if length and length.strip().isdigit() and int(length) > max_bytes:
+        if response.length is not None and response.length > max_bytes:  # its Content-Length
             raise self._too_large(path, max_bytes)
         data = response.read(max_bytes + 1)
         if len(data) > max_bytes:
