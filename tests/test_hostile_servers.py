@@ -102,10 +102,13 @@ def test_a_redirect_elsewhere_is_refused_and_the_key_stays_home(env, tiny_llama_
     assert not (env / "out.jsonl").exists()
 
 
-def test_a_redirect_to_ftp_is_refused(env, tiny_llama_folder, servers):
-    engine = servers(llama({("POST", "/completion"): redirect(302, "ftp://127.0.0.1/x")}))
-    assert "a redirect to ftp://127.0.0.1/x" in one_error(record(env, tiny_llama_folder(),
-                                                                 engine.url))
+@pytest.mark.parametrize("location, shown", [
+    ("ftp://127.0.0.1/x", "ftp://127.0.0.1/x"), ("http://[::1", "http://[::1"),
+    ("http://u:pw@[::1/\x1b[2J", "***@[::1/\\x1b[2J"), ("", "nowhere")])
+def test_a_redirect_anywhere_is_refused(env, tiny_llama_folder, servers, location, shown):
+    engine = servers(llama({("POST", "/completion"): redirect(302, location)}))
+    line = one_error(record(env, tiny_llama_folder(), engine.url))
+    assert f"a redirect to {shown};" in line and "pw" not in line, line
 
 
 def test_user_and_password_in_the_url_are_basic_auth_to_that_host(env, tiny_llama_folder,

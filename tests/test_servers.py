@@ -277,7 +277,8 @@ def test_the_deadline_covers_the_retries(stub):
 @pytest.mark.parametrize("url, expected", [
     ("http://h:99999", "the port is not a number"), ("http://h/v1?x=1", "no ?query"),
     ("ftp://h", "must start with http"), ("http://:80", "names no host"),
-    ("http://u:secret@h:x", "http://***@h:x"),
+    ("http://u:secret@h:x", "http://***@h:x"), ("http://[::1", "Invalid IPv6 URL"),
+    ("http://a b:80", "spaces or control characters"), ("http://\x00h", "control characters"),
 ])
 def test_engine_urls_are_exact_and_checked(url, expected):
     with pytest.raises(KolibriError) as e:

@@ -58,7 +58,10 @@ def redacted(text: str) -> str:
 
 def masked(url: str) -> str:
     """`url` without user:password (what messages show)."""
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # not a URL (a server's Location header): hide what precedes an @
+        return "***@" + url.rsplit("@")[-1] if "@" in url else url
     if "@" not in parts.netloc:
         return url
     return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@")[-1]))
@@ -78,7 +81,10 @@ class Origin:
 
     @classmethod
     def parse(cls, url: str) -> "Origin":
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+        except ValueError as e:  # "http://[::1"
+            raise KolibriError(f"engine URL {shown(url.split('@')[-1], 120)}: {e}") from None
         where = shown(masked(url), 120)
         if parts.scheme not in ("http", "https"):
             raise KolibriError(f"engine URL {where} must start with http:// or https://")
@@ -91,6 +97,8 @@ class Origin:
                                ) from None
         if not parts.hostname:
             raise KolibriError(f"engine URL {where} names no host")
+        if not parts.hostname.isprintable() or " " in parts.hostname:
+            raise KolibriError(f"engine URL {where}: the host holds spaces or control characters")
         unquote = urllib.parse.unquote
         return cls(parts.scheme, parts.hostname, port, parts.path.rstrip("/"),
                    None if parts.username is None else unquote(parts.username),
