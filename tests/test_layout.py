@@ -1,5 +1,6 @@
 """The package layout's promises: layer rules hold, light modules stay light, data ships."""
 
+import ast
 import json
 import os
 import shutil
@@ -33,6 +34,36 @@ def test_light_modules_do_not_load_the_kernel_or_the_terminal(module):
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# The design card's top level; hidden entries (.ci/, .gitignore) are allowed beside it.
+TOP_LEVEL = {"pyproject.toml", "kolibri_cli", "probes", "goldens", "tests", "docs", "README.md",
+             "LICENSE"}
+
+
+def test_the_top_level_is_the_design_cards():
+    """Tracked files and untracked ones git does not ignore: a stray folder fails here before
+    it is committed."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    top = {line.split("/")[0] for line in listed.splitlines()}
+    assert {name for name in top if not name.startswith(".")} == TOP_LEVEL
+
+
+def test_no_test_imports_a_script():
+    """Scripts in probes/ run the package's functions; what a test relies on lives in the
+    package, so no test imports a script."""
+    scripts = {p.stem for p in (ROOT / "probes").glob("*.py")} | {"probes", "benchmarks"}
+    imported = set()
+    for path in (ROOT / "tests").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {(path.name, a.name.split(".")[0]) for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add((path.name, node.module.split(".")[0]))
+    assert {(test, name) for test, name in imported if name in scripts} == set()
 
 
 def test_every_package_is_listed_in_pyproject():

@@ -1,7 +1,7 @@
 """Which ASGI stack `kolibri serve` runs on: Starlette or FastAPI, each on uvicorn with its h11
 or httptools protocol, serving the same completion-shaped endpoint to the same client.
 
-    python benchmarks/serve_stack.py [--requests 3000] [--streams 50] [--rounds 2]
+    python probes/serve_stack.py [--requests 3000] [--streams 50] [--rounds 2]
 
 Printed per stack: the import time of the framework and uvicorn (median of 5 fresh processes,
 bare Python's start subtracted), the microseconds of one keep-alive JSON POST (a completion

@@ -5,7 +5,7 @@ invariance: every (row, token) product is its own FMA in the fixed order), so an
 takes at least t(1) + (n-1) * weights / (16 * peak 16-lane FMAs per second). With the measured
 1-token time this gives the smallest c(n) the float32 path's order allows.
 
-    .venv/bin/python benchmarks/fma_peak.py [--threads 2] [--weights 134.5e6] [--t1-ms 5.0]
+    .venv/bin/python probes/fma_peak.py [--threads 2] [--weights 134.5e6] [--t1-ms 5.0]
 """
 
 import argparse

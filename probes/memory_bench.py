@@ -8,7 +8,7 @@ CPU seconds (user + system: less sensitive to other load than wall time);
 --repeats runs every case that many times, alternating, and prints medians. A first
 unmeasured run compiles the kernel (or loads it) so no case pays for that.
 
-    .venv/bin/python benchmarks/memory_bench.py [--tokens 8000] [--repeats 3] [--model NAME]
+    .venv/bin/python probes/memory_bench.py [--tokens 8000] [--repeats 3] [--model NAME]
 """
 
 import argparse

@@ -9,8 +9,8 @@ other processes, CPU time mostly the work (on an idle machine the two agree, tim
 2. Whole forwards of 1 and n tokens at a 100-token context, both storages: c(n) by wall and
    by CPU time, and the float32 / blocks ratio.
 
-    .venv/bin/python benchmarks/block_profile.py [--threads 2] [--repeats 15] [--n 6]
-    .venv/bin/python benchmarks/block_profile.py --n 2,3,4,5,6,7,8 --skip-kinds   # c(n) curve
+    .venv/bin/python probes/block_profile.py [--threads 2] [--repeats 15] [--n 6]
+    .venv/bin/python probes/block_profile.py --n 2,3,4,5,6,7,8 --skip-kinds   # c(n) curve
 """
 
 import argparse

@@ -5,7 +5,7 @@ interleaved run, the measured read bandwidth, the bandwidth bound of a 1-token f
 (weight bytes / bandwidth) and the fraction of it reached. Medians of repeats; bandwidth and
 forwards are measured in alternating rounds. 2 threads by default.
 
-    .venv/bin/python benchmarks/kernel_bench.py [--threads 2] [--repeats 15] [--layers 30]
+    .venv/bin/python probes/kernel_bench.py [--threads 2] [--repeats 15] [--layers 30]
 """
 
 import argparse
