@@ -190,6 +190,19 @@ def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
     assert "with c(n) for n = 3..3 kept from an earlier run of this kernel" in r.stderr
 
 
+def test_bench_no_save_keeps_nothing(kolibri_home, tmp_path):
+    from kolibri_cli.store import cache, synthetic
+
+    gguf = tmp_path / "tiny.gguf"
+    synthetic.write(gguf, n_layers=1, d=256, ff=512, heads=4, kv_heads=2, vocab=300,
+                    context=256, types=lambda kind, layer, n: "Q4_1")
+    cache.import_gguf(gguf, "tiny")
+    r = CliRunner().invoke(app, ["bench", "-m", "tiny", "--repeats", "1", "--k", "1",
+                                 "--threads", "1", "--no-save", "--json"])
+    assert r.exit_code == 0, r.output
+    assert benchcosts.load() == [] and "kept c(n)" not in r.stderr
+
+
 def test_measure_lets_the_guard_time_its_own_costs_unless_given(goldens):
     from kolibri_cli.costs.pricing import Pricing
     from kolibri_cli.probe.measure import live_runs

@@ -66,6 +66,10 @@ def bench(
     gguf: opt.GgufOpt = None,
     timeout: opt.TimeoutOpt = TIMEOUT,
     quantize: opt.QuantizeOpt = None,
+    save: Annotated[bool, typer.Option(
+        "--save/--no-save", help="Keep this run's c(n) for `kolibri probe` and `generate` "
+        "(merged with the rows the same kernel timed before; --no-save keeps nothing).")
+    ] = True,
     as_json: opt.JsonOpt = False,
 ) -> None:
     """Plain vs spec tok/s on the bench chain, c(n), prefill, the memory-bandwidth bound and the
@@ -101,7 +105,8 @@ def bench(
 
     result = run_bench(m, new_proposer, repeats, get_threads(), how, prefill,
                        run_peer if peer else None, curve or 0)
-    _keep_costs(m, result)
+    if save:
+        _keep_costs(m, result)
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.bench_table(result))
@@ -122,6 +127,7 @@ def _refuse_unused(given: dict) -> None:
         options = {f"--{key.replace('_', '-')}": given[key] for key in kernel_only}
         options["--proposer"] = None if given["proposer_name"] == DEFAULT_PROPOSER else 1
         options["--greedy"] = given["greedy"] or None
+        options["--no-save"] = None if given["save"] else True
         opt.refuse_with(options, "--engine", "it times a server's c(n), not kolibri's kernel")
         if given["engine"] != LOCAL:
             opt.refuse_unused({"--gguf": given["gguf"], "--threads": given["threads"]},
