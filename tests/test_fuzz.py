@@ -19,6 +19,7 @@ the normal test run); the long profile is KOLIBRI_FUZZ_EXAMPLES=10000.
 
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,15 +103,27 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return found
 
 
-def system_temps() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob(".kolibri-write-*")}
+@contextmanager
+def private_tempdir():
+    """tempfile's folder, for one command, in a fresh folder of its own: another test worker's
+    atomic write in the shared /tmp is not this command's leftover."""
+    folder, saved = Path(tempfile.mkdtemp(prefix="kolibri-fuzz-tmp-")), tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = saved
+        leftover = sorted(p.name for p in folder.iterdir())
+        shutil.rmtree(folder)
+    assert not leftover, f"left a private temporary behind: {leftover}"
 
 
 def check(root: Path, args: list, allowed: tuple[str, ...] = (), input: bytes | None = None,
           usage_ok: bool = False):
     """Run `kolibri ARGS` in `root`; assert the property; return the result."""
-    before, temps = snapshot(root), system_temps()
-    result = CliRunner().invoke(app, [str(a) for a in args], input=input)
+    before = snapshot(root)
+    with private_tempdir():
+        result = CliRunner().invoke(app, [str(a) for a in args], input=input)
     assert "Traceback" not in result.output
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
@@ -127,7 +140,6 @@ def check(root: Path, args: list, allowed: tuple[str, ...] = (), input: bytes | 
     changed = {p for p in after if before.get(p) != after[p]} | (set(before) - set(after))
     outside = {p for p in changed if not p.startswith(allowed) or not allowed}
     assert not outside, f"wrote outside {allowed}: {sorted(outside)[:5]}"
-    assert system_temps() <= temps, "left a private temporary behind"
     return result
 
 
