@@ -107,3 +107,30 @@ def vllm(tokenizer, name: str = "smollm2-135m-instruct", eos: str | None = "<|im
 def openai_only(name: str = "gpt-x") -> FakeServer:
     """An OpenAI-compatible server with no tokenizer endpoint."""
     return FakeServer({("GET", "/v1/models"): lambda _: (200, {"data": [{"id": name}]})})
+
+
+def llamacpp(tokenizer, gguf_name: str = "SmolLM2-135M-Instruct.Q4_1.gguf",
+             vocab: int = 49152) -> FakeServer:
+    """llama-server's /props (chat template, eos token, slot context), /v1/models (vocabulary,
+    parameter count, file size), /tokenize, /detokenize, /apply-template and /completion."""
+    def tokenize(body):
+        return 200, {"tokens": tokenizer.encode(body["content"], body.get("add_special", False))}
+
+    def complete(body):
+        ids = continuation(body["prompt"], body["n_predict"])
+        return 200, {"tokens": ids, "content": tokenizer.decode(ids), "stop_type": "limit",
+                     "timings": {"predicted_n": len(ids), "predicted_ms": 1.0 * len(ids)}}
+
+    props = {"default_generation_settings": {"n_ctx": 4096}, "model_alias": f"/m/{gguf_name}",
+             "model_path": f"/m/{gguf_name}", "model_ftype": "Q4_1", "build_info": "b1-fake",
+             "chat_template": tokenizer.chat_template, "eos_token": "<|im_end|>"}
+    meta = {"n_vocab": vocab, "n_params": 134515008, "size": 96576768, "ftype": "Q4_1"}
+    return FakeServer({
+        ("GET", "/props"): lambda _: (200, props),
+        ("GET", "/v1/models"): lambda _: (200, {"data": [{"id": gguf_name, "meta": meta}]}),
+        ("POST", "/tokenize"): tokenize,
+        ("POST", "/detokenize"): lambda b: (200, {"content": tokenizer.decode(b["tokens"], False)}),
+        ("POST", "/apply-template"): lambda b: (200, {
+            "prompt": tokenizer.render_messages(b["messages"])}),
+        ("POST", "/completion"): complete,
+    })

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fake_servers import openai_only, vllm
+from fake_servers import llamacpp, openai_only, vllm
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
@@ -170,18 +170,18 @@ def _metadata_end(path: Path) -> int:
 # ---- the commands, with each source, leave the cache without weights -----------------------
 
 
-@pytest.mark.parametrize("source", ["folder", "gguf", "server"])
+@pytest.mark.parametrize("source", ["folder", "gguf", "server", "llama.cpp server"])
 def test_import_record_and_measured_probe_without_weights(
         source, pulled_default, tokenizer_folder, big_gguf, shipped, tmp_path):
     home = tmp_path / "home"  # an empty cache: nothing may be pulled or imported into it
     run = cli(home)
-    server = vllm(Tokenizer(pulled_default.path))
+    fake = llamacpp if source == "llama.cpp server" else vllm
+    server = fake(Tokenizer(pulled_default.path))
     try:
-        model = {"folder": ["-m", tokenizer_folder], "gguf": ["-m", big_gguf],
-                 "server": []}[source]
+        model = {"folder": ["-m", tokenizer_folder], "gguf": ["-m", big_gguf]}.get(source, [])
         imported, recorded = tmp_path / "imported.jsonl", tmp_path / "recorded.jsonl"
         done = run("goldens", "import", traces_of(shipped, tmp_path), "-o", imported, *model,
-                   *(["--engine", server.url] if source == "server" else []))
+                   *([] if model else ["--engine", server.url]))
         assert done.exit_code == 0, done.stderr
         done = run("goldens", "record", "-p", PROMPTS, "-o", recorded, "--engine", server.url,
                    "-n", 16, *model)
@@ -195,6 +195,11 @@ def test_import_record_and_measured_probe_without_weights(
         g = load_goldens(recorded)[0]
         if source == "server":
             assert g.identity == {"served_model": "smollm2-135m-instruct"}
+        elif source == "llama.cpp server":  # no alias: the GGUF's file name, not its path
+            assert g.identity == {"served_model": "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                  "fingerprint": "llama.cpp Q4_1, 134515008 parameters, "
+                                                 "96576768 bytes"}
+            assert load_goldens(imported)[0].output_ids[-1] == 2  # its eos, from /props
         else:
             assert set(g.identity) == {"tokenizer_sha256", "served_model"}
         done = run("probe", "--goldens", recorded, "--measure", "--engine", server.url,
