@@ -3,7 +3,7 @@
 sparse hole written by store/synthetic.write_sparse) opened as `-m FILE.gguf` is where kolibri
 only tokenizes, against the `gguf` library's reader opening the same file, in one run.
 
-    flock -x /work/scratch/cpu.lock .venv/bin/python probes/gguf_tokenizer.py [--repeats 3]
+    python probes/gguf_tokenizer.py [--repeats 3]    # alone on the machine
 """
 
 import argparse

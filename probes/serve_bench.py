@@ -12,7 +12,7 @@ between rounds); a server's figures are over its rounds' summed wall time, as th
 (HTTP, prefill and decoding; tokens = the answers' completion_tokens, eos included). Each server
 generates its own chain (llama.cpp's numerics differ from kolibri's float32 kernel), so tokens/s
 is the comparable figure; kolibri's two servers must return the same ids, which is checked.
-Run it alone on the machine (`flock -x /work/scratch/cpu.lock` here); progress on stderr.
+Run it alone on the machine; progress on stderr.
 """
 
 import argparse

@@ -7,7 +7,7 @@ Printed per stack: the import time of the framework and uvicorn (median of 5 fre
 bare Python's start subtracted), the microseconds of one keep-alive JSON POST (a completion
 request and answer, no model), and of one server-sent event (a stream of 200). A generation
 takes milliseconds per token, so the figures are the per-request and per-token overhead the
-stack adds; run it alone on the machine (flock -x /work/scratch/cpu.lock here).
+stack adds; run it alone on the machine.
 """
 
 import argparse
