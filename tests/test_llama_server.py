@@ -105,6 +105,25 @@ def test_bench_on_a_llama_server_url_times_prompt_evaluation(cli, llama_server):
     assert sorted(doc["costs"]) == ["1", "2", "3", "4"] and doc["costs"]["1"] == 1.0
 
 
+def test_bench_curve_on_a_llama_server_url_feeds_the_probe_under_load(cli, llama_server,
+                                                                      tmp_path):
+    result = cli("bench", "--engine", llama_server().url, "--k", 3, "--curve", 12, "--repeats",
+                 1, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert sorted(map(int, doc["costs"])) == [1, 2, 3, 4, 8, 12] and doc["costs_option"] is None
+    assert doc["costs"]["12"] > doc["costs"]["1"] == 1.0
+    shown = cli("bench", "--engine", llama_server().url, "--k", 1, "--curve", 8, "--repeats", 1)
+    assert shown.exit_code == 0 and "prompt evaluation" in shown.stdout
+    assert "--costs FILE" in shown.stdout and "c(8)" in shown.stdout
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps(doc["costs"]))
+    result = cli("probe", "--proposer", "llamacpp-simple", "--k", 3, "--window", 2, "--category",
+                 "extraction", "--concurrency", "1,2,3", "--costs", curve, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert [p["concurrency"] for p in json.loads(result.stdout)["load"]["points"]] == [1, 2, 3]
+
+
 def test_measured_probe_on_llama_server(cli, tmp_path, llama_server_binary):
     result = cli("probe", "--measure", "--engine", "llama-server", "--proposer",
                  "llamacpp-simple", "--k", 3, "--window", 2, "--category", "extraction",

@@ -4,7 +4,14 @@ ids, the per-round solve, the least-squares line. Fake servers with known pass c
 import numpy as np
 import pytest
 
-from kolibri_cli.bench.server import PassTimes, ServerCosts, cost_round, pass_lengths, solve_pass_ms
+from kolibri_cli.bench.server import (
+    PassTimes,
+    ServerCosts,
+    cost_round,
+    pass_lengths,
+    prompt_eval_costs,
+    solve_pass_ms,
+)
 from kolibri_cli.costs.model import line_slope
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.errors import KolibriError
@@ -181,3 +188,33 @@ def test_measured_server_marks_goldens_too_short_to_time_and_leaves_them_out():
     doc = m.to_json()
     assert doc["left_out"] == 1 and doc["goldens"][1]["too_short"] is True
     assert "1 golden(s) too short to time" in measured_table(m, "x").caption
+
+
+class FakePromptCache:
+    """llama.cpp's prompt evaluation after a cached prefix: only the ids past the longest cached
+    prefix are evaluated, at `ms(n)` for n of them."""
+
+    url = "http://fake"
+
+    def __init__(self, ms):
+        self.ms, self.cached, self.sizes = ms, [], []
+
+    def evaluate(self, ids):
+        same = next((i for i, (a, b) in enumerate(zip(ids, self.cached, strict=False)) if a != b),
+                    min(len(ids), len(self.cached)))
+        n, self.cached = len(ids) - same, list(ids)
+        self.sizes.append(n)
+        return n, self.ms(n)
+
+
+def test_prompt_evaluation_curve_on_a_grid_alternates_its_order():
+    api = FakePromptCache(lambda n: 10.0 + 2.5 * (n - 1) + (n > 8) * 3.0)
+    sizes = [1, 2, 3, 4, 8, 12]
+    costs = prompt_eval_costs(api, PROMPT, sizes, 2, "http://fake", pool=list(range(500, 530)))
+    assert costs.costs == pytest.approx({n: (10 + 2.5 * (n - 1) + (n > 8) * 3) / 10
+                                         for n in sizes})
+    assert costs.costs_option is None  # not 1..n: the probe reads such a curve from a file
+    timed = [n for n in api.sizes if 0 < n < len(PROMPT)]  # less the rounds' prefix requests
+    assert timed == sizes + sizes[::-1]
+    with pytest.raises(KolibriError, match="30 distinct tokens"):
+        prompt_eval_costs(api, PROMPT, [1, 30], 1, "x", pool=list(range(500, 530)))

@@ -12,9 +12,10 @@ Two methods:
   Requests ignore eos, so every server decodes the same number of tokens at the same positions
   (a plain model stops on eos after 16 tokens of the periodic prompt).
 - prompt evaluation (a llama.cpp server at a URL, which kolibri cannot restart with other
-  flags): n new tokens after a cached prefix are one n-token batch, timed by the server
-  (`timings.prompt_ms`). An approximation: llama.cpp computes logits for the batch's last row
-  only, where a verify pass needs all n (the output head is a small share of a large model).
+  flags; and any c(T) curve, `--curve`): n new tokens after a cached prefix are one n-token
+  batch, timed by the server (`timings.prompt_ms`). An approximation: llama.cpp computes logits
+  for the batch's last row only, where a verify pass needs all n, and a batch of many sequences
+  one per sequence (the output head is a small share of a large model, not of a 135M one).
 Rounds alternate over n, in alternating order (drift hits every n alike), and are repeated;
 medians reported, with the least-squares line c(n) = 1 + slope (n - 1) through them beside.
 Non-goals: vLLM/SGLang (they report no per-request timings; give their c(n) with --costs).
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kolibri_cli.bench.timing import curve_sizes
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import line_slope
 from kolibri_cli.decode.proposers import draft, make_proposer
@@ -92,8 +94,11 @@ class ServerCosts:
         return line_slope(self.costs)
 
     @property
-    def costs_option(self) -> str:
-        """c(1), c(2), ... as `kolibri probe --costs` takes them."""
+    def costs_option(self) -> str | None:
+        """c(1), c(2), ... as `kolibri probe --costs` takes them; None for a curve on a grid
+        (its n are not consecutive: the probe reads it from a file, the JSON's `costs`)."""
+        if sorted(self.costs) != list(range(1, max(self.costs) + 1)):
+            return None
         return ",".join(f"{self.costs[n]:.3f}" for n in range(1, max(self.costs) + 1))
 
     @property
@@ -200,26 +205,49 @@ def cost_servers(model, max_n: int, gguf=None, threads: int | None = None,
                for n in range(1, max_n + 1)}
 
 
-def prompt_eval_costs(api, prompt: list[int], max_n: int, repeats: int, engine: str,
-                      step: Ticks | None = None, seed: int = PROMPT_SEED) -> ServerCosts:
-    """c(1..max_n) of a llama.cpp server at a URL by prompt evaluation after a cached prefix:
-    each round evaluates `prompt` once (cached), then prompt + n fresh random tokens per n."""
-    vocab = sorted(set(prompt))
+def prompt_eval_costs(api, prompt: list[int], sizes: list[int], repeats: int, engine: str,
+                      step: Ticks | None = None, seed: int = PROMPT_SEED,
+                      pool: list[int] | None = None) -> ServerCosts:
+    """c(n) for each n of `sizes` (1 among them) of a llama.cpp server by prompt evaluation after
+    a cached prefix: each round evaluates `prompt` once (cached), then prompt + n fresh tokens
+    drawn from `pool` (default: the prompt's own ids) per n, ascending or descending by round."""
+    pool = sorted(set(pool or prompt))
+    if len(pool) <= max(sizes):
+        raise KolibriError(f"{len(pool)} distinct tokens to draw from: c({max(sizes)}) needs "
+                           f"{max(sizes) + 1}")
     rng = np.random.default_rng(seed)
-    times = {n: PassTimes(n) for n in range(1, max_n + 1)}
+    times = {n: PassTimes(n) for n in sorted(set(sizes))}
     last = None  # the previous suffix's first token: a new one must differ, or it is cached
     for r in range(repeats):
         api.evaluate(prompt)
-        for n, t in times.items():
-            suffix = rng.choice([v for v in vocab if v != last], n, replace=False).tolist()
+        for n in sorted(times, reverse=r % 2 == 1):
+            suffix = rng.choice([v for v in pool if v != last], n, replace=False).tolist()
             last = suffix[0]
             evaluated, ms = api.evaluate(prompt + suffix)
             if evaluated != n:
                 raise KolibriError(f"{api.url} re-evaluated {evaluated} tokens instead of {n}: "
                                    "its prompt cache is off or shared (start it with -np 1)")
-            t.ms.append(ms)
-            t.full.append(1.0)
+            times[n].ms.append(ms)
+            times[n].full.append(1.0)
         if step:
             step(r + 1, repeats)
     return ServerCosts(engine, "prompt evaluation", None, len(prompt), 0, repeats,
                        list(times.values()))
+
+
+def curve_costs(engine: str, model, k: int, most: int, repeats: int, api: str | None = None,
+                gguf=None, threads: int | None = None, timeout: float = 600.0,
+                step: Ticks | None = None) -> ServerCosts:
+    """A server's c(T) curve: c(n) for n = 1..k+1 and on the grid up to `most` tokens
+    (timing.curve_sizes), by prompt evaluation on a plain one-slot llama-server started here
+    (`engine` llama-server) or on the llama.cpp server at the URL `engine`."""
+    sizes = curve_sizes(k + 1, most)
+    prompt = periodic_prompt(model)
+    pool = model.tokenizer.sample_ordinary(model.vocab_size, max(sizes) + 1, PROMPT_SEED + 1)
+    with serving(engine, model, api or "llama.cpp", gguf, threads, timeout=timeout) as server:
+        if server.api != "llama.cpp":
+            raise KolibriError("c(n) from a URL needs llama.cpp's per-request timings; for "
+                               "other servers pass c(n) to the probe with --costs")
+        costs = prompt_eval_costs(server, prompt, sizes, repeats, engine, step, pool=pool)
+    costs.threads = threads
+    return costs

