@@ -109,17 +109,34 @@ def openai_only(name: str = "gpt-x") -> FakeServer:
     return FakeServer({("GET", "/v1/models"): lambda _: (200, {"data": [{"id": name}]})})
 
 
+def prompt_ms(evaluated: int) -> float:
+    """The fake llama-server's prompt evaluation time: c(n) = (4 + n) / 5 by prompt evaluation."""
+    return 4.0 + evaluated
+
+
 def llamacpp(tokenizer, gguf_name: str = "SmolLM2-135M-Instruct.Q4_1.gguf",
              vocab: int = 49152) -> FakeServer:
     """llama-server's /props (chat template, eos token, slot context), /v1/models (vocabulary,
-    parameter count, file size), /tokenize, /detokenize, /apply-template and /completion."""
+    parameter count, file size), /tokenize, /detokenize, /apply-template and /completion (one
+    slot's prompt cache: `cache_prompt` evaluates only what follows the cached prefix, timed by
+    prompt_ms)."""
+    cached: list[int] = []  # the slot's prompt cache
+
     def tokenize(body):
         return 200, {"tokens": tokenizer.encode(body["content"], body.get("add_special", False))}
 
     def complete(body):
-        ids = continuation(body["prompt"], body["n_predict"])
+        prompt = body["prompt"]
+        kept = 0
+        if body.get("cache_prompt"):
+            while kept < min(len(prompt) - 1, len(cached)) and prompt[kept] == cached[kept]:
+                kept += 1  # as llama.cpp, the last prompt token is always evaluated
+        cached[:] = prompt
+        ids = continuation(prompt, body["n_predict"])
+        evaluated = len(prompt) - kept
         return 200, {"tokens": ids, "content": tokenizer.decode(ids), "stop_type": "limit",
-                     "timings": {"predicted_n": len(ids), "predicted_ms": 1.0 * len(ids)}}
+                     "timings": {"prompt_n": evaluated, "prompt_ms": prompt_ms(evaluated),
+                                 "predicted_n": len(ids), "predicted_ms": 1.0 * len(ids)}}
 
     props = {"default_generation_settings": {"n_ctx": 4096}, "model_alias": f"/m/{gguf_name}",
              "model_path": f"/m/{gguf_name}", "model_ftype": "Q4_1", "build_info": "b1-fake",

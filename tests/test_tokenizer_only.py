@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fake_servers import llamacpp, openai_only, vllm
+from fake_servers import llamacpp, openai_only, prompt_ms, vllm
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
@@ -208,6 +208,41 @@ def test_import_record_and_measured_probe_without_weights(
         measured = next(r["measured"] for r in json.loads(done.stdout)["runs"] if r["measured"])
         assert measured["spec_equals_plain"] is True
         assert cached_models(home) == []  # no weights pulled, no GGUF imported
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("source", ["folder", "gguf"])
+def test_from_logs_to_a_verdict_with_a_tokenizer_only_model(
+        source, pulled_default, tokenizer_folder, big_gguf, shipped, tmp_path):
+    """docs/engines.md's sequence with -m a tokenizer-only model and an empty kolibri home:
+    logged traffic imported, the llama.cpp server's c(n) by prompt evaluation (timed on the
+    full model's periodic prompt), and the probe's verdict priced with it."""
+    from kolibri_cli.bench.server import periodic_prompt
+
+    home, k = tmp_path / "home", 3
+    run, model = cli(home), ["-m", tokenizer_folder if source == "folder" else big_gguf]
+    server = llamacpp(Tokenizer(pulled_default.path))
+    try:
+        imported = tmp_path / "imported.jsonl"
+        done = run("goldens", "import", traces_of(shipped, tmp_path), "-o", imported, *model)
+        assert done.exit_code == 0, done.stderr
+        assert [g.prompt_ids for g in load_goldens(imported)] == \
+            [g.prompt_ids for g in shipped.values()]
+        done = run("bench", "--engine", server.url, "--k", k, "--repeats", 2, "--json", *model)
+        assert done.exit_code == 0, done.stderr
+        costs = json.loads(done.stdout)["costs_option"]
+        assert costs == ",".join(f"{prompt_ms(n) / prompt_ms(1):.3f}" for n in range(1, k + 2))
+        full = periodic_prompt(open_tokenizer(str(pulled_default.path)), longest=k + 1)
+        timed = [b["prompt"] for _, p, b in server.requests if p == "/completion"]
+        assert len(timed) == 2 * (k + 2) and all(t[:len(full)] == full for t in timed)
+        done = run("probe", "--goldens", imported, "--costs", costs, "--proposer",
+                   "llamacpp-simple", "--k", k, "--window", 2, "--json")
+        assert done.exit_code == 0, done.stderr
+        verdict = json.loads(done.stdout)
+        assert verdict["best"]["proposer"] == "llamacpp-simple"
+        assert verdict["comparison"][0]["modelled_speedup"] > 0
+        assert cached_models(home) == []
     finally:
         server.close()
 
