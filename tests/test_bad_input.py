@@ -393,6 +393,8 @@ def test_probe_toml_that_is_not_utf8(run, tmp_path):
     one_error_line(run("probe", toml), "p.toml", "not UTF-8")
     toml.write_text("k = " + "[" * 10_000 + "]" * 10_000 + "\n")
     one_error_line(run("probe", toml), "p.toml")
+    toml.write_text("k = " + "9" * 5000 + "\n")  # past Python's int conversion limit
+    one_error_line(run("probe", toml), "p.toml", "an integer of 4,300+ digits")
 
 
 # ---- numbers ----

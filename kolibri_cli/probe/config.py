@@ -293,6 +293,8 @@ def read_probe_toml(path: Path) -> dict:
         raise KolibriError(f"{path}: not valid TOML: {e}") from None
     except RecursionError:
         raise KolibriError(f"{path}: not valid TOML: nested too deeply") from None
+    except ValueError:  # an integer of 4,300+ digits (Python's int conversion limit)
+        raise KolibriError(f"{path}: not valid TOML: an integer of 4,300+ digits") from None
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise KolibriError(
