@@ -116,3 +116,29 @@ def test_a_hash_collision_falls_back_to_the_proposers_scan():
     assert fast._recent(ctx, len(ctx), size, m, keys, vals, prefix, power) == expected
     vals[slot] = 4  # the true latest start: read from the table
     assert fast._recent(ctx, len(ctx), size, m, keys, vals, prefix, power) == expected
+
+
+def long_chains(n: int, seed: int = 11) -> list[Golden]:
+    """Three chains of n ids: the shipped outputs over and over with 1% of ids random (a long
+    chat or agent log), random ids (nothing repeats), a 7-id loop with 0.1% noise (a degenerate
+    generation)."""
+    rng = random.Random(seed)
+    shipped = [t for g in SHIPPED for t in g.output_ids]
+    repeated = [rng.randrange(49152) if rng.random() < 0.01 else t
+                for t in (shipped * (n // len(shipped) + 1))[:n]]
+    noise = [rng.randrange(49152) for _ in range(n)]
+    loop = ([rng.randrange(49152) for _ in range(7)] * (n // 7 + 1))[:n]
+    for _ in range(n // 1000):
+        loop[rng.randrange(n)] = rng.randrange(49152)
+    return [golden(i, ids[:50], ids[50:]) for i, ids in enumerate((repeated, noise, loop))]
+
+
+@pytest.mark.parametrize("name, n", [("vllm", 12_000), ("hf", 12_000),
+                                     ("llamacpp-simple", 12_000), ("suffix", 4_000),
+                                     ("suffix+cross", 4_000)])
+def test_fast_equals_reference_on_long_chains(name, n):
+    """Long chains, where the replays' indexes (automaton, n-gram table, trie) do the work the
+    proposers' scans of the whole context do at every pass, agree with those scans."""
+    chains = long_chains(n)
+    for k, window in ((5, (1, 4)), (8, (2, 64))):
+        assert_same(chains, config(name, k, window), batch=3)
