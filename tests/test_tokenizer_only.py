@@ -272,12 +272,17 @@ def test_goldens_are_matched_to_models_by_identity(tokenizer_folder, pulled_defa
 
 
 def test_a_model_that_must_run_says_it_needs_weights(tokenizer_folder, tmp_path):
-    run = cli(tmp_path / "home")
-    for args in (["generate", "hi"], ["bench"], ["goldens", "check", DEFAULT_CHAT]):
+    run, out = cli(tmp_path / "home"), tmp_path / "g.jsonl"
+    record = ["goldens", "record", "-p", PROMPTS, "-o", out, "-n", 4]
+    for args in (["generate", "hi"], ["chat"], ["serve"], ["bench"],
+                 ["goldens", "check", DEFAULT_CHAT], record, [*record, "--engine", "transformers"],
+                 ["probe", "--goldens", DEFAULT_CHAT, "--measure"],
+                 ["probe", "--goldens", DEFAULT_CHAT, "--bench"]):
         done = run(*args, "-m", tokenizer_folder)
         lines = done.stderr.strip().splitlines()
-        assert done.exit_code == 1 and len(lines) == 1, done.stderr
-        assert "has no *.safetensors weights" in lines[0] and "needs them" in lines[0]
+        assert done.exit_code == 1 and len(lines) == 1, (args, done.stderr)
+        assert "has no *.safetensors weights" in lines[0] and "needs them" in lines[0], args
+        assert done.stdout == "" and not out.exists(), args
 
 
 # ---- servers that cannot tokenize, or only text ---------------------------------------------
