@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from tiny_models import MODELS, prompts, tiny_model
 
 from kolibri_cli.decode.generate import GenerationResult, VerifyPass, generate_plain, generate_spec
-from kolibri_cli.decode.proposers import NgramProposer
+from kolibri_cli.decode.proposers import NgramProposer, Proposer
 from kolibri_cli.probe.simulate import simulate_chain
 
 
@@ -193,7 +193,7 @@ def test_a_kept_cache_changes_nothing(seed, turns, sampling, spec):
         history = history + kept.output_ids
 
 
-class _FixedDraft:
+class _FixedDraft(Proposer):
     """Drafts one fixed token on the first verify pass, nothing after."""
 
     name, k = "fixed", 1

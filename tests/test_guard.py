@@ -354,9 +354,9 @@ def test_a_new_request_restarts_acceptance():
 
 def test_guard_is_made_by_name_with_given_or_measured_costs():
     assert make_proposer("guard", 5, (1, 4)).costs.frozen  # the default c(n), as the probe
-    from kolibri_cli.cli import options
+    from kolibri_cli.decode.drafting import new_proposer
 
-    assert options.proposer(None, "1-4", "guard").costs.frozen is False  # generate measures
+    assert new_proposer(None, "1-4", "guard").costs.frozen is False  # generate measures
     given = make_proposer("guard", 5, (1, 4), {1: 1.0, 2: 1.2})
     assert given.costs.frozen and given.costs.relative(10, 2)[2] == pytest.approx(1.2)
     with pytest.raises(KolibriError, match="adaptive takes c"):
@@ -366,17 +366,17 @@ def test_guard_is_made_by_name_with_given_or_measured_costs():
 def test_spec_drafts_with_the_guard_unless_a_fixed_rule_is_named():
     import inspect
 
-    from kolibri_cli.cli import options
     from kolibri_cli.cli.chat import chat
     from kolibri_cli.cli.generate import generate
+    from kolibri_cli.decode.drafting import new_proposer
 
     for command in (generate, chat):
         assert inspect.signature(command).parameters["proposer_name"].default == "guard"
-    assert options.proposer(None, "1-4", "guard").k == 16  # a wide cap: it chooses the length
-    assert options.proposer(None, "1-4", "ngram").k == 5  # a fixed rule keeps its default
-    assert options.proposer(3, "2", "guard").k == 3
+    assert new_proposer(None, "1-4", "guard").k == 16  # a wide cap: it chooses the length
+    assert new_proposer(None, "1-4", "ngram").k == 5  # a fixed rule keeps its default
+    assert new_proposer(3, "2", "guard").k == 3
     with pytest.raises(KolibriError, match="--k must be at least 1"):
-        options.proposer(0, "1-4", "guard")
+        new_proposer(0, "1-4", "guard")
 
 
 # ---- the law, and simulation == live -----------------------------------------------------------
@@ -442,12 +442,11 @@ def test_goldens_replay_anywhere_with_the_same_guard_counts(tmp_path, monkeypatc
     from typer.testing import CliRunner
 
     from kolibri_cli.cli import app
-    from kolibri_cli.decode.proposers import shares_state
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
     from kolibri_cli.probe import shard
     from kolibri_cli.probe.simulate import merge_counts
 
-    assert not shares_state(make_proposer("guard", 16, (1, 4)))
+    assert not make_proposer("guard", 16, (1, 4)).shares_state
     monkeypatch.setattr(shard, "PIECE_BYTES", 4 << 10)  # several pieces of the 18 goldens
     costs = ",".join(str(FROZEN[n]) for n in sorted(FROZEN))
     args = ["probe", "--goldens", str(DEFAULT_CHAT), "--proposer", "guard", "--k", "8",

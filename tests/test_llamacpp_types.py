@@ -20,7 +20,6 @@ from kolibri_cli.decode.proposers import (
     LlamaCppOptions,
     default_settings,
     make_proposer,
-    start_request,
 )
 from kolibri_cli.decode.proposers.llamacpp import ngram_cache
 from kolibri_cli.decode.proposers.llamacpp.ngram_map import ngram_hash
@@ -32,7 +31,7 @@ NO_EOS = {seed: tiny_model(seed, eos=(), tied=True, scale=0.1) for seed in (0, 1
 
 def serve(proposer, prompt, generated, budget=100):
     """Draft once after `prompt` + `generated` (the last generated token is the sampled one)."""
-    start_request(proposer, prompt)
+    proposer.begin(prompt)
     return proposer.propose(prompt + generated, budget)
 
 
@@ -83,7 +82,7 @@ def test_no_draft_call_without_budget():
     """llama-server skips the drafter when no token fits: the state must not move either."""
     history = [5, 6, 7, 8] * 6
     proposer = LlamaCppMapKProposer(3, 2, 2)
-    start_request(proposer, history[:10])
+    proposer.begin(history[:10])
     assert proposer.propose(history, 0) == []
     assert proposer._state.idx_last_check == 10  # untouched since begin
     assert proposer.propose(history, 2) == [5, 6]  # the draft is made, then cut to the budget
@@ -147,7 +146,7 @@ def test_map_hash_matches_upstream_formula():
 def test_mod_chains_lookups_and_shares_the_pool_across_requests():
     text = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
     first = LlamaCppModProposer(4, 2, 2, LlamaCppOptions(n_min=2))
-    start_request(first, text + [0] * 3)  # the prompt's 2-grams enter the pool
+    first.begin(text + [0] * 3)  # the prompt's 2-grams enter the pool
     # a new request: its own history has no repeat, yet the pool (from the first) drafts
     assert serve(first, [11, 12, 13], [3, 1]) == [4, 1, 5, 9]
     fresh = LlamaCppModProposer(4, 2, 2, LlamaCppOptions(n_min=2))

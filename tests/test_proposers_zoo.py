@@ -169,7 +169,7 @@ def test_names_aliases_and_protocols():
     for name in ("vllm", "hf", "llamacpp-simple", "suffix", "adaptive"):
         proposer = make_proposer(name, 5, (1, 4))
         assert isinstance(proposer, Proposer) and proposer.name == name
-        assert hasattr(proposer, "observe") == (name in ("suffix", "adaptive"))
+        assert proposer.observes == (name in ("suffix", "adaptive"))
     assert make_proposer("suffix", 5, (1, 4), cross_request=True).cross_request
     with pytest.raises(KolibriError, match="unknown proposer 'eagle'; available: vllm, hf"):
         make_proposer("eagle", 5, (1, 4))
@@ -210,10 +210,10 @@ def test_stateful_proposers_count_the_same_in_simulation_and_real_runs(
     assert_counts_as_simulated(model, batch, max_tokens, real, simulated, k)
 
 
-class Recorder:
+class Recorder(Proposer):
     """vLLM's rule, recording what `observe` is told."""
 
-    name = "recorder"
+    name, observes = "recorder", True
 
     def __init__(self):
         self.inner, self.calls = NgramProposer(8, 1, 4), []
@@ -323,7 +323,7 @@ def test_hf_cuts_drafts_before_eos():
     assert HfProposer(5, 1, 2, eos_ids=(8,)).propose(chat, 5) == []  # no fallback to n = 1
 
 
-class OverDrafter:
+class OverDrafter(Proposer):
     """A broken proposer: ignores its budget."""
 
     name, k = "over", 4
@@ -357,7 +357,7 @@ def test_shares_state_says_whether_earlier_requests_change_the_drafts(name, cros
     """The sharder spreads chains over workers only for proposers that declare no state across
     requests: each declaration is checked by replaying the chat goldens through one instance and
     through a fresh one per golden (the same counts exactly when nothing is shared)."""
-    from kolibri_cli.decode.proposers import default_settings, shares_state
+    from kolibri_cli.decode.proposers import default_settings
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
 
     goldens = load_goldens(DEFAULT_CHAT)
@@ -365,7 +365,7 @@ def test_shares_state_says_whether_earlier_requests_change_the_drafts(name, cros
     k, window = (8, (4, 4)) if name == "llamacpp-mod" else default_settings(name)
     new = lambda: make_proposer(name, k, window, cross_request=cross_request)  # noqa: E731
     one = new()
-    assert shares_state(one) is shares
+    assert one.shares_state is shares
     counts = [(simulate_chain(g.prompt_ids, g.output_ids, one, k),
                simulate_chain(g.prompt_ids, g.output_ids, new(), k)) for g in goldens]
     same = all(a.draft_lengths == b.draft_lengths and a.accepted_lengths == b.accepted_lengths

@@ -168,8 +168,7 @@ def test_one_process_equals_the_in_memory_simulation(replays, one_process):
         assert run.total.drafted_at == [x + y for x, y in zip(a.total.drafted_at,
                                                               b.total.drafted_at, strict=True)]
         assert run.streams == (2 if run.ordered else 0)
-        assert run.ordered == registry.shares_state(registry.make_proposer(run.proposer, 5,
-                                                                           (1, 4)))
+        assert run.ordered == registry.make_proposer(run.proposer, 5, (1, 4)).shares_state
     assert len(rows.splitlines()) == REPLAYED * len(runs)
 
 
@@ -207,7 +206,7 @@ def test_cross_request_suffix_is_one_stream_per_file(replays, one_process):
     assert run.total == merge_counts([a.total for a in alone], 5)
 
 
-class Remembering:
+class Remembering(registry.Proposer):
     """A proposer that says nothing about state across requests (as a new one might not)."""
 
     name = "remembering"

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from kolibri_cli.decode.proposers import NgramProposer
+from kolibri_cli.decode.proposers import NgramProposer, Proposer
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.probe.answer import best
@@ -186,7 +186,7 @@ def test_cost_model():
         predicted_speedup(7, [5], relative, 0.0)
 
 
-class _Oracle:
+class _Oracle(Proposer):
     """Drafts the true continuation (which may run past the chain's end), up to k tokens."""
 
     name = "oracle"

@@ -14,7 +14,7 @@ from test_kernel import ODD, TINY  # the kernel tests' shapes
 from tiny_models import MODELS, assert_counts_as_simulated, prompts
 
 from kolibri_cli.decode.generate import generate_plain, generate_spec
-from kolibri_cli.decode.proposers import make_proposer
+from kolibri_cli.decode.proposers import Proposer, make_proposer
 from kolibri_cli.engine.kernel import Transformer
 from kolibri_cli.engine.weights import random_weights
 from kolibri_cli.errors import KolibriError
@@ -152,11 +152,11 @@ def test_tree_counts_in_real_runs_equal_the_simulation(seed, batch, name, k, max
     assert_counts_as_simulated(model, batch, max_tokens, real, simulated, k)
 
 
-class SecondChild:
+class SecondChild(Proposer):
     """Knows the model's chain; drafts a tree whose first child of the root is wrong and whose
     second child starts the right branch (2 deep)."""
 
-    name, k = "second-child", 3
+    name, k, trees = "second-child", 3, True
 
     def __init__(self, prompt, chain):
         self.ids = list(prompt) + list(chain)

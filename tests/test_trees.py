@@ -5,10 +5,10 @@ import pytest
 
 from kolibri_cli.decode.proposers import (
     DraftTree,
+    Proposer,
     SglangProposer,
     SuffixTreeProposer,
     make_proposer,
-    start_request,
 )
 from kolibri_cli.decode.proposers.suffix_tree import SuffixTrie
 from kolibri_cli.probe.simulate import simulate_chain
@@ -42,10 +42,10 @@ def test_accepted_path_follows_the_model():
     assert TREE.accepted_path({-1: 3}.__getitem__) == []
 
 
-class FixedTree:
+class FixedTree(Proposer):
     """A tree proposer that always drafts TREE (cut to the budget)."""
 
-    name, k = "fixed", 6
+    name, k, trees = "fixed", 6, True
 
     def propose_tree(self, context, max_depth):
         return TREE.cut(max_depth)
@@ -67,17 +67,17 @@ def test_simulation_takes_the_longest_accepted_branch():
 
 def test_sglang_trie_bfs_by_recency_and_across_requests():
     proposer = SglangProposer(4, 1, 3, min_breadth=1, max_breadth=3, prompt=True)
-    start_request(proposer, [1, 2, 3, 9, 1, 2, 4, 9, 1, 2, 5])
+    proposer.begin([1, 2, 3, 9, 1, 2, 4, 9, 1, 2, 5])
     tree = proposer.propose_tree([0, 0, 0, 1, 2], 4)
     # match [1, 2] (window 2, breadth (3-2)*2/3+1 = 1.67 -> 1: the most recent follower, 5),
     # and [2] (window 1, breadth 2.33 -> 2: 5 again (merged), then 4)...
     assert tree.tokens[0] == 5 and set(tree.tokens) >= {5, 4}
     assert len(tree) <= 4 and tree.depth() <= 4
     fresh = SglangProposer(4, 1, 3, prompt=False)
-    start_request(fresh, [1, 2, 3, 9, 1, 2, 4, 9, 1, 2, 5])
+    fresh.begin([1, 2, 3, 9, 1, 2, 4, 9, 1, 2, 5])
     assert len(fresh.propose_tree([0, 0, 0, 1, 2], 4)) == 0  # only the last 18 were inserted
     # a second request reuses what the first one inserted (the trie is shared)
-    start_request(proposer, [7, 7])
+    proposer.begin([7, 7])
     assert len(proposer.propose_tree([7, 7, 1, 2], 4)) > 0
 
 
@@ -96,7 +96,7 @@ def test_suffix_tree_mode_best_first():
 def test_tree_proposers_registered():
     for name in ("sglang", "suffix-tree"):
         proposer = make_proposer(name, 8, (1, 4))
-        assert proposer.name == name and hasattr(proposer, "propose_tree")
+        assert proposer.name == name and proposer.trees
     assert isinstance(make_proposer("suffix-tree", 8, (1, 4)), SuffixTreeProposer)
 
 
@@ -107,7 +107,7 @@ def test_adaptive_tree_learns_what_pays():
 
     proposer = AdaptiveTreeProposer(8, costs={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3})
     context = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]
-    start_request(proposer, context[:-2])
+    proposer.begin(context[:-2])
     first = proposer.propose_tree(context, 8)
     assert 0 < len(first) <= 8
     for _ in range(30):

@@ -130,5 +130,5 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         storage=model.weights.storage(),
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         peer=peer(k + 1) if peer else None,
-        pricing=Pricing("run", measured) if getattr(proposer, "costs", None) is measured else None,
+        pricing=Pricing("run", measured) if proposer.costs is measured else None,
     )

@@ -31,7 +31,7 @@ import numpy as np
 from kolibri_cli.bench.timing import curve_sizes
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import line_slope
-from kolibri_cli.decode.proposers import draft, make_proposer
+from kolibri_cli.decode.proposers import LlamaCppSimpleProposer, draft
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.servers import LOCAL, Completion, ServerApi, serving, synth_args
 
@@ -122,7 +122,7 @@ def pass_lengths(prompt: list[int], c: Completion, m: int, max_tokens: int) -> l
     """Tokens carried by each pass of a synthetic-acceptance request: ngram-simple (n-gram 1,
     m drafts, the server's budget n_predict - generated - 1) replayed over the returned ids,
     every draft accepted. Must add up to the server's own draft counter."""
-    proposer = make_proposer("llamacpp-simple", m, (1, 1))
+    proposer = LlamaCppSimpleProposer(m, 1, 1)
     ids = np.asarray(list(prompt) + list(c.output_ids), dtype=np.int64)  # [len(prompt) + N]
     lengths, pos, n = [], 1, len(c.output_ids)
     while pos < n:

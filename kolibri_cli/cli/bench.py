@@ -80,10 +80,11 @@ def bench(
     from kolibri_cli.bench import peers
     from kolibri_cli.bench.run import run_bench
     from kolibri_cli.cli import render
+    from kolibri_cli.decode.drafting import bench_proposers
     from kolibri_cli.engine.jit import get_threads
 
     llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
-    new_proposer = _new_proposer(k, window, proposer_name, llamacpp)
+    new_proposer = bench_proposers(k, window, proposer_name, llamacpp)
     drafter = new_proposer(None)  # bad settings fail before the model loads
     _refuse_unused(locals())
     if engine not in (None, "kolibri"):
@@ -140,16 +141,6 @@ def _refuse_unused(given: dict) -> None:
     opt.refuse_unused({"--engine-api": given["engine_api"], "--gguf": given["gguf"],
                        "--timeout": None if given["timeout"] == TIMEOUT else given["timeout"]},
                       f"--engine (--engine {LOCAL} or a server's URL)")
-
-
-def _new_proposer(k, window, name: str, llamacpp):
-    """proposer(costs): adaptive and adaptive-tree draft by the c(n) the run measured (`costs`),
-    as generate drafts by the stored bench; the guard times its own, as in generate."""
-    from kolibri_cli.costs.pricing import PRICED_PROPOSERS
-    from kolibri_cli.decode.proposers import canonical_proposer
-
-    priced = canonical_proposer(name) in PRICED_PROPOSERS
-    return lambda costs: opt.proposer(k, window, name, llamacpp, costs if priced else None)
 
 
 def _keep_costs(model, result) -> None:

@@ -44,21 +44,23 @@ def chat(
 ) -> None:
     """Chat with the model, turn by turn (the whole conversation stays in its context). Lines
     are edited as in a shell; /help lists the commands."""
+    from kolibri_cli.cli import render
     from kolibri_cli.cli.prompt import LineReader
+    from kolibri_cli.decode import drafting
     from kolibri_cli.decode.chat import Conversation
 
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
-    opt.proposer(k, window, proposer_name)  # bad settings fail before the model loads
-    given_costs = opt.asked_costs(costs, proposer_name)
+    drafting.new_proposer(k, window, proposer_name)  # bad settings fail before the model loads
+    given_costs = drafting.asked_costs(costs, proposer_name)
     m = opt.load_model(model, threads)
     conversation = Conversation(m, system)
     _check_template(conversation)
-    pricing = opt.pricing(proposer_name, given_costs, m)
+    pricing = drafting.pricing(proposer_name, given_costs, m, render.note)
     priced = pricing.costs if pricing else None
     settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop or [],
-                "new_proposer": lambda: opt.proposer(  # the guard: from the last answer's timings
+                "new_proposer": lambda: drafting.new_proposer(  # a table: the last answer's timings
                     k, window, proposer_name,
-                    costs=priced or opt.guard_costs(proposer_name, given_costs, m)),
+                    costs=priced or drafting.warm_costs(proposer_name, given_costs, m)),
                 "given_costs": given_costs,
                 "spec": spec}
     reader = LineReader(history, _say)
@@ -138,6 +140,7 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
     from kolibri_cli.cli import render
     from kolibri_cli.cli.app import interrupt_between_tokens
     from kolibri_cli.cli.generate import stats_line
+    from kolibri_cli.decode.drafting import keep_costs
     from kolibri_cli.engine.template import ChatTemplateError
     from kolibri_cli.errors import KolibriError
 
@@ -156,7 +159,7 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
         _say(f"error: {_template_text(e) if isinstance(e, ChatTemplateError) else e}")
         return
     streamer.finish()
-    opt.keep_guard_costs(drafter, conversation.model, settings.get("given_costs"))
+    keep_costs(drafter, conversation.model, settings.get("given_costs"), render.note)
     _say(stats_line(result))
 
 

@@ -44,15 +44,16 @@ def generate(
     sampled (the noise is keyed by seed and position)."""
     from kolibri_cli.cli import render
     from kolibri_cli.cli.app import interrupt_between_tokens
+    from kolibri_cli.decode import drafting
     from kolibri_cli.decode.generate import generate_plain, generate_spec
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
-    drafter = opt.proposer(k, window, proposer_name, llamacpp)  # validated even when unused
+    drafter = drafting.new_proposer(k, window, proposer_name, llamacpp)  # validated when unused
     drafter = drafter if (spec or compare) else None
-    given_costs = opt.asked_costs(costs, proposer_name)
+    given_costs = drafting.asked_costs(costs, proposer_name)
     if drafter is None:
         opt.refuse_unused({"--k": k, "--window": window, "--min-hits": min_hits,
                            "--n-min": n_min, "--lookup-cache-static": lookup_cache_static,
@@ -61,11 +62,11 @@ def generate(
                           "--spec or --compare")
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)
-    pricing = opt.pricing(proposer_name, given_costs, m) if drafter else None
-    warm = opt.guard_costs(proposer_name, given_costs, m) if drafter else None
+    pricing = drafting.pricing(proposer_name, given_costs, m, render.note) if drafter else None
+    warm = drafting.warm_costs(proposer_name, given_costs, m) if drafter else None
     if pricing or warm:
-        drafter = opt.proposer(k, window, proposer_name, llamacpp,
-                               pricing.costs if pricing else warm)
+        drafter = drafting.new_proposer(k, window, proposer_name, llamacpp,
+                                        pricing.costs if pricing else warm)
     if drafter:
         opt.fit_context(drafter.k, drafter.window_max, m)
     ids, max_tokens = _prompt_ids(m, text, raw, max_tokens, system)
@@ -82,7 +83,7 @@ def generate(
     finally:
         if streamer:
             streamer.finish()
-    opt.keep_guard_costs(drafter, m, given_costs)
+    drafting.keep_costs(drafter, m, given_costs, render.note)
     if as_json:
         return opt.print_json(_with_proposer(result.to_dict(m.name), drafter, pricing))
     render.err.print(stats_line(result), highlight=False)
@@ -134,11 +135,12 @@ def _with_proposer(obj: dict, drafter, pricing=None) -> dict:
 def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None,
              given_costs=None) -> None:
     from kolibri_cli.cli import render
+    from kolibri_cli.decode.drafting import keep_costs
     from kolibri_cli.decode.generate import generate_plain, generate_spec
 
     plain = generate_plain(m, ids, max_tokens, **how)
     spec = generate_spec(m, ids, max_tokens, drafter, **how)
-    opt.keep_guard_costs(drafter, m, given_costs)
+    keep_costs(drafter, m, given_costs, render.note)
     same = plain.output_ids == spec.output_ids
     # one new token (-n 1, or eos at once) is prefill's: no decode speed, no ratio
     ratio = (spec.decode_tokens_per_s / plain.decode_tokens_per_s

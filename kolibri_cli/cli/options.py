@@ -9,7 +9,6 @@ import typer
 
 from kolibri_cli.decode.proposers import (
     DEFAULT_K,
-    DEFAULT_PROPOSER,
     GUARD_K,
     PROPOSERS,
     LlamaCppOptions,
@@ -146,96 +145,6 @@ def _stdin_text() -> str:
         raise KolibriError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} "
                            f"at offset {e.start}); convert it, e.g. iconv -f latin1 -t utf-8"
                            ) from None
-
-
-def proposer(k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
-             llamacpp: LlamaCppOptions | None = None, costs=None):
-    """A fresh proposer from command-line settings (bad settings fail before a model loads);
-    k or window None = the proposer's default; `costs` the c(n) it drafts by (see `pricing`), or
-    the guard's measuring table (`guard_costs`)."""
-    from kolibri_cli.costs.model import CostTable
-    from kolibri_cli.decode.proposers import (
-        canonical_proposer,
-        default_settings,
-        make_proposer,
-        parse_window,
-    )
-
-    if k is not None and k < 1:  # name the option; make_proposer's own check speaks of "k"
-        raise KolibriError(f"--k must be at least 1 (got {k})")
-    name = canonical_proposer(name)
-    default_k, default_window = default_settings(name)
-    if costs is None and name == "guard":
-        costs = CostTable()  # the guard measures its costs as it runs
-    return make_proposer(name, default_k if k is None else k,
-                         default_window if window is None else parse_window(window), costs,
-                         llamacpp=llamacpp)
-
-
-def guard_costs(name: str, given, model):
-    """The measuring table the guard drafts by when no --costs was given: started from what
-    earlier runs of this kernel timed (costs/model.py warm_table); None for other proposers or
-    with --costs (numbers: frozen; `default`: the guard starts cold, ignoring what is stored)."""
-    from kolibri_cli.costs.model import warm_table
-    from kolibri_cli.decode.proposers import canonical_proposer
-    from kolibri_cli.engine.jit import get_threads
-
-    if canonical_proposer(name) != "guard" or given is not None:
-        return None
-    return warm_table(model.sha256, model.numerics, get_threads())[0]
-
-
-def keep_guard_costs(drafter, model, given=None) -> None:
-    """Keep the guard's timings for the next run, unless --costs was given (a home that cannot
-    be written: a note)."""
-    from kolibri_cli.cli import render
-    from kolibri_cli.costs.model import keep_table
-    from kolibri_cli.engine.jit import get_threads
-
-    table = getattr(drafter, "costs", None)
-    if drafter is None or drafter.name != "guard" or table is None or given is not None:
-        return
-    try:
-        keep_table(table, model.sha256, model.numerics, get_threads())
-    except KolibriError as e:
-        render.note(f"note: the guard's timings were not kept: {e}")
-
-
-def asked_costs(text: str | None, name: str):
-    """--costs as given (a Pricing), None when not given; checked before a model loads."""
-    from kolibri_cli.costs.pricing import PRICED_PROPOSERS, asked, parse_costs
-    from kolibri_cli.decode.proposers import canonical_proposer
-    from kolibri_cli.text import shown
-
-    if text is None:
-        return None
-    if canonical_proposer(name) not in (*PRICED_PROPOSERS, "guard"):
-        raise KolibriError(f"--costs prices {', '.join(PRICED_PROPOSERS)} and guard; "
-                           f"--proposer {name} drafts without c(n)")
-    if text.strip() == "default":
-        return asked(None, use_bench=False)
-    return asked(parse_costs(text.split(","), shown(text), "--costs"))
-
-
-def pricing(name: str, given, model):
-    """The c(n) proposer `name` drafts by on `model` (costs/pricing.py, as the probe chooses):
-    --costs; else for adaptive and adaptive-tree the latest `kolibri bench` of this model, its
-    numerics and the threads the kernel runs, else the guess (a note on stderr says so). None:
-    the proposer drafts without c(n), or is the guard timing its own."""
-    from kolibri_cli.cli import render
-    from kolibri_cli.costs.pricing import PRICED_PROPOSERS, for_model
-    from kolibri_cli.decode.proposers import canonical_proposer
-    from kolibri_cli.engine.jit import get_threads
-
-    name = canonical_proposer(name)
-    if name == "guard":
-        return given if given is not None and given.source == "given" else None
-    if name not in PRICED_PROPOSERS:
-        return None
-    chosen = given or for_model(model.name, model.sha256, model.numerics, get_threads())
-    if chosen.note:
-        render.note(chosen.note)
-    return chosen
 
 
 def llamacpp_options(min_hits: int | None, n_min: int | None, static: Path | None,

@@ -185,6 +185,8 @@ def storage_text(storage: dict[str, int]) -> str:
 def bench_table(r) -> Table:
     """Plain decode against the bandwidth bound first, then c(n) (what the probe prices with),
     then the synthetic bench chain, labelled as the upper bound it is."""
+    from kolibri_cli.decode.proposers import reads_cost_table
+
     rows = [
         ("plain decode",
          f"{r.plain_tokens_per_s:.1f} tok/s = {r.fraction_of_bound:.0%} of the bandwidth bound "
@@ -207,8 +209,8 @@ def bench_table(r) -> Table:
         ("  passes", f"{r.plain_steps} plain steps, {r.verify_passes} verify passes (ratio "
                      f"{r.pass_ratio:.2f}), {r.drafts_accepted}/{r.drafts_proposed} drafts "
                      f"accepted, ids identical: {r.identical}"),
-        ("  drafted by", r.pricing.line() if r.pricing else "no c(n)" if r.proposer != "guard"
-         else "c(n) the guard timed as it ran"),
+        ("  drafted by", r.pricing.line() if r.pricing else
+         f"c(n) the {r.proposer} timed as it ran" if reads_cost_table(r.proposer) else "no c(n)"),
     ]
     rows.append(("choosing tokens", f"{_describe(r.sampling)}: {r.sample_us_per_token:.0f} us per "
                  f"token = {r.sample_fraction:.2%} of plain decode time"))

@@ -21,7 +21,6 @@ from kolibri_cli.errors import KolibriError
 
 MEASURE_HINT = "`--costs measure` times this host once (tens of seconds) and keeps it"
 PROBE_NUMERICS = "float32"  # the numeric path the probe's --measure loads models with
-PRICED_PROPOSERS = ("adaptive", "adaptive-tree")  # draft by c(n) given as numbers
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,9 @@ import numpy as np
 
 from kolibri_cli.decode.proposers import (
     DraftTree,
+    Proposer,
     draft,
     draft_tree,
-    is_tree_proposer,
-    start_request,
     warm_up,
 )
 from kolibri_cli.decode.sampling import GREEDY, Sampler, Sampling
@@ -139,18 +138,18 @@ def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
     return run.result("plain", marks, forward_passes=len(run.out))
 
 
-def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer,
+def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer: Proposer,
                   on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
                   stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
     warm_up()
-    start_request(proposer, prompt_ids)
-    trees = is_tree_proposer(proposer)
+    proposer.begin(prompt_ids)
+    trees = proposer.trees
     run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv, proposer.k if trees else 0)
     run.commit([run.prefill()], on_tokens)
     passes, proposer_s = [], 0.0
     # looked up once: each step runs right after a forward evicted the caches
     drafter, verify = (draft_tree, run.verify_tree) if trees else (draft, run.verify)
-    timed, observe = _timer(proposer), getattr(proposer, "observe", None)
+    timed, observe = _timer(proposer), proposer.observe if proposer.observes else None
     marks = [time.perf_counter()]  # each verify pass's end, after the start
     while not run.done:
         tp, budget, context = time.perf_counter(), max_tokens - len(run.out) - 1, run.context()
@@ -311,11 +310,10 @@ def _observe(observe, context, done: VerifyPass, final: bool, produced: int) -> 
     return time.perf_counter() - t0
 
 
-def _timer(proposer) -> Callable[[int, int, float], None] | None:
-    """Where a cost-aware proposer takes the time of each forward it chose — `add(rows,
-    context, seconds)`: `rows` tokens after `context` (the length of the context it drafted
-    from) — or None. A frozen table takes none."""
-    costs = getattr(proposer, "costs", None)
-    if getattr(costs, "frozen", False):
+def _timer(proposer: Proposer) -> Callable[[int, int, float], None] | None:
+    """Where a proposer reading a cost table takes the time of each forward it chose —
+    `add(rows, context, seconds)`: `rows` tokens after `context` (the length of the context it
+    drafted from) — or None. A frozen table takes none."""
+    if proposer.costs_kind != "table" or proposer.costs.frozen:
         return None
-    return getattr(costs, "add", None)
+    return proposer.costs.add

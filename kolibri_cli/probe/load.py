@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kolibri_cli.costs.model import CostTable, cost_model
-from kolibri_cli.decode.proposers import drafts_by_costs, start_request
+from kolibri_cli.decode.proposers import reads_cost_table
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.probe.simulate import SimRun, chain_context, next_pass
 
@@ -70,7 +70,7 @@ def load_point(run: SimRun, concurrency: int, c, goldens: list | None = None) ->
     if run.goldens is None:
         raise KolibriError("--concurrency needs every golden's passes: too many chains to keep "
                            "in memory for this; pick some with --limit or --category")
-    if drafts_by_costs(run.proposer):
+    if reads_cost_table(run.proposer):
         if goldens is None:
             raise KolibriError(f"{run.proposer} drafts by c(n): its load simulation runs it live "
                                "and needs the goldens")
@@ -149,7 +149,7 @@ class _Slot:
             if len(self.chain.output_ids) > 1:  # a chain of 1 token has no decode step
                 self.context = chain_context(self.chain.prompt_ids, self.chain.output_ids)
                 self.proposer = self.run.new_proposer()
-                start_request(self.proposer, self.chain.prompt_ids)
+                self.proposer.begin(self.chain.prompt_ids)
                 return
         self.chain = None
 

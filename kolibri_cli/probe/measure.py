@@ -34,7 +34,7 @@ from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import CostTable, ReplayedCosts, warm_table
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
-from kolibri_cli.decode.proposers import make_proposer, shares_state
+from kolibri_cli.decode.proposers import make_proposer, reads_cost_table
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.goldens.chains import Golden, first_divergence
 from kolibri_cli.probe.report import (
@@ -73,7 +73,7 @@ class _Arm:
     totals: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
-        self.shares = shares_state(proposer_pair(self.run, self.warm)[0])
+        self.shares = proposer_pair(self.run, self.warm)[0].shares_state
 
     def pair(self, golden: int, round_: int) -> tuple:
         key = (None if self.shares else golden, round_)
@@ -103,15 +103,16 @@ def _warm_cells(model) -> tuple[list, str]:
 
 
 def proposer_pair(run: SimRun, warm: list | None = None) -> tuple:
-    """(for the live spec runs, for the simulation over their chains): fresh proposers. A guard
-    without given costs measures its own (logged), from the `warm` cells as `kolibri generate`
-    starts from what earlier runs kept; its simulation replays what it read."""
-    if run.proposer != "guard":
+    """(for the live spec runs, for the simulation over their chains): fresh proposers. One
+    reading a cost table (the guard) without given costs measures its own (logged), from the
+    `warm` cells as `kolibri generate` starts from what earlier runs kept; its simulation
+    replays what it read."""
+    if not reads_cost_table(run.proposer):
         return run.new_proposer(), run.new_proposer()
     table = CostTable.from_costs(run.costs) if run.costs else CostTable.seeded(warm or [])
     table.log = []
-    live = make_proposer("guard", run.k, run.window, table)
-    return live, make_proposer("guard", run.k, run.window, ReplayedCosts())
+    live = make_proposer(run.proposer, run.k, run.window, table)
+    return live, make_proposer(run.proposer, run.k, run.window, ReplayedCosts())
 
 
 def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int = 1,
@@ -124,7 +125,7 @@ def measure_runs(model, goldens: list[Golden], runs: list[SimRun], repeats: int 
     the goldens' plain times over the sum of plain time / speedup. c(n) for the predictions is
     timed `cost_repeats` times per golden."""
     warm, source = _warm_cells(model)
-    arms = [_Arm(run, warm, source if run.proposer == "guard" and not run.costs else None)
+    arms = [_Arm(run, warm, source if reads_cost_table(run.proposer) and not run.costs else None)
             for run in runs]
     more = not any(arm.shares for arm in arms)  # extra rounds would change a shared history
     rounds = rounds_per_golden(goldens, repeats, more)
@@ -258,7 +259,7 @@ def undisturbed_times(runs: list[GenerationResult]) -> list[float]:
 
 def _spec_run(model, golden: Golden, n: int, proposer, how: Sampling) -> tuple:
     """The spec run and the costs the proposer read during it (a logging table's answers)."""
-    log = getattr(getattr(proposer, "costs", None), "log", None)
+    log = proposer.costs.log if proposer.costs_kind == "table" else None
     start = len(log) if log is not None else 0
     result = generate_spec(model, golden.prompt_ids, n, proposer, sampling=how)
     return result, ([] if log is None else log[start:])
@@ -307,7 +308,7 @@ def _counts_match(golden: Golden, plain: GenerationResult, spec: GenerationResul
                   read: list, sim, k: int) -> bool:
     """The live run's counts == the simulation's over the model's own chain (a replayed guard is
     first given the costs its live twin read during this run)."""
-    if isinstance(getattr(sim, "costs", None), ReplayedCosts):
+    if isinstance(sim.costs, ReplayedCosts):
         sim.costs.extend(read)
     stats = spec.spec_stats()
     own = simulate_chain(golden.prompt_ids, plain.output_ids, sim, k)
@@ -346,8 +347,9 @@ def _median_costs(costs: list[dict[int, float]], top: int) -> dict[int, float]:
 
 
 def live_runs(runs: list, pricing) -> list:
-    """The runs as --measure runs them live: a guard not given --costs times its own costs as it
-    runs, as `kolibri generate --spec` does (its simulation then replays what it read)."""
+    """The runs as --measure runs them live: one reading a cost table (the guard) not given
+    --costs times its own costs as it runs, as `kolibri generate --spec` does (its simulation
+    then replays what it read)."""
     if pricing.source == "given":
         return runs
-    return [replace(r, costs=None) if r.proposer == "guard" else r for r in runs]
+    return [replace(r, costs=None) if reads_cost_table(r.proposer) else r for r in runs]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import cost_model, line_slope
-from kolibri_cli.decode.proposers import shares_state
+from kolibri_cli.decode.proposers import LlamaCppSimpleProposer, proposer_class
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, first_divergence
@@ -25,6 +25,7 @@ from kolibri_cli.probe.simulate import ServerCounting, SimRun, div_or_none, simu
 from kolibri_cli.servers import Completion, ServerApi
 
 COST_ROUNDS = 3  # c(n) rounds per repeat: a round takes ~15 s, a repeat of 18 goldens minutes
+LOCAL_SPEC = LlamaCppSimpleProposer.llama_server  # what measure_local starts: ngram-simple
 
 
 @dataclass
@@ -65,7 +66,7 @@ def measure_on_server(plain: ServerApi, spec: ServerApi, goldens: list[Golden], 
     # a proposer with state across requests is one server slot: one instance, goldens in the
     # order the server saw them first (the counts compared are the first repeat's)
     shared = run.new_proposer()
-    per = [_golden(g, runs[g.id], run, c, shared if shares_state(shared) else None)
+    per = [_golden(g, runs[g.id], run, c, shared if shared.shares_state else None)
            for g in goldens]
     slope = line_slope(given) if given else None
     return _overall(per, goldens, runs, c, engine or spec.url, repeats, slope)
@@ -154,16 +155,16 @@ def measure_local(model, goldens: list[Golden], run: SimRun, repeats: int, threa
     from kolibri_cli.bench.server import PassTimes, cost_round, periodic_prompt
     from kolibri_cli.servers import LOCAL, serving, spec_args, synth_args
 
-    if run.proposer != "llamacpp-simple":
-        raise KolibriError(f"--engine {LOCAL} runs llama.cpp's ngram-simple: measure it with "
-                           f"--proposer llamacpp-simple (not {run.proposer})")
+    if proposer_class(run.proposer).llama_server != LOCAL_SPEC:
+        raise KolibriError(f"--engine {LOCAL} runs llama.cpp's {LOCAL_SPEC}: measure it with "
+                           f"--proposer {LlamaCppSimpleProposer.name} (not {run.proposer})")
     with ExitStack() as stack:
         def start(args):
             return stack.enter_context(serving(LOCAL, model, gguf=gguf, threads=threads,
                                                args=args, timeout=timeout))
 
         plain = start(())
-        spec = start(spec_args("ngram-simple", run.window[1], run.k))
+        spec = start(spec_args(LOCAL_SPEC, run.window[1], run.k))
         servers = {1: plain} | {n: start(synth_args(n - 1)) for n in range(2, run.k + 2)}
         times = {n: PassTimes(n) for n in servers}
         prompt = periodic_prompt(model, longest=run.k + 1)

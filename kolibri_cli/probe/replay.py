@@ -18,7 +18,6 @@ from kolibri_cli.decode.proposers import (
     NgramProposer,
     SuffixProposer,
     make_proposer,
-    shares_state,
 )
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
@@ -50,7 +49,7 @@ class SimConfig:
     def ordered(self) -> bool:
         """True when chains must be replayed in order through one proposer (state shared across
         requests)."""
-        return shares_state(self.make_proposer())
+        return self.make_proposer().shares_state
 
 
 class Chains:
@@ -148,7 +147,7 @@ class Replayer:
     def __init__(self, config: SimConfig, fast_path: bool = True):
         self.config = config
         self.proposer = config.make_proposer()
-        self.ordered = shares_state(self.proposer)
+        self.ordered = self.proposer.shares_state
         self._fast = _fast_replay(self.proposer) if fast_path else None
 
     def replay(self, chains: Chains) -> ChainCounts:

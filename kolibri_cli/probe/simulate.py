@@ -26,14 +26,13 @@ import numpy as np
 
 from kolibri_cli.costs.model import cost_model
 from kolibri_cli.decode.proposers import (
-    LLAMACPP_DEFAULTS,
     LlamaCppOptions,
     Proposer,
     draft,
     draft_tree,
     format_window,
     make_proposer,
-    start_request,
+    proposer_class,
 )
 from kolibri_cli.errors import KolibriError
 
@@ -136,8 +135,8 @@ class SimRun:
 
     @property
     def label(self) -> str:
-        extra = self.llamacpp.label() if self.llamacpp and self.proposer in LLAMACPP_DEFAULTS \
-            else ""
+        extra = self.llamacpp.label() if self.llamacpp and proposer_class(
+            self.proposer).llama_server else ""
         return f"k={self.k} window={format_window(self.window)}{extra}"
 
     @property
@@ -183,7 +182,7 @@ def simulate_chain(prompt_ids, output_ids, proposer: Proposer, k: int,
     context = chain_context(prompt_ids, output_ids)  # [len(P) + N]
     n = len(output_ids)
     counts = Counts(plain_steps=n - 1, drafted_at=[0] * k, accepted_at=[0] * k)
-    start_request(proposer, prompt_ids)
+    proposer.begin(prompt_ids)
     pos = 1
     while pos < n:
         drafted, accepted, pos = next_pass(proposer, context, len(prompt_ids), pos, k, counting)
@@ -209,9 +208,8 @@ def next_pass(proposer: Proposer, context: np.ndarray, prompt_len: int, pos: int
     drafted, accepted = _pass(proposer, context[: prompt_len + pos], budget, golden, pos,
                               stop_ids)
     pos += accepted + 1
-    observe = getattr(proposer, "observe", None)
-    if observe is not None:
-        observe(context[: prompt_len + pos], drafted, accepted)
+    if proposer.observes:
+        proposer.observe(context[: prompt_len + pos], drafted, accepted)
     return drafted, accepted, pos
 
 
@@ -220,7 +218,7 @@ def _pass(proposer: Proposer, context, budget: int, golden, pos: int,
     """(drafts verified, drafts accepted) in one pass: a chain's accepted prefix, or a tree's
     nodes and its longest accepted branch (the golden picks the child at every depth; past the
     chain's end nothing is accepted)."""
-    if hasattr(proposer, "propose_tree"):
+    if proposer.trees:
         tree = draft_tree(proposer, context, budget)
         depths = tree.depths()
 

@@ -31,7 +31,14 @@ from kolibri_cli.costs.model import (
     warm_table,
 )
 from kolibri_cli.decode.generate import generate_plain, generate_spec
-from kolibri_cli.decode.proposers import make_proposer
+from kolibri_cli.decode.proposers import (
+    GUARD_K,
+    GuardProposer,
+    HfProposer,
+    LlamaCppSimpleProposer,
+    NgramProposer,
+    Proposer,
+)
 from kolibri_cli.engine.jit import get_threads
 from kolibri_cli.goldens.chains import Golden, read_prompts
 from kolibri_cli.probe.measure import measure_runs
@@ -39,8 +46,7 @@ from kolibri_cli.probe.shard import simulate, sweep
 from kolibri_cli.probe.simulate import simulate_chain
 from kolibri_cli.store.atomic import write_text_atomic
 
-GUARD_K = 16
-FIXED = ["vllm", "hf", "llamacpp-simple"]
+FIXED = [c.name for c in (NgramProposer, HfProposer, LlamaCppSimpleProposer)]  # rules to beat
 KS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16]
 WINDOWS = [(1, 4), (2, 4), (1, 2), (1, 1), (2, 2), (3, 4)]
 # Spec-Bench question ids (first turns), 5 per category; mt_bench takes one of each of its
@@ -100,11 +106,11 @@ def measure_block(model, goldens: list[Golden], fixed: list, costs: dict, repeat
                   null: bool = False, statistic: str = "median") -> dict:
     """The live guard (measuring its own costs), the `fixed` settings and with `null` a guard
     that never drafts (noise and the spec loop's own overhead alone), measured interleaved."""
-    runs = [simulate(goldens, GUARD_K, (1, 4), "guard")]
+    runs = [simulate(goldens, GUARD_K, (1, 4), GuardProposer.name)]
     runs += [simulate(goldens, r.k, r.window, r.proposer, costs) for r in fixed]
     if null:
-        runs.append(simulate(goldens, 1, (1, 4), "guard", NEVER))
-    modelled = [simulate(goldens, GUARD_K, (1, 4), "guard", costs), *runs[1:]]
+        runs.append(simulate(goldens, 1, (1, 4), GuardProposer.name, NEVER))
+    modelled = [simulate(goldens, GUARD_K, (1, 4), GuardProposer.name, costs), *runs[1:]]
     before, t0 = load(), time.time()
     measured = measure_runs(model, goldens, runs, repeats, cost_repeats=1,
                             statistic=STATISTICS[statistic])
@@ -169,23 +175,26 @@ def warm(model, tune: list[Golden]) -> dict:
     _, before = warm_table(model.sha256, model.numerics, threads)
     for g in tune:
         table, _ = warm_table(model.sha256, model.numerics, threads)
-        generate_spec(model, g.prompt_ids, len(g.output_ids),
-                      make_proposer("guard", GUARD_K, (1, 4), table))
+        generate_spec(model, g.prompt_ids, len(g.output_ids), GuardProposer(GUARD_K, 1, 4, table))
         keep_table(table, model.sha256, model.numerics, threads)
     table, after = warm_table(model.sha256, model.numerics, threads)
     return {"prompts": len(tune), "seconds": round(time.time() - t0, 1), "before": before,
             "after": after, "cells": len(table.cells())}
 
 
-class _FedCosts:
+class _FedCosts(Proposer):
     """A measuring guard whose table is fed each pass's cost as c(rows), as `kolibri generate`
     feeds it each pass's time (at the context the pass drafted from)."""
 
-    def __init__(self, guard, c):
-        self.guard, self.c = guard, c
+    name = GuardProposer.name
+    shares_state = GuardProposer.shares_state
+    observes = True  # the pass's outcome says how many rows it verified
 
-    def __getattr__(self, name):
-        return getattr(self.guard, name)
+    def __init__(self, guard: GuardProposer, c):
+        self.guard, self.c, self.k = guard, c, guard.k
+
+    def propose(self, context, max_tokens: int) -> list[int]:
+        return self.guard.propose(context, max_tokens)
 
     def observe(self, context, drafted: int, accepted: int) -> None:
         rows = 1 + drafted
@@ -205,12 +214,12 @@ def model_arms(costs: dict[int, float], fixed: list) -> list[tuple]:
     table (a first run) and from one holding them (warm: as a later run starts, from what earlier
     runs kept, or from `kolibri bench`), the guard given them, and each fixed setting."""
     seed = [[octave(BENCH_CONTEXT), n, [c]] for n, c in costs.items() if n > 1]
-    arms = [("guard k=16 (measuring)", lambda: make_proposer("guard", GUARD_K, (1, 4),
-                                                             CostTable()), GUARD_K, True),
-            ("guard k=16 (measuring, warm)", lambda: make_proposer(
-                "guard", GUARD_K, (1, 4), CostTable.seeded(seed)), GUARD_K, True),
-            ("guard k=16 (given c(n))", lambda: make_proposer(
-                "guard", GUARD_K, (1, 4), CostTable.from_costs(costs)), GUARD_K, False)]
+    arms = [("guard k=16 (measuring)", lambda: GuardProposer(GUARD_K, 1, 4, CostTable()),
+             GUARD_K, True),
+            ("guard k=16 (measuring, warm)", lambda: GuardProposer(
+                GUARD_K, 1, 4, CostTable.seeded(seed)), GUARD_K, True),
+            ("guard k=16 (given c(n))", lambda: GuardProposer(
+                GUARD_K, 1, 4, CostTable.from_costs(costs)), GUARD_K, False)]
     return arms + [(r.name, r.new_proposer, r.k, False) for r in fixed]
 
 

@@ -15,9 +15,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kolibri_cli.costs.model import warm_table
+from kolibri_cli.decode.drafting import warm_costs
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
-from kolibri_cli.decode.proposers import default_settings, make_proposer
+from kolibri_cli.decode.proposers import DEFAULT_SPEC_PROPOSER, default_settings, make_proposer
 from kolibri_cli.decode.sampling import Sampler, Sampling
 from kolibri_cli.engine.jit import get_threads, set_threads
 from kolibri_cli.errors import KolibriError
@@ -25,7 +25,7 @@ from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.home import YES_WORDS
 from kolibri_cli.serve.requests import ApiError, Ask
 
-PROPOSER = "guard"  # what --spec drafts with, as `kolibri generate --spec`
+PROPOSER = DEFAULT_SPEC_PROPOSER  # what --spec drafts with, as `kolibri generate --spec`
 
 
 class Busy(Exception):
@@ -90,7 +90,7 @@ class Worker:
                  log=None, note: Callable[[str], None] = lambda line: None):
         self.model, self.spec, self.metrics, self.threads = model, spec, metrics, threads
         self.log, self.note = log, note  # a goldens.log.GoldenLog (--record) or None
-        self.costs = None  # the guard's measuring CostTable, shared by every request
+        self.costs = None  # the proposer's measuring CostTable (the guard's), shared by all
         self.kernel_threads: int | None = None  # the threads the worker's kernel calls use
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._ready = threading.Event()
@@ -140,8 +140,7 @@ class Worker:
             set_threads(self.threads)
         self.kernel_threads = get_threads()
         if self.spec:
-            self.costs = warm_table(self.model.sha256, self.model.numerics,
-                                    self.kernel_threads)[0]
+            self.costs = warm_costs(PROPOSER, None, self.model, self.kernel_threads)
         ids = self.model.tokenizer.encode("Hello")[:4] or [0]
         generate_plain(self.model, ids, 2)
         if self.spec:  # frozen default c(n): the warm-up's timings stay out of the table

@@ -1,18 +1,16 @@
 """Draft proposers for speculative decoding: given the context, guess the next few tokens.
 
-Model-free proposers behind one tiny interface (`Proposer`), each following a published rule
-(docs/proposers.md). Every proposer computes its draft with cap k and THEN cuts it to the
-caller's budget, so a smaller budget gives a prefix of the same draft: the simulation (which knows
-where a chain ends) and a real run (which does not) see the same drafts. Stateful proposers also
-have `observe(context, drafted, accepted)`, called after every verify pass by both the simulation
-and the speculative generator, so they evolve identically in both; those that keep state across
-requests the way a server does (llama.cpp's types) also have `begin(prompt_ids)`, called when a
-request starts (`start_request`).
+Model-free proposers behind one interface (`Proposer`, protocol.py: the methods and the declared
+capabilities), each following a published rule (docs/proposers.md), and the registry that names
+them. Every proposer computes its draft with cap k and THEN cuts it to the caller's budget, so a
+smaller budget gives a prefix of the same draft: the simulation (which knows where a chain ends)
+and a real run (which does not) see the same drafts. Both call `begin(prompt_ids)` when a request
+starts and, where a proposer `observes`, `observe(context, drafted, accepted)` after every verify
+pass, so a stateful proposer evolves identically in both.
 Non-goals: verification, acceptance, the KV cache (the speculative generator owns those).
 """
 
 from functools import cache
-from typing import Protocol, runtime_checkable
 
 from kolibri_cli.costs.model import CostTable, ReplayedCosts
 from kolibri_cli.decode.proposers import guard, ngram
@@ -30,6 +28,7 @@ from kolibri_cli.decode.proposers.llamacpp import (
     simple,
 )
 from kolibri_cli.decode.proposers.ngram import HfProposer, NgramProposer
+from kolibri_cli.decode.proposers.protocol import CostsKind, Proposer
 from kolibri_cli.decode.proposers.settings import (
     DEFAULT_K,
     DEFAULT_PROPOSER,
@@ -52,37 +51,17 @@ from kolibri_cli.errors import KolibriError
 
 __all__ = [
     "DEFAULT_K", "DEFAULT_PROPOSER", "DEFAULT_SPEC_PROPOSER", "DEFAULT_WINDOW", "GUARD_K",
-    "LLAMACPP_DEFAULTS", "PROPOSERS", "AdaptiveProposer", "AdaptiveTreeProposer", "GuardProposer",
-    "HfProposer", "LlamaCppCacheProposer", "LlamaCppMapK4vProposer", "LlamaCppMapKProposer",
-    "LlamaCppModProposer", "LlamaCppOptions", "LlamaCppSimpleProposer", "NgramProposer",
-    "Proposer", "SglangProposer", "SuffixProposer", "SuffixTreeProposer", "DraftTree",
-    "canonical_proposer", "default_settings", "draft", "draft_tree", "drafts_by_costs",
-    "is_tree_proposer",
+    "LLAMACPP_DEFAULTS", "PROPOSERS", "AdaptiveProposer", "AdaptiveTreeProposer", "CostsKind",
+    "GuardProposer", "HfProposer", "LlamaCppCacheProposer", "LlamaCppMapK4vProposer",
+    "LlamaCppMapKProposer", "LlamaCppModProposer", "LlamaCppOptions", "LlamaCppSimpleProposer",
+    "NgramProposer", "Proposer", "SglangProposer", "SuffixProposer", "SuffixTreeProposer",
+    "DraftTree", "canonical_proposer", "default_settings", "draft", "draft_tree",
     "format_window", "make_proposer", "parse_k", "parse_k_list", "parse_window",
-    "parse_window_list", "shares_state", "start_request", "validate_k", "validate_window",
+    "parse_window_list", "proposer_class", "reads_cost_table", "validate_k", "validate_window",
 ]
 
 
-@runtime_checkable
-class Proposer(Protocol):
-    """Anything that drafts tokens from the context alone."""
-
-    name: str
-    k: int
-
-    def propose(self, context, max_tokens: int) -> list[int]:
-        """Draft at most `max_tokens` tokens to follow `context` (prompt + generated ids)."""
-        ...
-
-
-def shares_state(proposer: Proposer) -> bool:
-    """True when a proposer's drafts depend on earlier requests (state kept across them), so
-    requests must pass through one instance in order; a proposer says False with a
-    `shares_state` attribute, and one that does not say is taken to share."""
-    return bool(getattr(proposer, "shares_state", True))
-
-
-PROPOSERS = {
+PROPOSERS: dict[str, type[Proposer]] = {
     "vllm": NgramProposer,
     "hf": HfProposer,
     "llamacpp-simple": LlamaCppSimpleProposer,
@@ -126,15 +105,16 @@ def draft_tree(proposer: Proposer, context, budget: int) -> DraftTree:
     return tree
 
 
-def drafts_by_costs(name: str) -> bool:
-    """Whether proposer `name` decides each draft by a cost table it reads every pass (the
-    guard), so a simulation under load must run it live at the step's costs."""
-    return PROPOSERS[canonical_proposer(name)] is GuardProposer
+def reads_cost_table(name: str) -> bool:
+    """Whether proposer `name` decides each draft by a cost table it reads every pass, so a
+    simulation under load must run it live at the step's costs."""
+    return proposer_class(name).costs_kind == "table"
 
 
-def is_tree_proposer(proposer) -> bool:
-    """Whether `proposer` drafts trees (several candidates per pass)."""
-    return hasattr(proposer, "propose_tree")
+def proposer_class(name: str) -> type[Proposer]:
+    """The registered class of proposer `name` (or an alias): its declared capabilities, for
+    questions asked before a proposer exists."""
+    return PROPOSERS[canonical_proposer(name)]
 
 
 @cache
@@ -145,13 +125,6 @@ def warm_up() -> None:
     guard.warm_up()
     simple.warm_up()
     ngram_mod.warm_up()
-
-
-def start_request(proposer: Proposer, prompt_ids) -> None:
-    """Tell a proposer that keeps state across requests that a new one starts."""
-    begin = getattr(proposer, "begin", None)
-    if begin is not None:
-        begin(prompt_ids)
 
 
 def default_settings(name: str) -> tuple[int, tuple[int, int]]:
@@ -175,12 +148,12 @@ def make_proposer(name: str, k: int, window: tuple[int, int],
                   llamacpp: LlamaCppOptions | None = None) -> Proposer:
     """A fresh proposer called `name` with draft cap k and n-gram window (min, max); `costs` feeds
     `adaptive`, `adaptive-tree` and `guard`, `cross_request` feeds `suffix`, `eos_ids` feeds `hf`,
-    `llamacpp` feeds llama.cpp's stateful types (others ignore them). `guard` given c(n) drafts
-    with them, frozen; without, with the default c(n), frozen; given an empty `CostTable()`, with
-    the costs the generator measures into it."""
+    `llamacpp` feeds llama.cpp's stateful types (others ignore them). A proposer reading a cost
+    table (the guard) given c(n) drafts with them, frozen; without, with the default c(n),
+    frozen; given an empty `CostTable()`, with the costs the generator measures into it."""
     name = canonical_proposer(name)
-    if name == "guard":
-        return GuardProposer(k, *window, costs=_cost_table(costs))
+    if PROPOSERS[name].costs_kind == "table":
+        return PROPOSERS[name](k, *window, costs=_cost_table(costs))
     if name in LLAMACPP_DEFAULTS and name != "llamacpp-simple":
         return PROPOSERS[name](k, *window, options=llamacpp)
     if name in ("suffix", "suffix-tree"):

@@ -8,11 +8,12 @@ import numpy as np
 
 from kolibri_cli.costs.model import cost_model
 from kolibri_cli.decode.proposers.ngram import longest_match
+from kolibri_cli.decode.proposers.protocol import CostsKind, Proposer
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 
 
 @dataclass
-class AdaptiveProposer:
+class AdaptiveProposer(Proposer):
     """Cost-aware drafting: vLLM's match (longest n in the window,
     leftmost occurrence) gives up to k candidate tokens and the match length n; the proposer then
     drafts the prefix length L (0..k) that maximises the expected tokens per unit of cost of the
@@ -43,6 +44,8 @@ class AdaptiveProposer:
     explore: int = 8  # after this many skipped matches of length n, draft 1 token to re-test
     name: ClassVar[str] = "adaptive"
     shares_state: ClassVar[bool] = True  # statistics carry over from request to request
+    observes: ClassVar[bool] = True
+    costs_kind: ClassVar[CostsKind] = "numbers"
     _tried: np.ndarray = field(init=False, repr=False)  # [window_max + 1, k] passes testing (n, j)
     _accepted: np.ndarray = field(init=False, repr=False)  # [window_max + 1, k] accepted (n, j)
     _last_n: int = field(init=False, default=0)  # match length of the last proposal (0: none)

@@ -6,6 +6,7 @@ from typing import ClassVar
 import numpy as np
 
 from kolibri_cli.costs.model import cost_model
+from kolibri_cli.decode.proposers.protocol import CostsKind
 from kolibri_cli.decode.proposers.suffix import SuffixProposer
 from kolibri_cli.decode.proposers.tree import DraftTree
 
@@ -29,6 +30,8 @@ class AdaptiveTreeProposer(SuffixProposer):
     what a simulation and a real run both see. Statistics persist across requests."""
 
     name: ClassVar[str] = "adaptive-tree"
+    trees: ClassVar[bool] = True
+    costs_kind: ClassVar[CostsKind] = "numbers"
 
     def __init__(self, k: int, window_min: int = 1, window_max: int = 1,
                  costs: dict[int, float] | None = None, cross_request: bool = False,

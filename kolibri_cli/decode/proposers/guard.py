@@ -10,6 +10,7 @@ from numba import njit
 
 from kolibri_cli.costs.model import CostTable
 from kolibri_cli.decode.proposers.ngram import longest_match
+from kolibri_cli.decode.proposers.protocol import CostsKind, Proposer
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 
@@ -275,7 +276,7 @@ def warm_up() -> None:
 
 
 @dataclass
-class GuardProposer:
+class GuardProposer(Proposer):
     """vLLM's match (longest n in the window, leftmost occurrence) gives k candidate tokens (its
     continuation, repeating from the occurrence again where it reaches the context's end);
     the guard drafts the prefix length j in 0..k maximising the expected tokens per unit cost,
@@ -302,6 +303,7 @@ class GuardProposer:
     costs: CostTable = field(default_factory=CostTable)
     prior: AcceptancePrior | None = None
     name: ClassVar[str] = "guard"
+    costs_kind: ClassVar[CostsKind] = "table"  # read every pass, timed into while generating
     # acceptance and measured costs are this request's own (the probe gives each golden a
     # fresh guard; a given table is frozen), so goldens may be replayed anywhere
     shares_state: ClassVar[bool] = False

@@ -6,6 +6,7 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
+from kolibri_cli.decode.proposers.protocol import Proposer
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 
@@ -56,7 +57,7 @@ def longest_match(tokens, min_n, max_n):  # tokens: int64[T] -> (start, n)
 
 
 @dataclass(frozen=True)
-class NgramProposer:
+class NgramProposer(Proposer):
     """vLLM's n-gram proposer (vllm/v1/spec_decode/ngram_proposer.py): find the longest n in
     [window_min, window_max] whose last-n-token suffix occurred earlier in the context, and
     propose the up-to-k tokens after its leftmost occurrence. Linear time per call."""
@@ -107,7 +108,7 @@ def warm_up() -> None:
 
 
 @dataclass(frozen=True)
-class HfProposer:
+class HfProposer(Proposer):
     """transformers' `PromptLookupCandidateGenerator.get_candidates`
     (src/transformers/generation/candidate_generator.py): for ngram_size from
     max_matching_ngram_size down to 1, slide over the whole input and take the FIRST window equal

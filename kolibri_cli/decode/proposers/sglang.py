@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from kolibri_cli.decode.proposers.protocol import Proposer
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 from kolibri_cli.decode.proposers.tree import DraftTree
 
@@ -56,7 +57,7 @@ class RecentTrie:
         return found
 
 
-class SglangProposer:
+class SglangProposer(Proposer):
     """SGLang's NGRAM method (PR #9873; `Lookahead::matchBFS`, NGRAMWorker): after every step
     the last `branch_length` tokens of prompt + output go into a trie shared by all requests
     (with `prompt`, the whole prompt too, at a request's start); a draft matches the last 1..12
@@ -67,6 +68,7 @@ class SglangProposer:
     parent, until k nodes. Upstream defaults: window 1-12, breadth 1-10, branch length 18."""
 
     name: ClassVar[str] = "sglang"
+    trees: ClassVar[bool] = True
     shares_state: ClassVar[bool] = True  # one trie for all requests
 
     def __init__(self, k: int, window_min: int = 1, window_max: int = 12,

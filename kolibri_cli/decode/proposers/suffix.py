@@ -4,12 +4,13 @@ from typing import ClassVar
 
 import numpy as np
 
+from kolibri_cli.decode.proposers.protocol import Proposer
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 from kolibri_cli.decode.proposers.suffix_tree import Draft, SuffixTrie
 from kolibri_cli.decode.proposers.tree import DraftTree
 
 
-class SuffixProposer:
+class SuffixProposer(Proposer):
     """SuffixDecoding (Oliaro et al., arXiv 2411.04975) as implemented by Snowflake
     ArcticInference (arctic_inference/suffix_decoding/cache.py `SuffixDecodingCache.speculate`,
     csrc/suffix_decoding/suffix_tree.cc) and used by vLLM (vllm/v1/spec_decode/suffix_decoding.py):
@@ -29,6 +30,7 @@ class SuffixProposer:
     """
 
     name: ClassVar[str] = "suffix"
+    observes: ClassVar[bool] = True  # the context it has seen grows with every pass
 
     def __init__(self, k: int, window_min: int = 1, window_max: int = 1,
                  cross_request: bool = False, max_depth: int = 24, max_spec_factor: float = 1.0,
@@ -98,6 +100,7 @@ class SuffixTreeProposer(SuffixProposer):
     first — so one pass verifies several candidates. k counts tree nodes."""
 
     name: ClassVar[str] = "suffix-tree"
+    trees: ClassVar[bool] = True
 
     def propose_tree(self, context, max_depth: int) -> DraftTree:
         self._sync(context)

@@ -6,6 +6,7 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
+from kolibri_cli.decode.proposers.protocol import Proposer
 from kolibri_cli.decode.proposers.settings import validate_k, validate_window
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 
@@ -39,7 +40,7 @@ def warm_up() -> None:
 
 
 @dataclass(frozen=True)
-class LlamaCppSimpleProposer:
+class LlamaCppSimpleProposer(Proposer):
     """llama.cpp's `ngram-simple` speculative type (common/ngram-map.cpp,
     `common_ngram_simple_draft`): a FIXED n-gram length n (size_n); the MOST RECENT earlier
     occurrence of the last n tokens; the m (size_m) tokens after it, fewer if the history ends
@@ -53,6 +54,7 @@ class LlamaCppSimpleProposer:
     window_max: int  # size_n
 
     name: ClassVar[str] = "llamacpp-simple"
+    llama_server: ClassVar[str | None] = "ngram-simple"
     shares_state: ClassVar[bool] = False  # drafts depend on this request alone
 
     def __post_init__(self):

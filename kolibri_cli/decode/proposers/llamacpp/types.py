@@ -17,16 +17,18 @@ import numpy as np
 from kolibri_cli.decode.proposers.llamacpp import ngram_cache
 from kolibri_cli.decode.proposers.llamacpp.ngram_map import NgramMap
 from kolibri_cli.decode.proposers.llamacpp.ngram_mod import NgramModPool
+from kolibri_cli.decode.proposers.protocol import Proposer
 from kolibri_cli.decode.proposers.settings import LlamaCppOptions, validate_k, validate_window
 from kolibri_cli.errors import KolibriError
 
 
-class _ServerSlot:
+class _ServerSlot(Proposer):
     """The calling convention shared by the four types; subclasses build `_state`."""
 
     name: ClassVar[str]
     # one server slot for the server's life: requests see what earlier ones left
     shares_state: ClassVar[bool] = True
+    observes: ClassVar[bool] = True  # `accept` after a verified draft
 
     def __init__(self, k: int, window_min: int, window_max: int,
                  options: LlamaCppOptions | None = None):
@@ -34,9 +36,6 @@ class _ServerSlot:
         self.window_min, self.window_max = validate_window(window_min, window_max)
         self.options = options or LlamaCppOptions()
         self._state = self._new_state()
-
-    def begin(self, prompt_ids) -> None:
-        """A request starts with these prompt ids (before its first token is sampled)."""
 
     def propose(self, context, max_tokens: int) -> list[int]:
         if max_tokens <= 0:
@@ -65,6 +64,7 @@ class LlamaCppMapKProposer(_ServerSlot):
     has no effect on this type (as upstream)."""
 
     name: ClassVar[str] = "llamacpp-map-k"
+    llama_server: ClassVar[str | None] = "ngram-map-k"
     key_only: ClassVar[bool] = True
 
     def _new_state(self):
@@ -78,8 +78,8 @@ class LlamaCppMapKProposer(_ServerSlot):
         return self._state.draft(history.tolist(), sampled)
 
     def server_args(self) -> tuple[str, ...]:
-        kind = self.name.removeprefix("llamacpp-")
-        flags = ("--spec-type", f"ngram-{kind}", f"--spec-ngram-{kind}-size-n",
+        kind = self.llama_server.removeprefix("ngram-")
+        flags = ("--spec-type", self.llama_server, f"--spec-ngram-{kind}-size-n",
                  str(self.window_max), f"--spec-ngram-{kind}-size-m", str(self.k))
         hits = self.options.min_hits
         return flags + (() if hits is None else (f"--spec-ngram-{kind}-min-hits", str(hits)))
@@ -93,6 +93,7 @@ class LlamaCppMapK4vProposer(LlamaCppMapKProposer):
     Upstream defaults n = 12, m = 48, min-hits 1."""
 
     name: ClassVar[str] = "llamacpp-map-k4v"
+    llama_server: ClassVar[str | None] = "ngram-map-k4v"
     key_only: ClassVar[bool] = False
 
 
@@ -104,6 +105,7 @@ class LlamaCppModProposer(_ServerSlot):
     n = window max (n_match, upstream 24), m = k (n_max, upstream 64), n-min upstream 48."""
 
     name: ClassVar[str] = "llamacpp-mod"
+    llama_server: ClassVar[str | None] = "ngram-mod"
 
     def _new_state(self):
         n_min = 48 if self.options.n_min is None else self.options.n_min
@@ -131,6 +133,7 @@ class LlamaCppCacheProposer(_ServerSlot):
     unused (n-grams of 1..4, fixed upstream)."""
 
     name: ClassVar[str] = "llamacpp-cache"
+    llama_server: ClassVar[str | None] = "ngram-cache"
 
     def _new_state(self):
         static, dynamic = self.options.lookup_cache_static, self.options.lookup_cache_dynamic
