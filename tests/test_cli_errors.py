@@ -288,6 +288,7 @@ def test_writing_commands_report_as_json(kolibri_home, tiny_llama_folder, tmp_pa
     (["generate", "hi", "--k", "3"], "--k needs --spec or --compare"),
     (["generate", "hi", "--window", "2-3", "--proposer", "vllm"],
      "--window, --proposer need --spec or --compare"),
+    (["generate", "hi", "--proposer", "guard"], "--proposer needs --spec or --compare"),
     (["bench", "--peer-gguf", "x.gguf"], "--peer-gguf needs --peer"),
     (["bench", "--peer-bin", "x", "--peer-gguf", "x.gguf"], "--peer-bin, --peer-gguf need --peer"),
     (["bench", "--timeout", "5"], "--timeout needs --engine (--engine llama-server or a "

@@ -21,7 +21,7 @@ def bench(
         "server's own tokenizer, else smollm2-135m-instruct]")] = None,
     k: opt.KOpt = None,
     window: opt.WindowOpt = None,
-    proposer_name: opt.ProposerOpt = DEFAULT_PROPOSER,
+    proposer_name: opt.ProposerOpt = None,
     min_hits: opt.MinHitsOpt = None,
     n_min: opt.NMinOpt = None,
     lookup_cache_static: opt.StaticCacheOpt = None,
@@ -84,7 +84,7 @@ def bench(
     from kolibri_cli.engine.jit import get_threads
 
     llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
-    new_proposer = bench_proposers(k, window, proposer_name, llamacpp)
+    new_proposer = bench_proposers(k, window, proposer_name or DEFAULT_PROPOSER, llamacpp)
     drafter = new_proposer(None)  # bad settings fail before the model loads
     _refuse_unused(locals())
     if engine not in (None, "kolibri"):
@@ -128,7 +128,7 @@ def _refuse_unused(given: dict) -> None:
                        "lookup_cache_dynamic", "temperature", "top_k", "top_p", "min_p",
                        "repetition_penalty", "seed", "prefill", "peer", "quantize")
         options = {f"--{key.replace('_', '-')}": given[key] for key in kernel_only}
-        options["--proposer"] = None if given["proposer_name"] == DEFAULT_PROPOSER else 1
+        options["--proposer"] = given["proposer_name"]
         options["--greedy"] = given["greedy"] or None
         options["--no-save"] = None if given["save"] else True
         opt.refuse_with(options, "--engine", "it times a server's c(n), not kolibri's kernel")

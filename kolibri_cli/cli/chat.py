@@ -25,7 +25,7 @@ def chat(
     spec: Annotated[bool, typer.Option("--spec", help="Start with n-gram speculation on.")] = False,
     k: opt.KOpt = None,
     window: opt.WindowOpt = None,
-    proposer_name: opt.ProposerOpt = DEFAULT_SPEC_PROPOSER,
+    proposer_name: opt.SpecProposerOpt = None,
     costs: opt.CostsOpt = None,
     temperature: opt.TemperatureOpt = None,
     top_k: opt.TopKOpt = None,
@@ -50,6 +50,7 @@ def chat(
     from kolibri_cli.decode.chat import Conversation
 
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
+    proposer_name = proposer_name or DEFAULT_SPEC_PROPOSER
     drafting.new_proposer(k, window, proposer_name)  # bad settings fail before the model loads
     given_costs = drafting.asked_costs(costs, proposer_name)
     m = opt.load_model(model, threads)

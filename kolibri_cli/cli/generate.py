@@ -21,7 +21,7 @@ def generate(
     window: opt.WindowOpt = None,
     compare: Annotated[bool, typer.Option(
         "--compare", help="Run plain then spec, check identical ids, print both speeds.")] = False,
-    proposer_name: opt.ProposerOpt = DEFAULT_SPEC_PROPOSER,
+    proposer_name: opt.SpecProposerOpt = None,
     costs: opt.CostsOpt = None,
     min_hits: opt.MinHitsOpt = None,
     n_min: opt.NMinOpt = None,
@@ -51,6 +51,7 @@ def generate(
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
+    given_proposer, proposer_name = proposer_name, proposer_name or DEFAULT_SPEC_PROPOSER
     drafter = drafting.new_proposer(k, window, proposer_name, llamacpp)  # validated when unused
     drafter = drafter if (spec or compare) else None
     given_costs = drafting.asked_costs(costs, proposer_name)
@@ -58,7 +59,7 @@ def generate(
         opt.refuse_unused({"--k": k, "--window": window, "--min-hits": min_hits,
                            "--n-min": n_min, "--lookup-cache-static": lookup_cache_static,
                            "--lookup-cache-dynamic": lookup_cache_dynamic, "--costs": costs,
-                           "--proposer": None if proposer_name == DEFAULT_SPEC_PROPOSER else 1},
+                           "--proposer": given_proposer},
                           "--spec or --compare")
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)

@@ -9,6 +9,8 @@ import typer
 
 from kolibri_cli.decode.proposers import (
     DEFAULT_K,
+    DEFAULT_PROPOSER,
+    DEFAULT_SPEC_PROPOSER,
     GUARD_K,
     PROPOSERS,
     LlamaCppOptions,
@@ -51,8 +53,12 @@ QuantizeOpt = Annotated[str | None, typer.Option(
     "load); int8: its Q4_1/Q8_0 blocks times activations quantized to int8 per 32 values, "
     "integer dot products as llama.cpp computes them. Each a numeric path of its own, with its "
     "own goldens.")]
-ProposerOpt = Annotated[str, typer.Option(
-    "--proposer", help=f"Draft rule: {', '.join(PROPOSERS)}. See docs/proposers.md.")]
+PROPOSER_HELP = f"Draft rule: {', '.join(PROPOSERS)}. See docs/proposers.md."
+# None when not given (a run that drafts nothing refuses it); the command fills in the default
+ProposerOpt = Annotated[str | None, typer.Option(
+    "--proposer", metavar="<str>", help=f"{PROPOSER_HELP} [default: {DEFAULT_PROPOSER}]")]
+SpecProposerOpt = Annotated[str | None, typer.Option(
+    "--proposer", metavar="<str>", help=f"{PROPOSER_HELP} [default: {DEFAULT_SPEC_PROPOSER}]")]
 CostsOpt = Annotated[str | None, typer.Option(
     "--costs", metavar="C1,C2,...|default", help="Forward costs c(1),c(2),... adaptive and "
     "adaptive-tree draft by, as `kolibri probe --costs` takes them; default = the guess, "
