@@ -363,15 +363,24 @@ def test_guard_is_made_by_name_with_given_or_measured_costs():
         make_proposer("adaptive", 5, (1, 4), CostTable())
 
 
-def test_spec_drafts_with_the_guard_unless_a_fixed_rule_is_named():
-    import inspect
+def test_spec_drafts_with_the_guard_unless_a_fixed_rule_is_named(kolibri_home,
+                                                                  tiny_llama_folder):
+    import json
 
-    from kolibri_cli.cli.chat import chat
-    from kolibri_cli.cli.generate import generate
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
     from kolibri_cli.decode.drafting import new_proposer
 
-    for command in (generate, chat):
-        assert inspect.signature(command).parameters["proposer_name"].default == "guard"
+    folder = str(tiny_llama_folder())
+    for command in ("generate", "chat"):  # --proposer is None when not given: help says it
+        shown = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "400"}).stdout
+        assert "See docs/proposers.md. [default: guard]" in shown
+    for args, name in (([], "guard"), (["--proposer", "ngram"], "vllm")):
+        r = CliRunner().invoke(app, ["generate", "-m", folder, "--raw", "-n", "4", "--spec",
+                                     *args, "--json", "abcabc"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["proposer"] == name
     assert new_proposer(None, "1-4", "guard").k == 16  # a wide cap: it chooses the length
     assert new_proposer(None, "1-4", "ngram").k == 5  # a fixed rule keeps its default
     assert new_proposer(3, "2", "guard").k == 3
