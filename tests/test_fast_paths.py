@@ -142,3 +142,17 @@ def test_fast_equals_reference_on_long_chains(name, n):
     chains = long_chains(n)
     for k, window in ((5, (1, 4)), (8, (2, 64))):
         assert_same(chains, config(name, k, window), batch=3)
+
+
+def test_a_chain_past_the_replays_int32_indexes_is_refused(monkeypatch):
+    """The automaton indexes a chain with int32 (MAX_CHAIN = 2^28 ids, far past a golden line's
+    64 MB limit); a longer chain is one KolibriError, not a wrapped index."""
+    from kolibri_cli.errors import KolibriError
+    from kolibri_cli.probe import fast
+
+    monkeypatch.setattr(fast, "MAX_CHAIN", 100)
+    chain = Chains([golden(0, [1, 2, 3], [1, 2, 3] * 40)])
+    for name in ("vllm", "llamacpp-simple"):
+        with pytest.raises(KolibriError, match="a chain of 123 ids is longer than the n-gram "
+                                               "replay takes"):
+            Replayer(config(name, 3, (1, 2)), fast_path=True).replay(chain)

@@ -171,3 +171,25 @@ def test_a_bomb_costs_no_memory(env):
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and "longer than 64 MB" in lines[0], err
     assert bomb_mb < normal_mb + 200, (bomb_mb, normal_mb)
+
+
+def test_a_million_id_chain_is_simulated_in_little_memory(env):
+    """One golden of 1M output ids (the shipped outputs over and over, 1% of ids random): exit 0
+    with vllm, hf and llamacpp-simple (each replay linear in the chain, tests/test_fast_paths.py
+    pins its counts), peak RSS within 200 MB of a normal probe's."""
+    import random
+
+    from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
+
+    rng = random.Random(0)
+    shipped = [t for g in load_goldens(DEFAULT_CHAT) for t in g.output_ids]
+    ids = [rng.randrange(49152) if rng.random() < 0.01 else t
+           for t in (shipped * (1_000_000 // len(shipped) + 1))[:1_000_000]]
+    normal = write_goldens(env / "g.jsonl")
+    long = write_goldens(env / "long.jsonl", golden_line(output_ids=ids))
+    code, err, normal_mb = _peak_mb(["probe", "--goldens", str(normal), "--json"], env / "home")
+    assert code == 0, err
+    code, err, long_mb = _peak_mb(["probe", "--goldens", str(long), "--proposer",
+                                   "vllm,hf,llamacpp-simple", "--json"], env / "home")
+    assert code == 0, err
+    assert long_mb < normal_mb + 200, (long_mb, normal_mb)

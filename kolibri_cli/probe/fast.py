@@ -121,22 +121,27 @@ def _leftmost_draft(states, meta, t, budget, rule, k, wmin, wmax, ctx, eos):
 # the state keeps: for n <= wmax that is the answer; a longer suffix is cut to the last wmax
 # tokens, whose state is tracked as the context grows (no walk along the links, which a looping
 # chain makes as long as the chain).
-# Arrays: states int64[2T+2, 4] (length, link, first end, first edge), edges int64[3T+3, 3]
-# (token, target, next edge of the same state), a table keys/vals (state << 31 | token -> edge;
-# ids are below 2^31), meta int64[5] (states used, edges used, last state, the tracked state of
-# the last min(wmax, T) tokens, that length).
+# Arrays: states int32[2T+2, 4] (length, link, first end, first edge), edges int32[3T+3, 3]
+# (token, target, next edge of the same state), a table keys int64 / vals int32 (state << 31 |
+# token -> edge; ids are below 2^31) at most 3/4 full, meta int64[5] (states used, edges used,
+# last state, the tracked state of the last min(wmax, T) tokens, that length). int32 holds
+# every index of a chain below MAX_CHAIN ids; rows are written as the automaton grows, so a
+# chain's memory (~100 B an id: 1.4T states, 2.2T edges on shipped and random chains) is what
+# it uses, not what it could.
 
 _EMPTY = -1
+MAX_CHAIN = 1 << 28  # ids in one chain: the automaton's int32 indexes (edges < 3T + 3)
 _MIX = -7046029254386353131  # 0x9E3779B97F4A7C15 (Fibonacci hashing) as int64
 
 
 @njit(cache=True)
 def _table(entries):
-    """An empty open-addressing table for `entries` keys (>= 0): (keys, values)."""
+    """An empty open-addressing table for `entries` keys (>= 0), at most 3/4 full: (keys,
+    values)."""
     cap = 16
-    while cap < 2 * entries:
+    while 3 * cap < 4 * entries:
         cap *= 2
-    return np.full(cap, _EMPTY, np.int64), np.empty(cap, np.int64)
+    return np.full(cap, _EMPTY, np.int64), np.empty(cap, np.int32)
 
 
 @njit(cache=True)
@@ -152,8 +157,8 @@ def _slot(keys, key):
 
 @njit(cache=True)
 def _automaton(length):
-    states = np.empty((2 * length + 2, 4), np.int64)
-    edges = np.empty((3 * length + 3, 3), np.int64)
+    states = np.empty((2 * length + 2, 4), np.int32)
+    edges = np.empty((3 * length + 3, 3), np.int32)
     keys, vals = _table(3 * length + 3)
     meta = np.zeros(5, np.int64)
     states[0, 0], states[0, 1], states[0, 2], states[0, 3] = 0, -1, -1, -1
@@ -163,7 +168,7 @@ def _automaton(length):
 
 @njit(cache=True)
 def _target(keys, vals, edges, state, token):
-    i = _slot(keys, (state << 31) | token)
+    i = _slot(keys, (np.int64(state) << 31) | token)
     return -1 if keys[i] == _EMPTY else edges[vals[i], 1]
 
 
@@ -173,7 +178,7 @@ def _add_edge(states, edges, keys, vals, meta, state, token, target):
     meta[1] += 1
     edges[e, 0], edges[e, 1], edges[e, 2] = token, target, states[state, 3]
     states[state, 3] = e
-    key = (state << 31) | token
+    key = (np.int64(state) << 31) | token
     i = _slot(keys, key)
     keys[i], vals[i] = key, e
 
@@ -205,7 +210,7 @@ def _extend(states, edges, keys, vals, meta, token, i):
                 _add_edge(states, edges, keys, vals, meta, clone, edges[e, 0], edges[e, 1])
                 e = edges[e, 2]
             while p != -1 and _target(keys, vals, edges, p, token) == q:
-                edges[vals[_slot(keys, (p << 31) | token)], 1] = clone
+                edges[vals[_slot(keys, (np.int64(p) << 31) | token)], 1] = clone
                 p = states[p, 1]
             states[q, 1] = clone
             states[cur, 1] = clone

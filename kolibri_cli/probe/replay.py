@@ -171,6 +171,10 @@ class NgramReplay:
         self.k, self.window = proposer.k, (proposer.window_min, proposer.window_max)
 
     def replay(self, chains: Chains) -> ChainCounts:
+        longest = int(np.diff(chains.starts).max(initial=0))
+        if longest > fast.MAX_CHAIN:
+            raise KolibriError(f"a chain of {longest:,} ids is longer than the n-gram replay "
+                               f"takes ({fast.MAX_CHAIN:,}); split the golden")
         out = ChainCounts.empty(len(chains), self.k, chains.plain_steps)
         fast.ngram_replay(chains.tokens, chains.starts, chains.prompt_lens, chains.eos,
                           chains.eos_starts, self.rule, self.k, *self.window, _columns(out))
