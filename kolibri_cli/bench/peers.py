@@ -17,10 +17,30 @@ from importlib.metadata import distributions
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.store import cache
 
 PEERS = ("llama.cpp",)
 PREFILL_TOKENS = 2048
 DECODE_TOKENS = 128
+
+
+def check_peer(peer: str | None) -> None:
+    if peer is not None and peer not in PEERS:
+        raise KolibriError(f"unknown --peer {peer!r} (known: {', '.join(PEERS)})")
+
+
+def prefill_tokens(peer: str | None, given: int | None) -> int:
+    """The prompt length timed: as given, else the peer's prefill (2,048 tokens), else none."""
+    return (PREFILL_TOKENS if peer else 0) if given is None else given
+
+
+def peer_gguf(model, given: Path | None) -> Path:
+    """The GGUF the peer runs: as given, else the model's own source GGUF."""
+    if given is not None:
+        if not given.is_file():
+            raise KolibriError(f"--peer-gguf {given}: no such file")
+        return given
+    return cache.gguf_file(model.path)
 
 
 @dataclass

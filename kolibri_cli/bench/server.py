@@ -33,7 +33,15 @@ from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import line_slope
 from kolibri_cli.decode.proposers import LlamaCppSimpleProposer, draft
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers import LOCAL, Completion, ServerApi, serving, synth_args
+from kolibri_cli.servers import (
+    LOCAL,
+    Completion,
+    ServerApi,
+    connect,
+    is_server,
+    serving,
+    synth_args,
+)
 
 # The contexts timed, 64..184 positions, are a chat request's: llama.cpp pads attention to
 # multiples of 256 positions, and a pass past 256 costs more (more so for n > 1): c(n) timed on
@@ -42,6 +50,19 @@ PERIOD = 32  # tokens in the repeating unit: longer than any pass, so drafts are
 PERIODS = 2  # the prompt holds the unit this many times (64 tokens)
 NEW_TOKENS = 120  # decode steps per timed request (about the goldens' length)
 PROMPT_SEED = 5
+
+
+def check_engine(engine: str) -> None:
+    """`kolibri bench --engine`: llama-servers started here or a server's URL."""
+    if not is_server(engine):
+        raise KolibriError(f"unknown --engine {engine!r}: kolibri, {LOCAL} or a llama.cpp "
+                           "server's base URL")
+
+
+def tokenizer_api(engine: str, api: str | None) -> str | None:
+    """The API a URL's tokenizer is read through (llama.cpp unless told); none for the
+    llama-servers started here (the model's own tokenizer)."""
+    return None if engine == LOCAL else api or "llama.cpp"
 
 
 def periodic_prompt(model, seed: int = PROMPT_SEED, longest: int = 0) -> list[int]:
@@ -251,3 +272,24 @@ def curve_costs(engine: str, model, k: int, most: int, repeats: int, api: str | 
         costs = prompt_eval_costs(server, prompt, sizes, repeats, engine, step, pool=pool)
     costs.threads = threads
     return costs
+
+
+def server_costs(engine: str, model, k: int, repeats: int, threads: int | None,
+                 api: str | None, gguf, timeout: float, step: Ticks | None = None,
+                 note=lambda line: None, curve: int | None = None) -> ServerCosts:
+    """c(1..k+1) of `engine` (with `curve`, c(T) up to that many tokens: curve_costs):
+    llama-servers started here (synthetic acceptance), or a llama.cpp server at a URL (prompt
+    evaluation); `note` says when servers start."""
+    if curve:
+        return curve_costs(engine, model, k, curve, repeats, api, gguf, threads, timeout, step)
+    prompt = periodic_prompt(model, longest=k + 1)
+    if engine == LOCAL:
+        note(f"starting {k + 1} llama-servers ...")
+        with cost_servers(model, k + 1, gguf, threads, timeout) as servers:
+            return measure_costs(servers, prompt, repeats, LOCAL, threads, step)
+    server = connect(engine, api or "llama.cpp", model.tokenizer, model.eos_ids, timeout,
+                     vocab=model.vocab_size)
+    if server.api != "llama.cpp":
+        raise KolibriError("c(n) from a URL needs llama.cpp's per-request timings; for other "
+                           "servers pass c(n) to the probe with --costs")
+    return prompt_eval_costs(server, prompt, list(range(1, k + 2)), repeats, engine, step)

@@ -8,7 +8,6 @@ import typer
 
 from kolibri_cli.cli import options as opt
 from kolibri_cli.decode.proposers import DEFAULT_PROPOSER
-from kolibri_cli.errors import KolibriError
 
 TIMEOUT = 600.0  # seconds, --timeout's default
 
@@ -91,14 +90,13 @@ def bench(
         return _bench_servers(engine, model, drafter.k, repeats, threads, engine_api, gguf,
                               timeout, as_json, curve)
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
-    if peer is not None and peer not in peers.PEERS:
-        raise KolibriError(f"unknown --peer {peer!r} (known: {', '.join(peers.PEERS)})")
+    peers.check_peer(peer)
     binary = peers.find_llama_bench(peer_bin) if peer else None
     m = opt.load_model(model, threads, quantize=quantize)
     opt.fit_context(drafter.k, drafter.window_max, m)
     how = opt.resolve_sampling(m, given)
-    peer_file = _peer_gguf(m, peer_gguf) if peer else None
-    prefill = (peers.PREFILL_TOKENS if peer else 0) if prefill is None else prefill
+    peer_file = peers.peer_gguf(m, peer_gguf) if peer else None
+    prefill = peers.prefill_tokens(peer, prefill)
     render.err.print(f"benchmarking {m.name}: {repeats} repeats, {get_threads()} threads ...")
 
     def run_peer(max_n: int):
@@ -144,14 +142,12 @@ def _refuse_unused(given: dict) -> None:
 
 
 def _keep_costs(model, result) -> None:
-    """Store c(n) in the kolibri home: `kolibri probe` prices the goldens of this model with
-    them, `kolibri generate`'s adaptive proposers draft by them (costs/store.py)."""
+    """Store c(n) in the kolibri home (costs/store.py) and say what `kolibri probe` and
+    `kolibri generate` will do with them."""
     from kolibri_cli.cli import render
     from kolibri_cli.costs import store
 
-    entry = store.entry_for(model, result.threads, result.costs)
-    kept = store.save(entry, render.note)
-    more = sorted(set(kept.costs) - set(entry.costs))
+    more = store.keep(model, result.threads, result.costs, render.note)
     also = (f" (with c(n) for n = {more[0]}..{more[-1]} kept from an earlier run of this kernel)"
             if more else "")
     render.note(f"kept c(n) in {store.path()}{also}: `kolibri probe` prices {model.name}'s "
@@ -162,42 +158,12 @@ def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_js
                    curve=None) -> None:
     from kolibri_cli.bench import server as sb
     from kolibri_cli.cli import render
-    from kolibri_cli.errors import KolibriError
-    from kolibri_cli.servers import LOCAL, connect, is_server
 
-    if not is_server(engine):
-        raise KolibriError(f"unknown --engine {engine!r}: kolibri, {LOCAL} or a llama.cpp "
-                           "server's base URL")
-    m = opt.load_tokenizer(model, engine, None if engine == LOCAL else api or "llama.cpp",
-                           timeout)
-    prompt = sb.periodic_prompt(m, longest=k + 1)
+    sb.check_engine(engine)
+    m = opt.load_tokenizer(model, engine, sb.tokenizer_api(engine, api), timeout)
     with render.progress_bar("timing passes ") as bar:
-        ticks = lambda d, t: bar("", d, t)  # noqa: E731
-        if curve:
-            result = sb.curve_costs(engine, m, k, curve, repeats, api, gguf, threads, timeout,
-                                    ticks)
-        elif engine == LOCAL:
-            render.err.print(f"starting {k + 1} llama-servers ...")
-            with sb.cost_servers(m, k + 1, gguf, threads, timeout) as servers:
-                result = sb.measure_costs(servers, prompt, repeats, LOCAL, threads, ticks)
-        else:
-            server = connect(engine, api or "llama.cpp", m.tokenizer, m.eos_ids, timeout,
-                             vocab=m.vocab_size)
-            if server.api != "llama.cpp":
-                raise KolibriError("c(n) from a URL needs llama.cpp's per-request timings; for "
-                                   "other servers pass c(n) to the probe with --costs")
-            result = sb.prompt_eval_costs(server, prompt, list(range(1, k + 2)), repeats, engine,
-                                          ticks)
+        result = sb.server_costs(engine, m, k, repeats, threads, api, gguf, timeout,
+                                 lambda d, t: bar("", d, t), render.note, curve)
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.server_costs_table(result))
-
-
-def _peer_gguf(model, given: Path | None) -> Path:
-    from kolibri_cli.store import cache
-
-    if given is not None:
-        if not given.is_file():
-            raise KolibriError(f"--peer-gguf {given}: no such file")
-        return given
-    return cache.gguf_file(model.path)

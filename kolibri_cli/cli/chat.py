@@ -57,11 +57,10 @@ def chat(
     conversation = Conversation(m, system)
     _check_template(conversation)
     pricing = drafting.pricing(proposer_name, given_costs, m, render.note)
-    priced = pricing.costs if pricing else None
     settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop or [],
                 "new_proposer": lambda: drafting.new_proposer(  # a table: the last answer's timings
                     k, window, proposer_name,
-                    costs=priced or drafting.warm_costs(proposer_name, given_costs, m)),
+                    costs=drafting.drafts_by(proposer_name, given_costs, m, pricing)),
                 "given_costs": given_costs,
                 "spec": spec}
     reader = LineReader(history, _say)

@@ -46,6 +46,7 @@ def generate(
     from kolibri_cli.cli.app import interrupt_between_tokens
     from kolibri_cli.decode import drafting
     from kolibri_cli.decode.generate import generate_plain, generate_spec
+    from kolibri_cli.decode.prompt import prompt_ids
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
@@ -64,13 +65,12 @@ def generate(
     text = opt.read_prompt(prompt)
     m = opt.load_model(model, threads, quantize=quantize)
     pricing = drafting.pricing(proposer_name, given_costs, m, render.note) if drafter else None
-    warm = drafting.warm_costs(proposer_name, given_costs, m) if drafter else None
-    if pricing or warm:
-        drafter = drafting.new_proposer(k, window, proposer_name, llamacpp,
-                                        pricing.costs if pricing else warm)
+    drafts_by = drafting.drafts_by(proposer_name, given_costs, m, pricing) if drafter else None
+    if drafts_by is not None:  # a new proposer drafting by them
+        drafter = drafting.new_proposer(k, window, proposer_name, llamacpp, drafts_by)
     if drafter:
         opt.fit_context(drafter.k, drafter.window_max, m)
-    ids, max_tokens = _prompt_ids(m, text, raw, max_tokens, system)
+    ids, max_tokens = prompt_ids(m, text, raw, max_tokens, system, render.note)
     how = {"sampling": opt.resolve_sampling(m, given), "stop": stop or []}
     if compare:
         return _compare(m, ids, max_tokens, drafter, as_json, how, pricing, given_costs)
@@ -88,24 +88,6 @@ def generate(
     if as_json:
         return opt.print_json(_with_proposer(result.to_dict(m.name), drafter, pricing))
     render.err.print(stats_line(result), highlight=False)
-
-
-def _prompt_ids(model, text: str, raw: bool, max_tokens: int,
-                system: str | None = None) -> tuple[list[int], int]:
-    """Encode; refuse a prompt that fills the context, cap max_tokens to what is left."""
-    from kolibri_cli.cli import render
-
-    chat = not raw and model.tokenizer.chat_template is not None
-    if system is not None and not chat:
-        raise KolibriError("--system needs the model's chat template (drop --raw)")
-    ids = model.tokenizer.encode_prompt(text, chat=chat, system=system)
-    context = model.config.max_position_embeddings
-    if len(ids) >= context:
-        raise KolibriError(f"the prompt is {len(ids)} tokens; the model's context is {context}")
-    if len(ids) + max_tokens > context:
-        max_tokens = context - len(ids)
-        render.err.print(f"note: --max-tokens capped to {max_tokens} by the context ({context})")
-    return ids, max_tokens
 
 
 def stats_line(result) -> str:
@@ -137,23 +119,19 @@ def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None
              given_costs=None) -> None:
     from kolibri_cli.cli import render
     from kolibri_cli.decode.drafting import keep_costs
-    from kolibri_cli.decode.generate import generate_plain, generate_spec
+    from kolibri_cli.decode.generate import compare
 
-    plain = generate_plain(m, ids, max_tokens, **how)
-    spec = generate_spec(m, ids, max_tokens, drafter, **how)
+    both = compare(m, ids, max_tokens, drafter, **how)
     keep_costs(drafter, m, given_costs, render.note)
-    same = plain.output_ids == spec.output_ids
-    # one new token (-n 1, or eos at once) is prefill's: no decode speed, no ratio
-    ratio = (spec.decode_tokens_per_s / plain.decode_tokens_per_s
-             if plain.decode_tokens_per_s > 0 else None)
+    plain, spec, ratio = both.plain, both.spec, both.speedup
     if as_json:
-        opt.print_json({"identical": same, "speedup": ratio, "plain": plain.to_dict(m.name),
-                    "spec": _with_proposer(spec.to_dict(m.name), drafter, pricing)})
+        opt.print_json({"identical": both.identical, "speedup": ratio,
+                        "plain": plain.to_dict(m.name),
+                        "spec": _with_proposer(spec.to_dict(m.name), drafter, pricing)})
     else:
         sys.stdout.write(plain.text + "\n")  # model text: never read as rich markup
         render.err.print(f"plain: {stats_line(plain)}", highlight=False)
         render.err.print(f"spec:  {stats_line(spec)}", highlight=False)
         speed = "n/a (nothing decoded after prefill)" if ratio is None else f"{ratio:.2f}x"
-        render.err.print(f"spec / plain decode speed: {speed}; ids identical: {same}")
-    if not same:
-        raise KolibriError("speculative output differs from plain output (a kernel or sampler bug)")
+        render.err.print(f"spec / plain decode speed: {speed}; ids identical: {both.identical}")
+    both.check()

@@ -88,10 +88,7 @@ def record(
 
     if max_tokens < 1:
         raise KolibriError(f"--max-tokens must be at least 1 (got {max_tokens})")
-    remote = servers.is_server(engine)
-    if not remote and engine not in recorder.ENGINES:
-        raise KolibriError(f"unknown engine {engine!r}: {', '.join(recorder.ENGINES)}, "
-                           f"{servers.LOCAL} or a base URL (http://host:port)")
+    remote = recorder.check_engine(engine)
     given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     if not remote:
         refuse_unused({"--engine-api": engine_api, "--gguf": gguf, "--served-model": served_model},
@@ -109,7 +106,7 @@ def record(
             goldens = recorder.record(m, specs, runner, max_tokens, chat,
                                       lambda d, t: bar("", d, t), how, seeds)
     save_goldens(output, goldens)
-    capped = sum(g.reference.get("max_tokens", max_tokens) < max_tokens for g in goldens)
+    capped = recorder.capped(goldens, max_tokens)
     if capped:
         render.note(f"note: --max-tokens capped by the context ({m.context}) for {capped} of "
                     f"{len(goldens)} chains")

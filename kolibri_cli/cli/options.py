@@ -17,6 +17,7 @@ from kolibri_cli.decode.proposers import (
     fit_context,  # noqa: F401  (commands import it here)
 )
 from kolibri_cli.decode.sampling import OPTION_HELP as SAMPLING_HELP
+from kolibri_cli.decode.sampling import given_options as sampling_options  # noqa: F401
 from kolibri_cli.errors import KolibriError, refuse_unused  # noqa: F401
 from kolibri_cli.store.models import verify_hint  # noqa: F401
 
@@ -176,37 +177,9 @@ StopOpt = Annotated[list[str] | None, typer.Option(
     "--stop", metavar="STRING", help="Stop once the text contains STRING (repeatable).")]
 
 
-def sampling_options(temperature: float | None = None, top_k: int | None = None,
-                     top_p: float | None = None, min_p: float | None = None,
-                     repetition_penalty: float | None = None, seed: int | None = None,
-                     greedy: bool = False) -> dict:
-    """The sampling options given (None = not given), checked before a model loads."""
-    from kolibri_cli.decode.sampling import Sampling
-
-    if greedy and temperature not in (None, 0):
-        raise KolibriError("--greedy and --temperature contradict each other: pass one")
-    given = {"temperature": 0.0 if greedy else temperature, "top_k": top_k, "top_p": top_p,
-             "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed}
-    given = {key: value for key, value in given.items() if value is not None}
-    Sampling(**given).check(prefix="--")
-    return given
-
-
 def resolve_sampling(model, given: dict):
-    """The Sampling of the options given on top of the model's generation_config.json; a random
-    seed (noted on stderr) when sampling without --seed."""
+    """The Sampling the run uses (decode/sampling.py decides), its notes on stderr."""
     from kolibri_cli.cli import render
-    from kolibri_cli.decode.sampling import Sampling, new_seed
-    from kolibri_cli.engine.config import generation_defaults
+    from kolibri_cli.decode.sampling import resolve
 
-    folder = model.path is not None and Path(model.path).is_dir()
-    settings = (generation_defaults(model.path) if folder else {}) | given
-    chosen = Sampling(**settings).check()
-    if chosen.greedy and "seed" in given:
-        render.note("note: --seed has no effect: decoding is greedy (sampling needs "
-                    "--temperature > 0)")
-    if not chosen.greedy and "seed" not in given:
-        chosen = Sampling(**(settings | {"seed": new_seed()}))
-        render.err.print(f"seed {chosen.seed} (pass --seed {chosen.seed} to repeat this run)",
-                         highlight=False)
-    return chosen
+    return resolve(model, given, render.note)

@@ -51,12 +51,11 @@ def serve(
 
     check_installed()
     from kolibri_cli.serve.requests import Limits
-    from kolibri_cli.serve.run import LOOPBACK, ServeConfig
+    from kolibri_cli.serve.run import ServeConfig, exposure_note
     from kolibri_cli.serve.run import serve as run
 
-    if host not in LOOPBACK and not api_key:
-        render.note(f"note: listening on {host} without --api-key: anyone who reaches this "
-                    "port can use the model")
+    if exposed := exposure_note(host, api_key):
+        render.note(exposed)
     m = opt.load_model(model, threads, quantize=quantize)
     cfg = ServeConfig(host, port, spec, api_key or None, record,
                       Limits(max_tokens, max_body, max_queue), threads, served_model_name,

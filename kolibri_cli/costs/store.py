@@ -151,6 +151,13 @@ def save(entry: BenchCosts, notify=None) -> BenchCosts:
     return entry
 
 
+def keep(model, threads: int, costs: dict[int, float], notify=None) -> list[int]:
+    """Keep a bench run's c(n) of `model` on `threads` (`save`); the n whose c(n) an earlier run
+    of the same kernel timed and this one did not, kept beside them."""
+    entry = entry_for(model, threads, costs)
+    return sorted(set(save(entry, notify).costs) - set(entry.costs))
+
+
 def forget(model_sha256: str) -> int:
     """Drop the entries of one model (`kolibri model rm`): how many were dropped. A file that
     does not parse is left as it is."""

@@ -93,6 +93,12 @@ def warm_costs(name: str, given: Pricing | None, model,
     return warm_table(model.sha256, model.numerics, threads or get_threads())[0]
 
 
+def drafts_by(name: str, given: Pricing | None, model, priced: Pricing | None):
+    """What a new proposer `name` drafts by: the c(n) `pricing` chose, else, for one reading a
+    table, the table earlier runs warmed (`warm_costs`), else None (new_proposer's default)."""
+    return priced.costs if priced else warm_costs(name, given, model)
+
+
 def keep_costs(drafter: Proposer | None, model, given: Pricing | None, note: Note) -> None:
     """Keep the timings of a proposer reading a table for the next run, unless --costs was given
     (a home that cannot be written: a note)."""

@@ -125,6 +125,39 @@ class GenerationResult:
         }
 
 
+@dataclass
+class Comparison:
+    """Plain then speculative decoding of one prompt: the same ids (the law), and how much
+    faster speculation decoded."""
+
+    plain: GenerationResult
+    spec: GenerationResult
+
+    @property
+    def identical(self) -> bool:
+        return self.plain.output_ids == self.spec.output_ids
+
+    @property
+    def speedup(self) -> float | None:
+        """spec / plain decode speed; None when plain decoded nothing after prefill (one new
+        token: prefill's)."""
+        plain = self.plain.decode_tokens_per_s
+        return self.spec.decode_tokens_per_s / plain if plain > 0 else None
+
+    def check(self) -> None:
+        if not self.identical:
+            raise KolibriError("speculative output differs from plain output (a kernel or "
+                               "sampler bug)")
+
+
+def compare(model, prompt_ids: Sequence[int], max_tokens: int, proposer: Proposer, *,
+            sampling: Sampling = GREEDY, stop: Sequence[str] = ()) -> Comparison:
+    """Both generators on the same prompt, plain first."""
+    how = {"sampling": sampling, "stop": stop}
+    return Comparison(generate_plain(model, prompt_ids, max_tokens, **how),
+                      generate_spec(model, prompt_ids, max_tokens, proposer, **how))
+
+
 def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
                    on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
                    stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:

@@ -117,6 +117,39 @@ def new_seed() -> int:
     return int(np.random.SeedSequence().entropy % 2**63)
 
 
+def given_options(temperature: float | None = None, top_k: int | None = None,
+                  top_p: float | None = None, min_p: float | None = None,
+                  repetition_penalty: float | None = None, seed: int | None = None,
+                  greedy: bool = False) -> dict:
+    """The sampling options given (None = not given), checked before a model loads; `greedy`
+    is temperature 0."""
+    if greedy and temperature not in (None, 0):
+        raise KolibriError("--greedy and --temperature contradict each other: pass one")
+    given = {"temperature": 0.0 if greedy else temperature, "top_k": top_k, "top_p": top_p,
+             "min_p": min_p, "repetition_penalty": repetition_penalty, "seed": seed}
+    given = {key: value for key, value in given.items() if value is not None}
+    Sampling(**given).check(prefix="--")
+    return given
+
+
+def resolve(model, given: dict, note) -> Sampling:
+    """The Sampling of the options `given` on top of the model's generation_config.json; when
+    sampling without a seed, a new one, which `note` prints so the run can be repeated."""
+    from pathlib import Path
+
+    from kolibri_cli.engine.config import generation_defaults
+
+    folder = model.path is not None and Path(model.path).is_dir()
+    settings = (generation_defaults(model.path) if folder else {}) | given
+    chosen = Sampling(**settings).check()
+    if chosen.greedy and "seed" in given:
+        note("note: --seed has no effect: decoding is greedy (sampling needs --temperature > 0)")
+    if not chosen.greedy and "seed" not in given:
+        chosen = Sampling(**(settings | {"seed": new_seed()}))
+        note(f"seed {chosen.seed} (pass --seed {chosen.seed} to repeat this run)")
+    return chosen
+
+
 class Sampler:
     """Chooses tokens for one generation and adds up the seconds it spends doing so."""
 

@@ -12,11 +12,26 @@ from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, PromptSpec, first_divergence
-from kolibri_cli.servers import ServerApi, server_identity
+from kolibri_cli.servers import LOCAL, ServerApi, is_server, server_identity
 from kolibri_cli.text import shown
 
 ENGINES = ("kolibri", "transformers")  # in-process; a server is passed as a ServerApi
 NEAR_TIE = 1e-3  # a divergence at a reference margin below this is float rounding, not a bug
+
+
+def check_engine(engine: str) -> bool:
+    """Whether `engine` is a server (llama-servers started here or a URL); an unknown in-process
+    engine is a KolibriError."""
+    remote = is_server(engine)
+    if not remote and engine not in ENGINES:
+        raise KolibriError(f"unknown engine {engine!r}: {', '.join(ENGINES)}, {LOCAL} or a base "
+                           "URL (http://host:port)")
+    return remote
+
+
+def capped(goldens: list[Golden], max_tokens: int) -> int:
+    """How many chains the context capped below `max_tokens` (their reference records it)."""
+    return sum(g.reference.get("max_tokens", max_tokens) < max_tokens for g in goldens)
 
 
 def _engine(model, engine: str):

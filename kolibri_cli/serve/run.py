@@ -37,6 +37,14 @@ class ServeConfig:
     drain_s: float = 60.0  # seconds SIGTERM waits for requests in flight
 
 
+def exposure_note(host: str, api_key: str | None) -> str | None:
+    """A warning for a server anyone on the network may use; None on loopback or with a key."""
+    if host in LOOPBACK or api_key:
+        return None
+    return (f"note: listening on {host} without --api-key: anyone who reaches this port can use "
+            "the model")
+
+
 def serve(model, cfg: ServeConfig, on_ready: Callable[[str], None], log: Log,
           note: Callable[[str], None]) -> None:
     """Serve until a signal; `on_ready(url)` once listening, `log(entry)` per request,
