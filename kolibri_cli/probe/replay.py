@@ -253,13 +253,15 @@ def _new_trie(capacity: int, depth: int) -> tuple:
 
 
 def _with_room(trie: tuple, room: int) -> tuple:
-    """The trie with room for `room` more nodes (its node table at least doubled)."""
+    """The trie with room for `room` more nodes (its node table at least doubled). The new rows
+    are left unwritten (fast._add_child writes a node's row when it makes it): room is sized
+    for the worst case, chain length x depth, and only the rows used take memory."""
     nodes, root, meta = trie
     needed = int(meta[0]) + room
     if needed <= nodes.shape[0]:
         return trie
-    bigger = np.full((max(needed, 2 * nodes.shape[0]), nodes.shape[1]), -1, dtype=np.int64)
-    bigger[: nodes.shape[0]] = nodes
+    bigger = np.empty((max(needed, 2 * nodes.shape[0]), nodes.shape[1]), dtype=np.int64)
+    bigger[: int(meta[0])] = nodes[: int(meta[0])]
     return bigger, root, meta
 
 
