@@ -102,6 +102,21 @@ def test_a_redirect_elsewhere_is_refused_and_the_key_stays_home(env, tiny_llama_
     assert not (env / "out.jsonl").exists()
 
 
+@pytest.mark.parametrize("route", [("GET", "/props"), ("POST", "/completion")])
+def test_bench_refuses_a_redirect_and_the_key_stays_home(env, tiny_llama_folder, servers, route):
+    """c(n) by a server's prompt evaluation (`bench --engine URL`) uses the same policy."""
+    catcher = servers()
+    engine = servers(llama({("POST", "/completion"): json_answer(completion(
+        [5], {"prompt_n": 1, "prompt_ms": 2.0, "predicted_ms": 1.0, "predicted_n": 1}))}
+        | {route: redirect(302, f"{catcher.url}/steal")}))
+    result = CliRunner().invoke(app, ["bench", "-m", str(tiny_llama_folder()), "--engine",
+                                      engine.url, "--k", "1", "--repeats", "1"])
+    assert f"HTTP 302, a redirect to {catcher.url}/steal" in one_error(result)
+    assert catcher.requests == []
+    assert engine.requests and all(h.get("Authorization") == f"Bearer {KEY}"
+                                   for _, _, h in engine.requests)
+
+
 @pytest.mark.parametrize("location, shown", [
     ("ftp://127.0.0.1/x", "ftp://127.0.0.1/x"), ("http://[::1", "http://[::1"),
     ("http://u:pw@[::1/\x1b[2J", "***@[::1/\\x1b[2J"), ("", "nowhere")])
