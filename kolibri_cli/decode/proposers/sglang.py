@@ -88,10 +88,12 @@ class SglangProposer(Proposer):
             self.trie.insert([int(t) for t in prompt_ids])
 
     def propose_tree(self, context, max_depth: int) -> DraftTree:
-        tokens = np.asarray(context, dtype=np.int64).tolist()
-        if len(tokens) != self._last_len:  # one insert per step, as upstream's update
-            self.trie.insert(tokens[-self.branch_length :])
-            self._last_len = len(tokens)
+        # the last branch_length tokens are all an insert or a match (windows < branch_length)
+        # reads: the whole context as a list each step made a long chain quadratic
+        tokens = np.asarray(context[-self.branch_length :], dtype=np.int64).tolist()
+        if len(context) != self._last_len:  # one insert per step, as upstream's update
+            self.trie.insert(tokens)
+            self._last_len = len(context)
         return self._bfs(tokens).cut(max(max_depth, 0))
 
     def propose(self, context, max_tokens: int) -> list[int]:
