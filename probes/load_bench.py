@@ -18,7 +18,7 @@
    over the window's length. Rounds alternate the order of B and of plain/spec; per B the
    per-round ratios' median and range are shown.
 3. The prediction: the chains the spec server returned (client 0, first round), simulated with
-   `llamacpp-simple` at the server's n and m (probe.shard.simulate; its drafted/accepted are
+   `llamacpp-simple` at the server's n and m (probe.replay.shards.simulate; its drafted/accepted are
    checked against the server's counters), priced with the server's c(T) at concurrency B
    (load.load_point). Plain scaling: the step model gives throughput(B) / throughput(1) =
    B / c(B).
@@ -46,7 +46,7 @@ from kolibri_cli.costs.model import cost_model
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.goldens.chains import DEFAULT_CHAT, SHIPPED, load_goldens
 from kolibri_cli.probe.load import LoadCurve, crossover, load_point, slot_orders
-from kolibri_cli.probe.shard import simulate
+from kolibri_cli.probe.replay.shards import simulate
 from kolibri_cli.servers import LOCAL, LlamaServer, ServerSpec, connect
 from kolibri_cli.store.cache import gguf_file
 from kolibri_cli.store.models import open_model

@@ -85,10 +85,10 @@ def parts(n: int = 7_000, repeats: int = 5) -> None:
 
     from kolibri_cli.goldens.stream import Piece, read_piece
     from kolibri_cli.probe.replay import Chains, Replayer, SimConfig
-    from kolibri_cli.probe.shard import BATCH
+    from kolibri_cli.probe.replay.shards import BATCH
 
     piece = Piece(str(traces(n)))
-    gc.disable()  # as in a task (shard.run_task)
+    gc.disable()  # as in a task (shards.run_task)
     times = {"read+parse+check": [], "tables": [], "replay": []}
     for _ in range(repeats):
         t0 = time.process_time()

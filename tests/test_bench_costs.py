@@ -206,7 +206,7 @@ def test_bench_no_save_keeps_nothing(kolibri_home, tmp_path):
 def test_measure_lets_the_guard_time_its_own_costs_unless_given(goldens):
     from kolibri_cli.costs.pricing import Pricing
     from kolibri_cli.probe.measure import live_runs
-    from kolibri_cli.probe.shard import sweep
+    from kolibri_cli.probe.replay.shards import sweep
 
     runs = sweep([], [3], [(1, 2)], ["guard", "adaptive"], costs={1: 1.0, 2: 1.5})
     for source, guard_costs in (("bench", None), ("guess", None), ("given", {1: 1.0, 2: 1.5})):

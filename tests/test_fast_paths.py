@@ -102,20 +102,20 @@ def test_a_hash_collision_falls_back_to_the_proposers_scan():
     """llamacpp-simple's table maps an n-gram's hash to its latest start; when that start holds
     another n-gram (a collision), the answer is the proposer's own scan."""
     from kolibri_cli.decode.proposers.llamacpp.simple import _most_recent_start
-    from kolibri_cli.probe import fast
+    from kolibri_cli.probe.replay import compiled
 
     ctx = np.array([7, 1, 2, 9, 1, 2, 3, 3, 4, 4, 1, 2], dtype=np.int64)
     size, m = 2, 2
-    prefix, power = fast._hashes(ctx, size)
-    keys, vals = fast._table(len(ctx))
-    h = (prefix[len(ctx)] - prefix[len(ctx) - size] * power) & fast._MASK  # of [1, 2]
-    slot = fast._slot(keys, h)
+    prefix, power = compiled._hashes(ctx, size)
+    keys, vals = compiled._table(len(ctx))
+    h = (prefix[len(ctx)] - prefix[len(ctx) - size] * power) & compiled._MASK  # of [1, 2]
+    slot = compiled._slot(keys, h)
     keys[slot], vals[slot] = h, 6  # [3, 3] is at 6: as if it had the same hash
     expected = _most_recent_start(ctx, size, m)
     assert expected == (6, 2)  # [1, 2] last occurred at 4 (before 1): 4 + 2 = 6
-    assert fast._recent(ctx, len(ctx), size, m, keys, vals, prefix, power) == expected
+    assert compiled._recent(ctx, len(ctx), size, m, keys, vals, prefix, power) == expected
     vals[slot] = 4  # the true latest start: read from the table
-    assert fast._recent(ctx, len(ctx), size, m, keys, vals, prefix, power) == expected
+    assert compiled._recent(ctx, len(ctx), size, m, keys, vals, prefix, power) == expected
 
 
 def long_chains(n: int, seed: int = 11) -> list[Golden]:
@@ -148,9 +148,9 @@ def test_a_chain_past_the_replays_int32_indexes_is_refused(monkeypatch):
     """The automaton indexes a chain with int32 (MAX_CHAIN = 2^28 ids, far past a golden line's
     64 MB limit); a longer chain is one KolibriError, not a wrapped index."""
     from kolibri_cli.errors import KolibriError
-    from kolibri_cli.probe import fast
+    from kolibri_cli.probe.replay import compiled
 
-    monkeypatch.setattr(fast, "MAX_CHAIN", 100)
+    monkeypatch.setattr(compiled, "MAX_CHAIN", 100)
     chain = Chains([golden(0, [1, 2, 3], [1, 2, 3] * 40)])
     for name in ("vllm", "llamacpp-simple"):
         with pytest.raises(KolibriError, match="a chain of 123 ids is longer than the n-gram "

@@ -270,8 +270,8 @@ def test_the_measured_probe_says_where_the_guards_costs_started(kolibri_home, ti
     from kolibri_cli.decode.generate import generate_plain
     from kolibri_cli.goldens.chains import Golden
     from kolibri_cli.probe.measure import measure_runs
+    from kolibri_cli.probe.replay.shards import simulate
     from kolibri_cli.probe.report import GUARD_START
-    from kolibri_cli.probe.shard import simulate
     from kolibri_cli.store.models import open_model
 
     folder, sha = tiny

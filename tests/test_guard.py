@@ -452,11 +452,11 @@ def test_goldens_replay_anywhere_with_the_same_guard_counts(tmp_path, monkeypatc
 
     from kolibri_cli.cli import app
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-    from kolibri_cli.probe import shard
+    from kolibri_cli.probe.replay import shards
     from kolibri_cli.probe.simulate import merge_counts
 
     assert not make_proposer("guard", 16, (1, 4)).shares_state
-    monkeypatch.setattr(shard, "PIECE_BYTES", 4 << 10)  # several pieces of the 18 goldens
+    monkeypatch.setattr(shards, "PIECE_BYTES", 4 << 10)  # several pieces of the 18 goldens
     costs = ",".join(str(FROZEN[n]) for n in sorted(FROZEN))
     args = ["probe", "--goldens", str(DEFAULT_CHAT), "--proposer", "guard", "--k", "8",
             "--costs", costs, "--json"]
@@ -465,7 +465,7 @@ def test_goldens_replay_anywhere_with_the_same_guard_counts(tmp_path, monkeypatc
     a, b = json.loads(one.stdout), json.loads(two.stdout)
     assert a["runs"] == b["runs"] and b["throughput"]["workers"] == 2
     assert a["runs"][0]["ordered_streams"] is None  # spread, not one ordered stream
-    assert len(shard.plan_pieces([DEFAULT_CHAT], 4 << 10)) > 2
+    assert len(shards.plan_pieces([DEFAULT_CHAT], 4 << 10)) > 2
     in_order = make_proposer("guard", 8, (1, 4), FROZEN)
     total = merge_counts([simulate_chain(g.prompt_ids, g.output_ids, in_order, 8)
                           for g in load_goldens(DEFAULT_CHAT)], 8)

@@ -25,7 +25,8 @@ def test_import_contracts_hold():
 
 @pytest.mark.parametrize("module", ["kolibri_cli.store.gguf", "kolibri_cli.engine.rope",
                                     "kolibri_cli.probe.simulate", "kolibri_cli.goldens.chains",
-                                    "kolibri_cli.probe.shard", "kolibri_cli.goldens.stream"])
+                                    "kolibri_cli.probe.replay.shards",
+                                    "kolibri_cli.goldens.stream"])
 def test_light_modules_do_not_load_the_kernel_or_the_terminal(module):
     """GGUF conversion needs RoPE math, not the numba kernel (whose LLVM option is process
     wide); nothing below cli imports typer or rich."""

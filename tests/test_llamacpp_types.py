@@ -411,8 +411,8 @@ def test_measured_server_counts_a_stateful_type_as_one_slot():
     the goldens in the order the server saw them (a fresh one per golden misses what earlier
     requests left in the slot)."""
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-    from kolibri_cli.probe.measure_server import measure_on_server
-    from kolibri_cli.probe.shard import simulate
+    from kolibri_cli.probe.measure.server import measure_on_server
+    from kolibri_cli.probe.replay.shards import simulate
 
     goldens = load_goldens(DEFAULT_CHAT)
     run = simulate(goldens, 5, (2, 2), "llamacpp-map-k")
@@ -431,7 +431,7 @@ def test_configurations_carry_defaults_options_and_absolute_cache_paths():
     from pathlib import Path
 
     from kolibri_cli.probe.config import ProbeConfig
-    from kolibri_cli.probe.shard import configs_of
+    from kolibri_cli.probe.replay.shards import configs_of
 
     cfg = ProbeConfig(k=[], window=[], proposer=["vllm", "llamacpp-mod", "sglang"], n_min=3,
                       lookup_cache_static=Path("static.bin"))

@@ -12,7 +12,7 @@ from kolibri_cli.cli import app
 from kolibri_cli.costs.model import cost_model
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.probe.load import crossover, load_curve, load_point, load_report, slot_orders
-from kolibri_cli.probe.shard import simulate
+from kolibri_cli.probe.replay.shards import simulate
 from kolibri_cli.probe.simulate import Counts, GoldenSim, SimRun
 
 

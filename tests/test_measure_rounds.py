@@ -1,4 +1,4 @@
-"""The measured probe's protocol (probe/measure.py): rounds spread over the run, more rounds for
+"""The measured probe's protocol (probe/measure/): rounds spread over the run, more rounds for
 short goldens, a rotating order that turns around, and disturbed decode steps counted at their
 peers' median. Fake timings only: nothing here is timed."""
 
@@ -9,7 +9,7 @@ from kolibri_cli.decode.generate import GenerationResult, VerifyPass, generate_p
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.probe import measure
-from kolibri_cli.probe.shard import simulate
+from kolibri_cli.probe.replay.shards import simulate
 
 PROMPTS = [[5, 6, 7, 8] * 5, [9, 3, 9, 3, 9] * 3, [11, 12, 13, 14, 15, 16, 11, 12]]
 

@@ -221,8 +221,8 @@ def _result(goldens, runs, measured, **config):
 
 def test_measured_section_and_speedup_gate(goldens):
     from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.replay.shards import simulate
     from kolibri_cli.probe.report import Measured, MeasuredGolden, build_report
-    from kolibri_cli.probe.shard import simulate
 
     run_ = simulate(load_goldens(goldens), 3, (1, 2))
     one = MeasuredGolden("mix", 20.0, 30.0, 1.5, 1.65, True, None, True, 3, 5, 4)
@@ -250,8 +250,8 @@ def test_speedup_gate_reads_the_measured_run_of_a_sweep(goldens):
     """--measure measures the fastest setting: the gate reads its measured speedup, and that
     setting leads the ranking whatever the others predict."""
     from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.replay.shards import sweep
     from kolibri_cli.probe.report import Measured
-    from kolibri_cli.probe.shard import sweep
 
     runs = sweep(load_goldens(goldens), [1, 3], [(1, 2)])
     measured = {("vllm", 3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0}, 0.0, True, True)}
@@ -270,7 +270,7 @@ def test_measured_totals_with_one_token_goldens_predict_nothing():
     from kolibri_cli.decode.generate import generate_plain
     from kolibri_cli.goldens.chains import Golden
     from kolibri_cli.probe.measure import measure_run
-    from kolibri_cli.probe.shard import simulate
+    from kolibri_cli.probe.replay.shards import simulate
 
     model = MODELS[0]
     prompt = [5, 6, 7, 5, 6]
@@ -288,7 +288,7 @@ def test_guard_and_fixed_measured_in_one_run_agree_with_their_simulations():
     from kolibri_cli.decode.generate import generate_plain
     from kolibri_cli.goldens.chains import Golden
     from kolibri_cli.probe.measure import measure_runs
-    from kolibri_cli.probe.shard import simulate
+    from kolibri_cli.probe.replay.shards import simulate
 
     model = MODELS[0]
     prompts = [[5, 6, 7] * 4, [9, 3, 9, 3, 4]]
@@ -310,12 +310,12 @@ def test_goldens_too_short_to_time_are_marked_and_left_out_of_overall_and_worst(
     goldens'."""
     from tiny_models import MODELS
 
-    from kolibri_cli.cli.render_probe import guard_table, measured_table
+    from kolibri_cli.cli.render.probe import guard_table, measured_table
     from kolibri_cli.decode.generate import generate_plain
     from kolibri_cli.goldens.chains import Golden
     from kolibri_cli.probe.measure import measure_runs
+    from kolibri_cli.probe.replay.shards import simulate
     from kolibri_cli.probe.report import MIN_TIMED_STEPS, guard_json
-    from kolibri_cli.probe.shard import simulate
 
     model = MODELS[0]
     lengths = {"long": 30, "short": 2, "edge": MIN_TIMED_STEPS + 1}  # edge: exactly 4 steps
@@ -340,10 +340,10 @@ def test_goldens_too_short_to_time_are_marked_and_left_out_of_overall_and_worst(
 
 
 def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
-    from kolibri_cli.cli.render_probe import guard_table
+    from kolibri_cli.cli.render.probe import guard_table
     from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.replay.shards import simulate
     from kolibri_cli.probe.report import Measured, MeasuredGolden, guard_json, render_markdown
-    from kolibri_cli.probe.shard import simulate
 
     def golden(gid, x):
         return MeasuredGolden(gid, 20.0, 20.0 * x, x, None, True, None, True, 3, 4, 2)

@@ -108,8 +108,8 @@ def test_the_reference_samples_the_same_chains(tmp_path, tiny_llama_folder):
 def test_seed_spread_is_mean_and_sd_over_seeds():
     """Two seeds with hand-countable chains: the spread is over per-seed figures, per category
     and overall; fewer than two seeds gives no spread."""
+    from kolibri_cli.probe.replay.shards import simulate
     from kolibri_cli.probe.seeds import seed_spread
-    from kolibri_cli.probe.shard import simulate
 
     def golden(gid, category, seed, output):
         sampling = SAMPLED | {"seed": seed}

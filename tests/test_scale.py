@@ -24,8 +24,8 @@ from kolibri_cli.goldens.stream import (
     plan_pieces,
     read_piece,
 )
-from kolibri_cli.probe import shard
 from kolibri_cli.probe.config import ProbeConfig
+from kolibri_cli.probe.replay import shards as shard
 from kolibri_cli.probe.simulate import merge_counts
 from kolibri_cli.probe.workers import Processes
 
@@ -285,7 +285,7 @@ def test_cli_workers_and_rows_files_are_identical(traces, tmp_path, monkeypatch)
 
 
 def test_cli_progress_and_throughput_on_stderr(traces, monkeypatch):
-    from kolibri_cli.cli import render_probe
+    from kolibri_cli.cli.render import probe as render_probe
 
     bar = render_probe.throughput_bar
     monkeypatch.setattr(render_probe, "throughput_bar", lambda: bar(delay=0.0))

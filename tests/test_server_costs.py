@@ -131,8 +131,8 @@ class ChainServer:
                                          ({1: 10, 2: 15, 3: 30, 4: 25}, False)])
 def test_measured_probe_predicts_with_raw_costs_and_on_their_line(ms, on_line):
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-    from kolibri_cli.probe.measure_server import measure_on_server
-    from kolibri_cli.probe.shard import simulate
+    from kolibri_cli.probe.measure.server import measure_on_server
+    from kolibri_cli.probe.replay.shards import simulate
 
     goldens = load_goldens(DEFAULT_CHAT)[:4]
     run = simulate(goldens, 3, (2, 2), "llamacpp-simple")
@@ -168,11 +168,11 @@ def test_measured_server_marks_goldens_too_short_to_time_and_leaves_them_out():
     the other goldens'."""
     from dataclasses import replace
 
-    from kolibri_cli.cli.render_probe import measured_table
+    from kolibri_cli.cli.render.probe import measured_table
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-    from kolibri_cli.probe.measure_server import measure_on_server
+    from kolibri_cli.probe.measure.server import measure_on_server
+    from kolibri_cli.probe.replay.shards import simulate
     from kolibri_cli.probe.report import MIN_TIMED_STEPS
-    from kolibri_cli.probe.shard import simulate
 
     lengths = {0: None, 1: 3, 2: MIN_TIMED_STEPS + 1}  # full, 2 steps, exactly 4 steps
     goldens = [replace(g, output_ids=g.output_ids[:lengths[i]])

@@ -9,7 +9,7 @@ from kolibri_cli.decode.proposers import NgramProposer, Proposer
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.probe.answer import best
-from kolibri_cli.probe.shard import simulate, sweep
+from kolibri_cli.probe.replay.shards import simulate, sweep
 from kolibri_cli.probe.simulate import (
     ServerCounting,
     merge_counts,

@@ -18,7 +18,7 @@ from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.probe import measure, targets
-from kolibri_cli.probe.shard import simulate
+from kolibri_cli.probe.replay.shards import simulate
 
 COSTS = {1: 1.0, 2: 1.49, 3: 1.72, 4: 1.86, 5: 2.23, 6: 2.28, 7: 2.52, 8: 2.66, 9: 3.06}
 PROMPTS = [[5, 6, 7, 8] * 5, [9, 3, 9, 3, 9] * 3, [11, 12, 13, 14, 15, 16, 11, 12],

@@ -52,7 +52,7 @@ def run_probe(cfg) -> None:
     verdict first, then fail on the gates."""
     from kolibri_cli.cli.options import print_json
     from kolibri_cli.cli.render import note
-    from kolibri_cli.cli.render_probe import render_probe, require_matplotlib, write_plot
+    from kolibri_cli.cli.render.probe import render_probe, require_matplotlib, write_plot
     from kolibri_cli.probe import run
     from kolibri_cli.probe.config import command_line
     from kolibri_cli.probe.report import build_report, render_markdown
@@ -81,7 +81,7 @@ def run_probe(cfg) -> None:
 def _ui():
     """The terminal the probe's workflow reports to: bars and notes on stderr."""
     from kolibri_cli.cli import options, render
-    from kolibri_cli.cli.render_probe import throughput_bar
+    from kolibri_cli.cli.render.probe import throughput_bar
     from kolibri_cli.probe.run import Ui
 
     @contextmanager

@@ -24,7 +24,7 @@ class ProbeResult:
     runs: list[SimRun]  # in configuration order (proposer-major, then k, then window)
     pricing: object  # the Pricing (c(n) and where it came from) every prediction used
     measured: dict = field(default_factory=dict)  # RunKey -> Measured (--measure)
-    throughput: object = None  # how fast the simulation ran (shard.Throughput)
+    throughput: object = None  # how fast the simulation ran (shards.Throughput)
     ranked: list[Speed] = field(default_factory=list)  # every configuration, fastest first
     verdict: Verdict | None = None  # of the fastest setting, with its interval
     compared: list[Speed] = field(default_factory=list)  # each proposer's fastest (with spread)

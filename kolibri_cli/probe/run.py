@@ -198,14 +198,14 @@ def settings_of(config) -> list[tuple[int, tuple[int, int]]]:
 
 
 def planned_tasks(cfg: ProbeConfig, extra: list) -> list:
-    from kolibri_cli.probe.shard import plan_tasks
+    from kolibri_cli.probe.replay.shards import plan_tasks
 
     return plan_tasks(cfg, extra, rows_json=cfg.rows is not None)
 
 
 def goldens_in_memory(cfg: ProbeConfig) -> list:
     from kolibri_cli.probe.config import select_goldens
-    from kolibri_cli.probe.shard import ROWS_IN_REPORT
+    from kolibri_cli.probe.replay.shards import ROWS_IN_REPORT
 
     return select_goldens(cfg, most=ROWS_IN_REPORT)
 
@@ -213,7 +213,7 @@ def goldens_in_memory(cfg: ProbeConfig) -> list:
 def in_memory_tasks(cfg: ProbeConfig, goldens: list) -> list:
     """One task over goldens held in memory, every per-chain row kept (the measured run needs
     them)."""
-    from kolibri_cli.probe.shard import Task, configs_of
+    from kolibri_cli.probe.replay.shards import Task, configs_of
 
     return [Task(tuple(configs_of(cfg)), goldens=tuple(goldens), keep_rows=True,
                  rows_json=cfg.rows is not None)]
@@ -222,7 +222,7 @@ def in_memory_tasks(cfg: ProbeConfig, goldens: list) -> list:
 def simulate(cfg: ProbeConfig, tasks: list, ui: Ui) -> tuple:
     """Run the tasks where the options say, with a progress bar (long runs) and the rows file;
     say the throughput when the bar was shown."""
-    from kolibri_cli.probe.shard import ROWS_IN_REPORT, simulate_tasks
+    from kolibri_cli.probe.replay.shards import ROWS_IN_REPORT, simulate_tasks
 
     in_memory = len(tasks) == 1 and tasks[0].piece is None
     with executor_for(cfg, tasks) as executor, ui.simulating() as bar, \
@@ -255,7 +255,7 @@ def rows_sink(path: Path | None):
 def executor_for(cfg: ProbeConfig, tasks: list):
     """Ray if asked; else local worker processes when there is more than one task to share
     (and, unless --workers says how many, enough input to pay for starting them)."""
-    from kolibri_cli.probe.shard import PARALLEL_MIN_BYTES
+    from kolibri_cli.probe.replay.shards import PARALLEL_MIN_BYTES
     from kolibri_cli.probe.workers import Here, Processes, RayCluster, cores
 
     if cfg.ray is not None:
@@ -323,7 +323,7 @@ def measure(cfg: ProbeConfig, model, goldens: list, runs: list, ui: Ui) -> dict:
 
 
 def measure_server(cfg: ProbeConfig, model, goldens, run, ticks, sampling):
-    from kolibri_cli.probe.measure_server import measure_local, measure_urls
+    from kolibri_cli.probe.measure.server import measure_local, measure_urls
     from kolibri_cli.servers import LOCAL
 
     if cfg.engine == LOCAL:

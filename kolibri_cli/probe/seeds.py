@@ -1,7 +1,7 @@
 """Figures over sampling seeds: a sampled golden set holds one chain per prompt and seed, so each
 seed gives its own acceptance, pass ratio and modelled speedup; the probe reports their mean and
 spread, per category and overall. The counts themselves stay exact (a sampled chain is a chain).
-Non-goals: rendering (report.py, render_probe.py).
+Non-goals: rendering (report.py, cli/render/probe.py).
 """
 
 import statistics
@@ -24,7 +24,7 @@ class Spread:
 
 def seed_spread(run: SimRun) -> dict[str, dict[str, Spread]] | None:
     """{category (and "all"): {figure: Spread over seeds}}; None with fewer than two seeds (or
-    too many to keep apart: see shard.MAX_SEEDS)."""
+    too many to keep apart: see shards.MAX_SEEDS)."""
     by_seed = run.by_seed or {}
     if len(by_seed) < 2:
         return None

@@ -16,7 +16,7 @@ g1 from prefill, plain_steps = N - 1 and
 A stateful proposer is also told each pass's outcome, `observe(P + G[:pos], len(d), a)` with
 pos already advanced, exactly as the speculative generator tells it. Which proposer instance
 replays which chain (one per chain, or one per stream for proposers that share state across
-requests) is replay.py's business; batches, shards and workers are shard.py's.
+requests) is the replay's business (replay/); batches, shards and workers are replay/shards.py's.
 Non-goals: running the model, timing (the measured probe does that), rendering.
 """
 

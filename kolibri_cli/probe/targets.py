@@ -42,7 +42,7 @@ from kolibri_cli.decode.proposers import (
 from kolibri_cli.engine.jit import get_threads
 from kolibri_cli.goldens.chains import Golden, read_prompts
 from kolibri_cli.probe.measure import measure_runs
-from kolibri_cli.probe.shard import simulate, sweep
+from kolibri_cli.probe.replay.shards import simulate, sweep
 from kolibri_cli.probe.simulate import simulate_chain
 from kolibri_cli.store.atomic import write_text_atomic
 

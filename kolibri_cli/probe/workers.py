@@ -3,7 +3,7 @@
 Each executor is a context manager with `run_all(fn, tasks)`, which yields fn(task) for every
 task in task order while keeping a bounded number of tasks in flight (results wait in order,
 so memory stays flat), and `workers`, the tasks it runs at once.
-Non-goals: what a task does (shard.py), progress display (the CLI).
+Non-goals: what a task does (replay/shards.py), progress display (the CLI).
 """
 
 import os

@@ -20,7 +20,7 @@ Each run's time counts a disturbed decode step at the median of its round's peer
 (`undisturbed_times`); a golden's speedup is the median over its rounds of plain / spec within a
 round, its times the medians, with a distribution-free 95% interval for that median
 (`median_interval`). docs/simulation.md, "Measured speedup", has the definitions.
-Non-goals: rendering (report.py, render_probe.py).
+Non-goals: rendering (report.py, cli/render/probe.py).
 """
 
 import math

@@ -527,7 +527,7 @@ def _refresh_cache() -> None:
         folder = Path(kernels[0]._cache._cache_path)
     except AttributeError:  # another numba: no cache to refresh
         return
-    stamp, digest = folder / "kolibri-fast.deps", _sources_digest()
+    stamp, digest = folder / "kolibri-replays.deps", _sources_digest()
     try:
         if stamp.read_text() == digest:
             return

@@ -1,10 +1,10 @@
 """Replaying one configuration over batches of chains: the compiled replay when the proposer has
-one (fast.py), else the reference loop (simulate.simulate_chain) chain by chain.
+one (compiled.py), else the reference loop (simulate.simulate_chain) chain by chain.
 
 A proposer that shares state across requests (`shares_state`: suffix --cross-request, adaptive)
 is one instance for a whole stream, fed its chains in order; any other proposer starts fresh at
 each chain, so chains can be replayed anywhere, in any grouping, with the same counts.
-Non-goals: reading goldens, sharding, merging (shard.py).
+Non-goals: reading goldens, sharding, merging (shards.py).
 """
 
 from dataclasses import dataclass
@@ -21,11 +21,12 @@ from kolibri_cli.decode.proposers import (
 )
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
-from kolibri_cli.probe import fast
+from kolibri_cli.probe.replay import compiled
 from kolibri_cli.probe.simulate import Counts, simulate_chain
 
 MAX_VOCAB = 1 << 24  # token ids the suffix replay's dense root tables accept
-NGRAM_RULES = {NgramProposer: fast.VLLM, HfProposer: fast.HF, LlamaCppSimpleProposer: fast.LLAMACPP}
+NGRAM_RULES = {NgramProposer: compiled.VLLM, HfProposer: compiled.HF,
+               LlamaCppSimpleProposer: compiled.LLAMACPP}
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class ChainCounts:
     """Counts of each chain of a batch, as columns (cheap to build, sum and ship)."""
 
     k: int
-    scalars: np.ndarray  # int64[n, 5]: fast.SCALARS per chain
+    scalars: np.ndarray  # int64[n, 5]: compiled.SCALARS per chain
     drafted_at: np.ndarray  # int64[n, k]
     accepted_at: np.ndarray  # int64[n, k]
     pass_starts: np.ndarray  # int64[n + 1]: chain c's passes are [pass_starts[c], ...[c + 1])
@@ -105,7 +106,7 @@ class ChainCounts:
     def of(cls, counts: list[Counts], k: int) -> "ChainCounts":
         table = cls.empty(len(counts), k, sum(c.verify_passes for c in counts))
         for i, c in enumerate(counts):
-            table.scalars[i] = [getattr(c, name) for name in fast.SCALARS]
+            table.scalars[i] = [getattr(c, name) for name in compiled.SCALARS]
             table.drafted_at[i, : len(c.drafted_at)] = c.drafted_at
             table.accepted_at[i, : len(c.accepted_at)] = c.accepted_at
             table.pass_starts[i + 1] = table.pass_starts[i] + c.verify_passes
@@ -117,7 +118,7 @@ class ChainCounts:
     def chain(self, i: int) -> Counts:
         """Chain i's counts, with its per-pass lists."""
         passes = slice(self.pass_starts[i], self.pass_starts[i + 1])
-        counts = Counts(**dict(zip(fast.SCALARS, self.scalars[i].tolist(), strict=True)))
+        counts = Counts(**dict(zip(compiled.SCALARS, self.scalars[i].tolist(), strict=True)))
         counts.drafted_at = self.drafted_at[i].tolist()
         counts.accepted_at = self.accepted_at[i].tolist()
         counts.draft_lengths = self.draft_lengths[passes].tolist()
@@ -126,7 +127,7 @@ class ChainCounts:
 
     def sum(self, rows: np.ndarray | slice = slice(None)) -> Counts:
         """The counts of the chains `rows` summed (no per-pass lists)."""
-        counts = Counts(**dict(zip(fast.SCALARS, self.scalars[rows].sum(axis=0).tolist(),
+        counts = Counts(**dict(zip(compiled.SCALARS, self.scalars[rows].sum(axis=0).tolist(),
                                    strict=True)))
         counts.drafted_at = self.drafted_at[rows].sum(axis=0).tolist()
         counts.accepted_at = self.accepted_at[rows].sum(axis=0).tolist()
@@ -164,7 +165,7 @@ class Replayer:
 
 
 class NgramReplay:
-    """vllm, hf and llamacpp-simple, compiled (fast.ngram_replay)."""
+    """vllm, hf and llamacpp-simple, compiled (compiled.ngram_replay)."""
 
     def __init__(self, proposer):
         self.rule = NGRAM_RULES[type(proposer)]
@@ -172,17 +173,17 @@ class NgramReplay:
 
     def replay(self, chains: Chains) -> ChainCounts:
         longest = int(np.diff(chains.starts).max(initial=0))
-        if longest > fast.MAX_CHAIN:
+        if longest > compiled.MAX_CHAIN:
             raise KolibriError(f"a chain of {longest:,} ids is longer than the n-gram replay "
-                               f"takes ({fast.MAX_CHAIN:,}); split the golden")
+                               f"takes ({compiled.MAX_CHAIN:,}); split the golden")
         out = ChainCounts.empty(len(chains), self.k, chains.plain_steps)
-        fast.ngram_replay(chains.tokens, chains.starts, chains.prompt_lens, chains.eos,
+        compiled.ngram_replay(chains.tokens, chains.starts, chains.prompt_lens, chains.eos,
                           chains.eos_starts, self.rule, self.k, *self.window, _columns(out))
         return _trimmed(out)
 
 
 class SuffixReplay:
-    """SuffixProposer compiled (fast.suffix_replay): its tries live here, on arrays, and carry
+    """SuffixProposer compiled (compiled.suffix_replay): its tries live here, on arrays, and carry
     over from batch to batch (the global one with --cross-request)."""
 
     def __init__(self, proposer: SuffixProposer):
@@ -201,7 +202,7 @@ class SuffixReplay:
         self._fit(chains)
         first = 0
         while first < len(chains):
-            first = fast.suffix_replay(chains.tokens, chains.starts, chains.prompt_lens, p.k,
+            first = compiled.suffix_replay(chains.tokens, chains.starts, chains.prompt_lens, p.k,
                                        self.depth, self.params, p.cross_request, self.local,
                                        self.global_, self.state, self.last, _columns(out), first)
             if first < len(chains):  # a trie might overflow: make room, go on from that chain
@@ -244,9 +245,9 @@ def _trimmed(out: ChainCounts) -> ChainCounts:
 
 
 def _new_trie(capacity: int, depth: int) -> tuple:
-    """A trie with its root only (fast.py's layout: nodes, root table, meta)."""
+    """A trie with its root only (compiled.py's layout: nodes, root table, meta)."""
     nodes = np.full((capacity, 6), -1, dtype=np.int64)  # [capacity, 6]
-    nodes[0, fast.COUNT] = 0
+    nodes[0, compiled.COUNT] = 0
     meta = np.zeros(2 + depth, dtype=np.int64)  # nodes used, live suffixes, their nodes
     meta[0] = 1
     return nodes, np.zeros(0, dtype=np.int64), meta
@@ -254,7 +255,7 @@ def _new_trie(capacity: int, depth: int) -> tuple:
 
 def _with_room(trie: tuple, room: int) -> tuple:
     """The trie with room for `room` more nodes (its node table at least doubled). The new rows
-    are left unwritten (fast._add_child writes a node's row when it makes it): room is sized
+    are left unwritten (compiled._add_child writes a node's row when it makes it): room is sized
     for the worst case, chain length x depth, and only the rows used take memory."""
     nodes, root, meta = trie
     needed = int(meta[0]) + room
