@@ -5,3 +5,5 @@ from collections.abc import Callable
 Ticks = Callable[[int, int], None]  # (done, total) of one task
 Progress = Callable[[str, int, int], None]  # (stage, done, total): one bar per stage
 Notify = Callable[[str], None]  # a one-line note for the user (stderr)
+Compiling = Callable[[str, int, int], None]  # (function being compiled, compiles finished,
+# compiles under way): numba's own compile events, see engine/jit.compile_events

@@ -12,7 +12,7 @@ from test_block_models import avx2_split_logits, split_logits, tiny_gguf
 
 from kolibri_cli.engine import blocks, int8, simd
 from kolibri_cli.engine import matmul as matmul_module
-from kolibri_cli.engine.matmul import matmul
+from kolibri_cli.engine.matmul import ALL, matmul
 from kolibri_cli.engine.model import load_model
 from kolibri_cli.engine.weights import Matrix, Rows, stacked
 from kolibri_cli.store import cache
@@ -37,7 +37,7 @@ def random_file_rows(name: str, n: int, k: int, rng) -> np.ndarray:
         if name == "BF16":
             return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
         return w.view(np.uint8)
-    raw = rng.integers(0, 256, (n, k // t.weights, t.file_bytes), dtype=np.uint8)
+    raw = rng.integers(0, 256, (n, k // t.weights, t.bytes), dtype=np.uint8)
     for off, scale in HALVES[name].items():
         h = (scale * rng.choice([-1, 1], raw.shape[:2]) * (0.5 + rng.random(raw.shape[:2])))
         raw[:, :, off:off + 2] = h.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
@@ -53,7 +53,7 @@ def storage_matrix(name: str, file_rows: np.ndarray, k: int) -> Matrix:
     elif name == "BF16":
         rows = blocks.float_rows(t.code, file_rows.view(np.uint16).reshape(-1, k))
     else:
-        rows = blocks.repack(t.code, file_rows)
+        rows = file_rows  # the GGUF's own blocks: kernel storage as they are
     return stacked(t.code, k, [rows])
 
 
@@ -84,16 +84,16 @@ def test_matmul_equals_float32_path_for_every_l(name):
     x = rng.standard_normal((150, k)).astype(np.float32)
     alone = np.empty((150, n), np.float32)
     for j in range(150):
-        matmul(x[j:j + 1], f.arrays(), alone[j:j + 1])
+        matmul(x[j:j + 1], f.arrays(), alone[j:j + 1], ALL)
     for L in [*range(1, 17), 31, 32, 33, 64, 65, 150]:  # verify sizes, then tiles
         out = np.empty((L, n), np.float32)
-        matmul(x[:L], m.arrays(), out)
+        matmul(x[:L], m.arrays(), out, ALL)
         assert np.array_equal(out.view(np.uint32), alone[:L].view(np.uint32)), L
     cuts = np.sort(rng.choice(np.arange(1, 150), 6, replace=False))
     parts = []
     for a, b in zip([0, *cuts], [*cuts, 150], strict=True):
         out = np.empty((b - a, n), np.float32)
-        matmul(x[a:b], m.arrays(), out)
+        matmul(x[a:b], m.arrays(), out, ALL)
         parts.append(out)
     assert np.array_equal(np.concatenate(parts).view(np.uint32), alone.view(np.uint32))
 
@@ -113,11 +113,11 @@ def test_verify_sized_calls_on_short_units_and_odd_widths(name):
         f = stacked(blocks.F32, k, [blocks.float_rows(blocks.F32, gguf_floats(name, file_rows, k))])
         alone = np.empty((len(x), n), np.float32)
         for j in range(len(x)):
-            matmul(x[j:j + 1], f.arrays(), alone[j:j + 1])
+            matmul(x[j:j + 1], f.arrays(), alone[j:j + 1], ALL)
         for L in range(1, 18):
             for s in (0, len(x) - L):
                 out = np.empty((L, n), np.float32)
-                matmul(x[s:s + L], m.arrays(), out)
+                matmul(x[s:s + L], m.arrays(), out, ALL)
                 assert np.array_equal(out.view(np.uint32), alone[s:s + L].view(np.uint32)), (n, L)
 
 
@@ -140,7 +140,7 @@ def test_matmul_is_the_fixed_order_dot():
     w = rng.standard_normal((5, k)).astype(np.float32)
     x = rng.standard_normal((1, k)).astype(np.float32)
     out = np.empty((1, 5), np.float32)
-    matmul(x, stacked(blocks.F32, k, [blocks.float_rows(blocks.F32, w)]).arrays(), out)
+    matmul(x, stacked(blocks.F32, k, [blocks.float_rows(blocks.F32, w)]).arrays(), out, ALL)
     for r in range(5):
         lanes = [np.float32(0)] * 16
         for c in range(0, k, 16):
@@ -170,7 +170,7 @@ def test_units_follow_row_addresses():
     assert np.array_equal(m.to_float32(), w[order])
     x = rng.standard_normal((3, k)).astype(np.float32)
     out = np.empty((3, 12), np.float32)
-    matmul(x, m.arrays(), out)
+    matmul(x, m.arrays(), out, ALL)
     assert np.allclose(out, x @ w[order].T, atol=1e-5)
 
 

@@ -22,7 +22,7 @@ from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import NgramProposer
 from kolibri_cli.engine import blocks, int8, simd
 from kolibri_cli.engine.kernel import Transformer
-from kolibri_cli.engine.matmul import matmul
+from kolibri_cli.engine.matmul import ALL, matmul
 from kolibri_cli.engine.model import load_model
 from kolibri_cli.engine.weights import int8_matrix, int8_weights, random_weights, stacked
 from kolibri_cli.goldens.chains import load_goldens
@@ -40,7 +40,7 @@ def random_matrix(name: str, n: int, k: int, rng):
     raw = synthetic.random_rows(name, n, k, rng)
     code = blocks.BY_NAME[name].code
     floats = quants.dequantize(raw, GGMLQuantizationType[name]).reshape(n, k)
-    return stacked(code, k, [blocks.repack(code, raw)]), floats.astype(np.float64)
+    return stacked(code, k, [raw]), floats.astype(np.float64)
 
 
 def quantized_activations(x: np.ndarray):
@@ -62,11 +62,12 @@ def test_int8_matmul_is_the_quantized_dot(name, k):
     m, w = random_matrix(name, 37, k, rng)
     m8 = int8_matrix(m)
     assert m8.types == [INT8[name]] and m8.shape == m.shape
-    assert m8.data.nbytes == m8.nbytes == m.nbytes  # a row's tail is not padded to 128 weights
+    blocks_ = 37 * (k // 32)  # no padding to 128 weights; the float16 scales become float32
+    assert m8.data.nbytes == m8.nbytes == m.nbytes + blocks_ * (4 if name == "Q4_1" else 2)
     x = (rng.standard_normal((5, k)) * rng.choice([0.01, 1, 30], (5, 1))).astype(np.float32)
     out8, out = np.empty((5, 37), np.float32), np.empty((5, 37), np.float32)
-    matmul(x, m8.arrays(), out8)
-    matmul(x, m.arrays(), out)
+    matmul(x, m8.arrays(), out8, ALL)
+    matmul(x, m.arrays(), out, ALL)
     q, d = quantized_activations(x)
     exact = (q * np.repeat(d, 32, axis=1)) @ w.T  # float64 on the int8 activations
     magnitude = (np.abs(q) * np.repeat(d, 32, axis=1)) @ np.abs(w).T
@@ -76,7 +77,7 @@ def test_int8_matmul_is_the_quantized_dot(name, k):
     assert not np.array_equal(out8, out)  # a different numeric path, really
     for n in range(1, 5):  # fewer tokens (a lone one, 2 + a lone one, ...): the same bits
         part = np.empty((n, 37), np.float32)
-        matmul(x[5 - n:], m8.arrays(), part)
+        matmul(x[5 - n:], m8.arrays(), part, ALL)
         assert np.array_equal(part, out8[5 - n:]), n
 
 

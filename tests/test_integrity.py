@@ -33,11 +33,7 @@ def tiny(kolibri_home, tmp_path):
     return folder
 
 
-def data_start(path) -> int:
-    """Where the block file's tensor bytes begin (after its safetensors-style header)."""
-    return 8 + int.from_bytes(path.read_bytes()[:8], "little")
-
-
+WEIGHTS = blockfile.CONVERTED  # an imported model's weights (blocks.bin; weights.json: the index)
 def flip(path, at: int, n: int = 192) -> None:
     data = bytearray(path.read_bytes())
     for i in range(at, at + n):
@@ -58,36 +54,38 @@ def test_verify_intact_model(tiny):
     result = run("model", "verify", "tiny")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert len(lines) == 5 and all(line.startswith("OK ") for line in lines)
-    assert "tiny: all 5 files intact" in result.stderr
+    assert len(lines) == 6 and all(line.startswith("OK ") for line in lines)
+    assert "tiny: all 6 files intact" in result.stderr
     doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
     assert doc["ok"] is True and doc["unrecorded"] == []
-    assert {f["file"] for f in doc["files"]} >= {blockfile.NAME, "config.json"}
+    assert {f["file"] for f in doc["files"]} == {p.name for p in tiny.iterdir()} - {
+        "kolibri.json"}  # exactly what is kept: the index, the blocks, config and tokenizer
+    assert {blockfile.NAME, WEIGHTS, "config.json"} <= {f["file"] for f in doc["files"]}
     assert all(f["status"] == "ok" and f["sha256"] == f["expected_sha256"] for f in doc["files"])
 
 
 def test_flipped_bytes_load_but_verify_finds_them(tiny):
     """The repro: 192 XOR-flipped bytes inside the weights keep every size, so the model still
     loads and generates (other text, exit 0); verify reads every byte and says which file."""
-    weights = tiny / blockfile.NAME
+    weights = tiny / WEIGHTS
     before = run("generate", "--model", "tiny", "-n", "4", "--raw", "--json", "hello").stdout
     flip(weights, at=weights.stat().st_size // 2)
     after = run("generate", "--model", "tiny", "-n", "4", "--raw", "--json", "hello")
     assert after.exit_code == 0 and json.loads(after.stdout) != json.loads(before)
     result = run("model", "verify", "tiny")
     line = one_error_line(result)
-    assert "1 of 5 files of tiny are damaged" in line
+    assert "1 of 6 files of tiny are damaged" in line
     assert "kolibri model import" in line and "--name tiny --force" in line
     damaged = [row for row in result.stdout.splitlines() if row.startswith("DAMAGED")]
-    assert len(damaged) == 1 and blockfile.NAME in damaged[0]
+    assert len(damaged) == 1 and WEIGHTS in damaged[0]
     doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
     assert doc["ok"] is False
-    assert [f["file"] for f in doc["files"] if f["status"] == "damaged"] == [blockfile.NAME]
+    assert [f["file"] for f in doc["files"] if f["status"] == "damaged"] == [WEIGHTS]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "grow", "delete"])
 def test_a_size_change_is_caught_at_load(tiny, damage):
-    weights = tiny / blockfile.NAME
+    weights = tiny / WEIGHTS
     if damage == "truncate":
         weights.write_bytes(weights.read_bytes()[:-100])
     elif damage == "grow":
@@ -95,11 +93,11 @@ def test_a_size_change_is_caught_at_load(tiny, damage):
     else:
         weights.unlink()
     line = one_error_line(run("generate", "--model", "tiny", "-n", "2", "hello"))
-    assert f"the cached model tiny is damaged ({blockfile.NAME}" in line
+    assert f"the cached model tiny is damaged ({WEIGHTS}" in line
     assert "--name tiny --force" in line
     status = {"truncate": "resized", "grow": "resized", "delete": "missing"}[damage]
     doc = json.loads(run("model", "verify", "tiny", "--json").stdout)
-    assert [f["status"] for f in doc["files"] if f["file"] == blockfile.NAME] == [status]
+    assert [f["status"] for f in doc["files"] if f["file"] == WEIGHTS] == [status]
 
 
 def test_structural_damage_suggests_verify_and_the_rewrite(tiny):
@@ -158,8 +156,8 @@ def goldens_then_damage(tiny, tmp_path, prompts_text: str):
     out = tmp_path / "g.jsonl"
     assert run("goldens", "record", "--prompts", str(prompts), "-o", str(out), "--engine",
                "kolibri", "--model", "tiny", "-n", "8", "--raw").exit_code == 0
-    weights = tiny / blockfile.NAME
-    flip(weights, at=data_start(weights), n=weights.stat().st_size - data_start(weights))
+    weights = tiny / WEIGHTS
+    flip(weights, at=0, n=weights.stat().st_size)
     return out
 
 
@@ -186,6 +184,8 @@ def test_the_default_pull_records_its_files(pulled_default, monkeypatch):
     meta = json.loads((pulled_default.path / "kolibri.json").read_text())
     assert meta["files"][blockfile.NAME]["bytes"] == (
         pulled_default.path / blockfile.NAME).stat().st_size
+    gguf = store.gguf_file(pulled_default.path).name  # the weights: hashed by verify as kept
+    assert meta["files"][gguf]["sha256"] == store.REGISTRY[store.DEFAULT_MODEL].sha256
     copy = pulled_default.home / "models" / "copy-for-verify"
     shutil.copytree(pulled_default.path, copy)
     try:

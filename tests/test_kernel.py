@@ -115,7 +115,7 @@ def test_matmul_matches_reference(n_rows, n_tok):
     rng = np.random.default_rng(n_rows * 10 + n_tok)
     x, w = rand(rng, n_tok, 48), rand(rng, n_rows, 48)
     out = np.full((n_tok, n_rows), np.nan, np.float32)  # NaN: a row no tile writes fails
-    matmul.matmul(x, rows(w), out)
+    matmul.matmul(x, rows(w), out, matmul.ALL)
     np.testing.assert_allclose(out, x.astype(np.float64) @ w.T, rtol=1e-5, atol=1e-5)
 
 
@@ -123,12 +123,13 @@ def test_matmul_add_and_gate_up_silu():
     rng = np.random.default_rng(1)
     x, wo, h = rand(rng, 5, 40), rand(rng, 20, 40), rand(rng, 5, 20)
     expect = h + x.astype(np.float64) @ wo.T
-    matmul.matmul_add(x, rows(wo), np.empty_like(h), h)
+    matmul.matmul_add(x, rows(wo), np.empty_like(h), h, matmul.ALL)
     np.testing.assert_allclose(h, expect, rtol=1e-5, atol=1e-5)
     n_ff = 13
     w = rand(rng, 2 * n_ff, 40)
     act = np.empty((5, n_ff), np.float32)
-    matmul.gate_up_silu(x, rows(w[:n_ff], w[n_ff:]), np.empty((5, 2 * n_ff), np.float32), act)
+    matmul.gate_up_silu(x, rows(w[:n_ff], w[n_ff:]), np.empty((5, 2 * n_ff), np.float32), act,
+                        matmul.ALL)
     gu = x.astype(np.float64) @ w.T
     g, u = gu[:, :n_ff], gu[:, n_ff:]
     np.testing.assert_allclose(act, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
@@ -300,11 +301,11 @@ def test_matmul_rows_independent_of_call_size():
     x, w = rand(rng, 16, 576), rows(rand(rng, 203, 576))
     alone = np.empty((16, 203), np.float32)
     for j in range(16):
-        matmul.matmul(x[j:j + 1], w, alone[j:j + 1])
+        matmul.matmul(x[j:j + 1], w, alone[j:j + 1], matmul.ALL)
     for n in range(1, 17):
         for s in range(0, 17 - n):
             out = np.empty((n, 203), np.float32)
-            matmul.matmul(x[s:s + n], w, out)
+            matmul.matmul(x[s:s + n], w, out, matmul.ALL)
             assert np.array_equal(out, alone[s:s + n])
 
 

@@ -22,7 +22,7 @@ from kolibri_cli.store.atomic import atomic_dir, default_mode, temp_name, write_
 from kolibri_cli.store.gguf import unpermute
 
 NAME = store.DEFAULT_MODEL
-MODEL_FILES = {"config.json", "model.kolibri", "tokenizer.json", "tokenizer_config.json",
+MODEL_FILES = {"config.json", blockfile.NAME, "tokenizer.json", "tokenizer_config.json",
                "kolibri.json"}
 GGUF_NAME = Path(store.REGISTRY[NAME].member).name  # a pull keeps it: llama-server runs it
 
@@ -68,9 +68,22 @@ def test_pull_gives_a_complete_hf_folder(pulled_default, monkeypatch):
 
 
 @pytest.mark.model
+def test_pulled_model_keeps_its_blocks_once(pulled_default, monkeypatch):
+    """The GGUF is the weights, read in place: the folder takes at most 1.05x the GGUF on disk,
+    as `model list` reports it, and every tensor of the index lies in the GGUF."""
+    monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
+    path = pulled_default.path
+    gguf_bytes = (path / GGUF_NAME).stat().st_size
+    assert store.disk_use(path)[1] <= 1.05 * gguf_bytes
+    assert not (path / blockfile.LEGACY).exists() and not (path / blockfile.CONVERTED).exists()
+    assert {e.file for e in blockfile.read_index(path / blockfile.NAME).values()} == {GGUF_NAME}
+    assert blockfile.data_files(path / blockfile.NAME) == [path / GGUF_NAME]
+
+
+@pytest.mark.model
 def test_second_pull_is_a_no_op(pulled_default, monkeypatch):
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
-    weights = pulled_default.path / "model.kolibri"
+    weights = pulled_default.path / blockfile.NAME
     before = weights.stat().st_mtime_ns
 
     def no_download(*args):
@@ -132,7 +145,7 @@ def fake_convert(calls: list | None = None, delay: float = 0.0, fail=None):
         time.sleep(delay)
         if fail is not None:
             raise fail
-        for name in ("model.kolibri", "tokenizer.json", "tokenizer_config.json"):
+        for name in (blockfile.NAME, "tokenizer.json", "tokenizer_config.json"):
             (out_dir / name).write_text(name)
 
     return convert
@@ -227,7 +240,7 @@ def test_disk_full_is_one_clear_error(fake_wheel, kolibri_home, monkeypatch, err
 
 def test_disk_full_during_a_real_write(fake_wheel, kolibri_home, monkeypatch):
     def convert(gguf_path, out_dir, progress=None):
-        with open(out_dir / "model.kolibri", "wb") as f:
+        with open(out_dir / blockfile.NAME, "wb") as f:
             f.write(b"x")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -422,6 +435,8 @@ def test_convert_tiny_gguf_round_trips_weights_config_and_tokenizer(tmp_path):
                                       max_position_embeddings=256, eos_token_ids=(2,))
     weights = blockfile.float_tensors(out / blockfile.NAME)  # F32 tensors: stored as float rows
     assert set(weights) == set(tensors)
+    assert {e.file for e in blockfile.read_index(out / blockfile.NAME).values()} == {
+        blockfile.CONVERTED}  # a GGUF outside the folder: every tensor copied
     for name, a in tensors.items():
         assert np.array_equal(weights[name], a), name
     tok = Tokenizer(out)

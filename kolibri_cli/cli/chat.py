@@ -51,9 +51,9 @@ def chat(
 
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     proposer_name = proposer_name or DEFAULT_SPEC_PROPOSER
-    drafting.new_proposer(k, window, proposer_name)  # bad settings fail before the model loads
+    drafter = drafting.new_proposer(k, window, proposer_name)  # bad settings: before the load
     given_costs = drafting.asked_costs(costs, proposer_name)
-    m = opt.load_model(model, threads)
+    m = opt.load_model(model, threads, drafter=drafter if spec else None)
     conversation = Conversation(m, system)
     _check_template(conversation)
     pricing = drafting.pricing(proposer_name, given_costs, m, render.note)

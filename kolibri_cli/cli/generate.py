@@ -63,7 +63,7 @@ def generate(
                            "--proposer": given_proposer},
                           "--spec or --compare")
     text = opt.read_prompt(prompt)
-    m = opt.load_model(model, threads, quantize=quantize)
+    m = opt.load_model(model, threads, quantize=quantize, drafter=drafter)
     pricing = drafting.pricing(proposer_name, given_costs, m, render.note) if drafter else None
     drafts_by = drafting.drafts_by(proposer_name, given_costs, m, pricing) if drafter else None
     if drafts_by is not None:  # a new proposer drafting by them

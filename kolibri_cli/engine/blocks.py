@@ -7,11 +7,10 @@ is exact in float32 (a float16 scale has 11 significant bits, the codes and sub-
 13 more), so each weight is one rounding of an exact value. A 16-entry table fl(i*d + m), looked
 up by the 4-bit codes (`vperm`), therefore gives exactly gguf's floats, as does computing them.
 
-Kernel storage differs from a GGUF file in one way: the float16 scales of the 32-weight types
-(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) are widened to float32 at import (`repack`), which costs 2-4 bytes
-per block and saves the decode loop two conversions and two broadcasts per block. K-quant
-super-blocks and float rows are stored as in the file; float rows are zero-padded to a multiple
-of 32 weights. Non-goals: the I-quants, Q2_K/Q3_K, TQ — they are dequantized to F32 at import.
+Kernel storage is the GGUF's own blocks, read in place from the memory-mapped file: the float16
+scales are widened in registers (exact), K-quant super-blocks and float rows are as in the file.
+Float rows must be a multiple of 32 weights wide to be read in place (else a padded copy is
+stored). Non-goals: the I-quants, Q2_K/Q3_K, TQ — they are dequantized to F32 at import.
 """
 
 from dataclasses import dataclass
@@ -23,7 +22,6 @@ from kolibri_cli.engine import int8, jitcache  # noqa: F401  (jitcache before an
 from kolibri_cli.engine.simd import (
     LUT,
     f16,
-    f32,
     k_scale_codes,
     u32,
     vand,
@@ -57,8 +55,7 @@ class BlockType:
     name: str  # as GGUF names it
     code: int  # GGML type number; the kernel dispatches on it
     weights: int  # per block
-    file_bytes: int  # per block in a GGUF file
-    bytes: int  # per block in kernel storage
+    bytes: int  # per block, in a GGUF file and in kernel storage
 
     def row_bytes(self, k: int) -> int:
         """Bytes of a row of k weights in kernel storage (float rows padded to 32 weights)."""
@@ -67,31 +64,45 @@ class BlockType:
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
 TYPES = {t.code: t for t in [
-    BlockType("F32", F32, 32, 128, 128), BlockType("F16", F16, 32, 64, 64),
-    BlockType("BF16", BF16, 32, 64, 64),
-    BlockType("Q4_0", Q4_0, 32, 18, 20), BlockType("Q4_1", Q4_1, 32, 20, 24),
-    BlockType("Q5_0", Q5_0, 32, 22, 24), BlockType("Q5_1", Q5_1, 32, 24, 28),
-    BlockType("Q8_0", Q8_0, 32, 34, 36),
-    BlockType("Q4_K", Q4_K, 256, 144, 144), BlockType("Q5_K", Q5_K, 256, 176, 176),
-    BlockType("Q6_K", Q6_K, 256, 210, 210),
+    BlockType("F32", F32, 32, 128), BlockType("F16", F16, 32, 64),
+    BlockType("BF16", BF16, 32, 64),
+    BlockType("Q4_0", Q4_0, 32, 18), BlockType("Q4_1", Q4_1, 32, 20),
+    BlockType("Q5_0", Q5_0, 32, 22), BlockType("Q5_1", Q5_1, 32, 24),
+    BlockType("Q8_0", Q8_0, 32, 34),
+    BlockType("Q4_K", Q4_K, 256, 144), BlockType("Q5_K", Q5_K, 256, 176),
+    BlockType("Q6_K", Q6_K, 256, 210),
     # the int8 path's layouts of Q4_1 and Q8_0 rows (never in a file: built at load)
-    BlockType("Q4_1x8", int8.Q4_1X, 32, 24, 24),
-    BlockType("Q8_0x8", int8.Q8_0X, 32, 36, 36),
+    BlockType("Q4_1x8", int8.Q4_1X, 32, 24),
+    BlockType("Q8_0x8", int8.Q8_0X, 32, 36),
 ]}
 BY_NAME = {t.name: t for t in TYPES.values()}
 _HALVES = {Q4_0: 1, Q4_1: 2, Q5_0: 1, Q5_1: 2, Q8_0: 1}  # leading float16 scales to widen
 
 
-def repack(code: int, raw: np.ndarray) -> np.ndarray:
-    """GGUF rows [N, file row bytes] (uint8) -> kernel storage rows [N, row bytes] (uint8)."""
-    t = TYPES[code]
+def widen_scales(code: int, raw: np.ndarray) -> np.ndarray:
+    """Rows [N, row bytes] of a 32-weight type with their leading float16 scales as float32
+    (2-4 bytes more per block): what the int8 path's layouts are built from."""
     rows = raw.shape[0]
-    if code not in _HALVES:
-        return np.ascontiguousarray(raw)
-    blocks = raw.reshape(rows, -1, t.file_bytes)
+    blocks = raw.reshape(rows, -1, TYPES[code].bytes)
     h = 2 * _HALVES[code]
     scales = blocks[:, :, :h].copy().view(np.float16).astype(np.float32).view(np.uint8)
     return np.concatenate([scales, blocks[:, :, h:]], axis=2).reshape(rows, -1)
+
+
+def narrow_scales(code: int, rows: np.ndarray) -> np.ndarray:
+    """`widen_scales` undone: rows [N, row bytes with float32 scales] -> the GGUF's blocks (a
+    no-op for the types without per-block float16 scales). Refuses scales that are not float16
+    numbers, which no GGUF gave."""
+    if code not in _HALVES:
+        return np.ascontiguousarray(rows)
+    h = 2 * _HALVES[code]
+    n = rows.shape[0]
+    blocks = np.ascontiguousarray(rows).reshape(n, -1, TYPES[code].bytes + h)
+    wide = blocks[:, :, :2 * h].copy().view(np.float32)
+    half = wide.astype(np.float16)
+    if not np.array_equal(half.astype(np.float32).view(np.uint32), wide.view(np.uint32)):
+        raise ValueError("block scales are not float16 numbers")
+    return np.concatenate([half.view(np.uint8), blocks[:, :, 2 * h:]], axis=2).reshape(n, -1)
 
 
 def float_rows(code: int, w: np.ndarray) -> np.ndarray:
@@ -182,8 +193,8 @@ def part_bf16(d, o, p, v):
 
 @njit(inline="always", cache=True)
 def part_q4_0(d, o, p, v):
-    s = vbcast(f32(d, o))
-    q = vload_u8(d, o + 4)
+    s = vbcast(f16(d, o))
+    q = vload_u8(d, o + 2)
     if LUT:
         t = vmul(s, vcvt(vsub(vlanes(), vibcast(8))))
         return vperm(t, q), vperm(t, _high(q))
@@ -192,9 +203,9 @@ def part_q4_0(d, o, p, v):
 
 @njit(inline="always", cache=True)
 def part_q4_1(d, o, p, v):
-    s, m = vbcast(f32(d, o)), vbcast(f32(d, o + 4))
+    s, m = vbcast(f16(d, o)), vbcast(f16(d, o + 2))
     t = _table(s, m)
-    q = vload_u8(d, o + 8)
+    q = vload_u8(d, o + 4)
     return _nibbles(t, q, s, m), _nibbles(t, _high(q), s, m)
 
 
@@ -211,8 +222,8 @@ def _q5_codes(d, oh, oq):
 
 @njit(inline="always", cache=True)
 def part_q5_0(d, o, p, v):
-    s = vbcast(f32(d, o))
-    lo, hi = _q5_codes(d, o + 4, o + 8)
+    s = vbcast(f16(d, o))
+    lo, hi = _q5_codes(d, o + 2, o + 6)
     if LUT:
         t0 = vmul(s, vcvt(vsub(vlanes(), vibcast(16))))
         t1 = vmul(s, vcvt(vlanes()))
@@ -222,15 +233,15 @@ def part_q5_0(d, o, p, v):
 
 @njit(inline="always", cache=True)
 def part_q5_1(d, o, p, v):
-    s, m = vbcast(f32(d, o)), vbcast(f32(d, o + 4))
-    lo, hi = _q5_codes(d, o + 8, o + 12)
+    s, m = vbcast(f16(d, o)), vbcast(f16(d, o + 2))
+    lo, hi = _q5_codes(d, o + 4, o + 8)
     return _five(s, m, lo), _five(s, m, hi)
 
 
 @njit(inline="always", cache=True)
 def part_q8_0(d, o, p, v):
-    s = vbcast(f32(d, o))
-    return vmul(vcvt(vload_i8(d, o + 4)), s), vmul(vcvt(vload_i8(d, o + 20)), s)
+    s = vbcast(f16(d, o))
+    return vmul(vcvt(vload_i8(d, o + 2)), s), vmul(vcvt(vload_i8(d, o + 18)), s)
 
 
 @njit(inline="always", cache=True)

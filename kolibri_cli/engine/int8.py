@@ -61,8 +61,9 @@ SB = 128  # weights per super-block
 
 
 def _super_blocks(rows: np.ndarray, block_bytes: int, layout) -> np.ndarray:
-    """Kernel storage rows [N, nb * block_bytes] -> [N, nb * block_bytes]: each run of 4 blocks
-    (and the last 1..3) laid out by layout([N, S, j, block_bytes]) -> [N, S, j * block_bytes]"""
+    """Rows [N, nb * block_bytes] (scales widened: `blocks.widen_scales`) -> the same shape:
+    each run of 4 blocks (and the last 1..3) laid out by layout([N, S, j, block_bytes]) ->
+    [N, S, j * block_bytes]"""
     n = rows.shape[0]
     blocks = rows.reshape(n, -1, block_bytes)
     full = blocks.shape[1] // 4 * 4
@@ -88,13 +89,15 @@ def _q8_0_layout(sb: np.ndarray) -> np.ndarray:
 
 
 def repack_q4_1(rows: np.ndarray) -> np.ndarray:
-    """Q4_1 kernel rows (blocks of float32 d, m, 16 code bytes) -> int8-path rows (same size):
+    """Q4_1 rows with widened scales (blocks of float32 d, m, 16 code bytes) -> int8-path rows
+    (same size):
     per super-block d[4] m[4] qs[64]"""
     return _super_blocks(rows, 24, _q4_1_layout)
 
 
 def repack_q8_0(rows: np.ndarray) -> np.ndarray:
-    """Q8_0 kernel rows (blocks of float32 d, 32 int8 codes) -> int8-path rows (same size):
+    """Q8_0 rows with widened scales (blocks of float32 d, 32 int8 codes) -> int8-path rows
+    (same size):
     per super-block d[4], then codes 0..15 of each block, then codes 16..31, each + 128"""
     return _super_blocks(rows, 36, _q8_0_layout)
 

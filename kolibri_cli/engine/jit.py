@@ -2,11 +2,14 @@
 the LLVM and OpenMP options that batch invariance and speed rely on."""
 
 import os
+from contextlib import contextmanager
 
 import llvmlite.binding as llvm
 import numba
 import numpy as np
+from numba.core import event
 
+from kolibri_cli.callbacks import Compiling
 from kolibri_cli.engine import jitcache  # noqa: F401  (before any kernel is defined)
 from kolibri_cli.errors import KolibriError
 
@@ -48,3 +51,49 @@ def start_threads() -> None:
     any kernel compiled after its parts were cached on their own, e.g. by a test).
     `numba.get_num_threads()` starts the pool."""
     numba.get_num_threads()
+
+
+class _CompileListener(event.Listener):
+    """numba's "numba:compile" events -> on_compile(what, finished, under way), `what` the
+    innermost kolibri function being compiled (numba's helpers it compiles on the way are
+    counted, but named by the kolibri function that needs them)."""
+
+    def __init__(self, on_compile: Compiling):
+        self.on_compile, self.stack, self.finished = on_compile, [], 0
+
+    def on_start(self, ev) -> None:
+        self.stack.append(_name(ev.data["dispatcher"].py_func))
+        self._report()
+
+    def on_end(self, ev) -> None:
+        self.stack.pop()
+        self.finished += 1
+        self._report()
+
+    def _report(self) -> None:
+        ours = [n for n in self.stack if n]
+        self.on_compile(ours[-1] if ours else "", self.finished, len(self.stack))
+
+
+def _name(func) -> str:
+    """`matmul._parallel` for a kolibri function, "" for numba's own."""
+    module = getattr(func, "__module__", "") or ""
+    if not module.startswith("kolibri_cli."):
+        return ""
+    return f"{module.rsplit('.', 1)[-1]}.{func.__qualname__.replace('.<locals>', '')}"
+
+
+@contextmanager
+def compile_events(on_compile: Compiling | None):
+    """Within the block, on_compile(what, finished, under way) at every start and end of a numba
+    compile (a cache hit is no compile and says nothing): progress driven by what numba does,
+    not by a clock."""
+    if on_compile is None:
+        yield
+        return
+    listener = _CompileListener(on_compile)
+    event.register("numba:compile", listener)
+    try:
+        yield
+    finally:
+        event.unregister("numba:compile", listener)

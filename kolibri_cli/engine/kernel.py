@@ -22,8 +22,11 @@ Speed: matmuls run parallel over units of R weight rows strided across the matri
 sequential streams per thread for the prefetcher); a unit's rows stay in L1/L2 while the L tokens
 pass in register tiles, so an L-token forward reads the weights from memory once. Each layer is
 five parallel regions plus a little serial work on the calling thread; the whole stack is one
-compiled call (`cache=True`: compiled once per machine and kernel source, 2-3 minutes on 2
-cores, then loaded from numba's cache).
+compiled call, specialized (`matmul.spec_of`) to the model's block types and to what the call
+needs: "lean" (decode and prefill tiles: what the first token takes), "verify" (+ the verify
+tiles for 2..FEW rows) or "tree" (+ draft trees). Each compiles on first use (`cache=True`:
+once per machine and source version; the lean one for the default model ~35 s of one core,
+then ~0.02 s to load) and gives the same bits as the others.
 
 Memory: weights + the KV cache + O(CHUNK) activations, whatever the prompt length. An input
 longer than CHUNK tokens runs as consecutive kernel calls (invisible in the bits, by batch
@@ -44,6 +47,7 @@ import os
 
 import numpy as np
 from numba import njit
+from numba.extending import overload
 from numba.typed import List
 
 from kolibri_cli.engine.attention import (
@@ -56,7 +60,18 @@ from kolibri_cli.engine.attention import (
 )
 from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.engine.jit import start_threads
-from kolibri_cli.engine.matmul import embed_rows, gate_up_silu, matmul, matmul_add, n_rows
+from kolibri_cli.engine.matmul import (
+    FEW,
+    ORDER,
+    TREE_AT,
+    embed_rows,
+    gate_up_silu,
+    matmul,
+    matmul_add,
+    n_rows,
+    spec_of,
+    spec_on,
+)
 from kolibri_cli.engine.rope import rope_tables
 from kolibri_cli.engine.weights import Weights
 from kolibri_cli.errors import KolibriError
@@ -86,18 +101,42 @@ def _append_layer(layers, layer):
     layers.append(layer)
 
 
+def _attend(q, start, k_cache, v_cache, att, window, tree, spec):
+    """Attention of the rows q: along a draft tree when the call has one (and the spec has
+    trees), else the chain's"""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(_attend, inline="always")
+def _attend_for(q, start, k_cache, v_cache, att, window, tree, spec):
+    if not spec_on(spec, TREE_AT):
+        def chain(q, start, k_cache, v_cache, att, window, tree, spec):
+            attention(q, start, k_cache, v_cache, att, window)
+
+        return chain
+
+    def either(q, start, k_cache, v_cache, att, window, tree, spec):
+        if tree[0].shape[0]:
+            tree_attention(q, start, k_cache, v_cache, att, window, tree[0], tree[1])
+        else:
+            attention(q, start, k_cache, v_cache, att, window)
+
+    return either
+
+
 @njit(cache=True)
-def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window, tree):
+def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window, tree, spec):
     """One decoder layer, h [L, D] in place.
     lw = LayerWeights.arrays(); k/v_cache [KVH, T, Dh]; window 0 = whole context;
-    tree = (depth [L], path [L, max depth]) of a draft tree (both empty: a chain)"""
+    tree = (depth [L], path [L, max depth]) of a draft tree (both empty: a chain);
+    spec: what the call may meet (matmul.spec_of)"""
     attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down, bqkv, q_norm, k_norm = lw
     n_tok = h.shape[0]
     dh = k_cache.shape[2]
     x = np.empty_like(h)  # [L, D]
     rmsnorm(h, attn_norm, eps, x)
     qkv = np.empty((n_tok, n_rows(wqkv)), np.float32)  # [L, (H+2KVH)*Dh]
-    matmul(x, wqkv, qkv)
+    matmul(x, wqkv, qkv, spec)
     if bqkv.shape[0]:
         add_bias(qkv, bqkv)
     if q_norm.shape[0]:
@@ -105,38 +144,36 @@ def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window, tree)
     q = np.empty((n_tok, n_heads, dh), np.float32)  # [L, H, Dh]
     qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q, tree[0])
     att = np.empty((n_tok, n_heads * dh), np.float32)  # [L, H*Dh]
-    if tree[0].shape[0]:
-        tree_attention(q, start, k_cache, v_cache, att, window, tree[0], tree[1])
-    else:
-        attention(q, start, k_cache, v_cache, att, window)
-    matmul_add(att, wo, x, h)
+    _attend(q, start, k_cache, v_cache, att, window, tree, spec)
+    matmul_add(att, wo, x, h, spec)
     rmsnorm(h, mlp_norm, eps, x)
     n_ff = n_rows(w_gate_up) // 2
     act = np.empty((n_tok, n_ff), np.float32)  # [L, F]
-    gate_up_silu(x, w_gate_up, np.empty((n_tok, 2 * n_ff), np.float32), act)
-    matmul_add(act, w_down, x, h)
+    gate_up_silu(x, w_gate_up, np.empty((n_tok, 2 * n_ff), np.float32), act, spec)
+    matmul_add(act, w_down, x, h, spec)
 
 
 @njit(cache=True)
 def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_heads, windows,
-             logits, tree):
+             logits, tree, spec):
     """tokens [L] -> logits [M, V] of the last M tokens (M <= L; 0 = none); k/v [n_layers, KVH,
-    T, Dh] written at start..start+L-1; windows [n_layers] int64; tree: _layer's"""
+    T, Dh] written at start..start+L-1; windows [n_layers] int64; tree, spec: _layer's"""
     h = np.empty((tokens.shape[0], norm.shape[0]), np.float32)  # [L, D]
-    embed_rows(embed, tokens, h)
+    embed_rows(embed, tokens, h, spec)
     for i in range(len(layers)):
-        _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i], tree)
+        _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i], tree, spec)
     if logits.shape[0]:
         last = h[h.shape[0] - logits.shape[0]:]  # [M, D]
         x = np.empty_like(last)
         rmsnorm(last, norm, eps, x)
-        matmul(x, head, logits)
+        matmul(x, head, logits, spec)
 
 
 
 # ---------------------------------------------------------------- Python API
 
 CHUNK = 256  # most tokens per kernel call: longer inputs run in chunks of this many
+KERNELS = ("lean", "verify", "tree")  # the specializations (Transformer._spec)
 
 
 def _untouched_zeros(shape: tuple[int, ...]) -> np.ndarray:
@@ -196,11 +233,15 @@ class Transformer:
             _append_layer(self._layers, lw.arrays())
         n_layers = config.num_hidden_layers
         self._windows = np.array([config.layer_window(i) for i in range(n_layers)], np.int64)
+        self._specs = _specs(weights)
         start_threads()
 
-    def warm_up(self) -> None:
-        """Compile (first run) or load the kernel from numba's cache now, not inside a timing."""
-        self.forward([0], 0, self.new_cache(1))
+    def warm_up(self, kernels=KERNELS) -> None:
+        """Compile (first run) or load from numba's cache now, not inside a timing, the kernel's
+        specializations named: "lean" (decode, prefill), "verify" (2..FEW rows), "tree"."""
+        for kind in kernels:
+            parents = [-1, 0] if kind == "tree" else None
+            self.forward([0] * (1 if kind == "lean" else 2), 0, self.new_cache(2), parents)
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.config
@@ -247,8 +288,18 @@ class Transformer:
             rows = logits[first - (n - m) : max(first, b) - (n - m)]  # [<= CHUNK, V]
             _forward(ids[a:b], start_pos + a, w.embed.arrays(), self._layers, w.norm,
                      w.head.arrays(), cache.k, cache.v, self._cos, self._sin, self._eps,
-                     self.config.num_attention_heads, self._windows, rows, tree)
+                     self.config.num_attention_heads, self._windows, rows, tree,
+                     self._spec(b - a, m, tree))
         cache.length = start_pos + n
+
+    def _spec(self, n: int, m: int, tree) -> tuple:
+        """The kernel specialization for n tokens, m logits rows: the lean one (decode and
+        prefill tiles) unless a pass of 2..FEW rows wants them all back (verify: the verify
+        tiles) or brings a draft tree. Every one gives the same bits; each compiles on first
+        use."""
+        if tree[0].shape[0]:
+            return self._specs["tree"]
+        return self._specs["verify" if 1 < n <= FEW and m == n else "lean"]
 
     def _grow_rope(self, n_pos: int) -> None:
         """cos/sin tables for positions 0..n_pos-1 at least, doubled as positions grow (a
@@ -285,6 +336,17 @@ class Transformer:
 
 
 _CHAIN = (np.zeros(0, np.int64), np.zeros((0, 0), np.int64))  # _layer's tree for a chain
+
+
+def _specs(weights: Weights) -> dict[str, tuple]:
+    """The kernel's specializations for these weights: their block types (and the int8 path
+    when some matrix is on it), with or without the verify tiles and draft trees."""
+    matrices = [weights.embed, weights.head, *(m for lw in weights.layers for m in lw.matrices())]
+    codes = {int(t) for m in matrices for t in m.units[:, 2]}
+    exact, int8_path = codes & set(ORDER), bool(codes - set(ORDER))
+    return {"lean": spec_of(exact, few=False, int8_path=int8_path),
+            "verify": spec_of(exact, few=True, int8_path=int8_path),
+            "tree": spec_of(exact, few=True, int8_path=int8_path, tree=True)}
 
 
 def _tree_layout(parents, n: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -20,6 +20,8 @@ TB, so the weights are read from memory once per TB tokens and decoded once per 
 
 import numpy as np
 from numba import njit, prange
+from numba.core import types as nbtypes
+from numba.extending import overload
 
 from kolibri_cli.engine import int8
 from kolibri_cli.engine.blocks import (
@@ -55,36 +57,82 @@ from kolibri_cli.engine.simd import vfma, vlane, vload, vstore, vsum16, vzero
 R = 4  # weight rows per unit
 TB = 64  # tokens per block when L > FEW: the block [TB, K] of x stays in L2
 FEW = 32  # up to this many tokens (verify passes), each part is decoded once per group
+ORDER = (Q4_1, Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q5_0, Q5_1, F16, BF16, F32)  # dispatch order
+
+# ---------------------------------------------------------------- what a compiled kernel handles
+# A kernel call carries a `spec`: a tuple whose element TYPES say what the call may meet — each
+# block type of ORDER, the verify tiles (FEW), the int8 path, draft trees — np.bool_ for yes,
+# np.int8 for no; its values are never read. numba compiles one specialization per spec type
+# (and caches it like any signature), and each dispatch below is an overload that compiles only
+# the branches its spec names: a model's first token waits for its own block types' decoders
+# and the paths that token takes, not for all of them (the rest compile when first used).
+# Results never depend on the spec: a specialization computes every row it can meet exactly as
+# any other (the same expressions in the same order), so the bits are the same.
+
+FEW_AT, INT8_AT, TREE_AT = len(ORDER), len(ORDER) + 1, len(ORDER) + 2  # spec positions
+
+
+def spec_of(codes, few: bool = True, int8_path: bool = False, tree: bool = False) -> tuple:
+    """The spec of a call over matrices of block types `codes` (others never met)."""
+    flags = [c in codes for c in ORDER] + [few, int8_path, tree]
+    return tuple(np.bool_(True) if f else np.int8(0) for f in flags)
+
+
+ALL = spec_of(ORDER, few=True, int8_path=True, tree=True)  # everything (tests, references)
+
+
+def spec_on(spec, i: int) -> bool:
+    """At compile time: whether the spec type `spec` says yes at position i."""
+    return isinstance(spec.types[i], nbtypes.Boolean)
+
+
+def _types_on(spec) -> tuple[bool, ...]:
+    return tuple(spec_on(spec, i) for i in range(len(ORDER)))
 
 
 # ---------------------------------------------------------------- decode: one token, 4 rows
 
 
-@njit(inline="always", cache=True)
-def _typed(t, op, a):
-    """op(part, scales, weights per block, parts per block, bytes per block, a) with the decoder
-    of block type t: the dispatch on the type of decode and prefill (verify: `_verify_tile`)"""
-    if t == Q4_1:
-        return op(part_q4_1, no_scales, 32, 1, 24, a)
-    if t == Q8_0:
-        return op(part_q8_0, no_scales, 32, 1, 36, a)
-    if t == Q4_K:
-        return op(part_q4_k, scales_k, 256, 8, 144, a)
-    if t == Q6_K:
-        return op(part_q6_k, scales_q6_k, 256, 8, 210, a)
-    if t == Q5_K:
-        return op(part_q5_k, scales_k, 256, 8, 176, a)
-    if t == Q4_0:
-        return op(part_q4_0, no_scales, 32, 1, 20, a)
-    if t == Q5_0:
-        return op(part_q5_0, no_scales, 32, 1, 24, a)
-    if t == Q5_1:
-        return op(part_q5_1, no_scales, 32, 1, 28, a)
-    if t == F16:
-        return op(part_f16, no_scales, 32, 1, 64, a)
-    if t == BF16:
-        return op(part_bf16, no_scales, 32, 1, 64, a)
-    return op(part_f32, no_scales, 32, 1, 128, a)
+def _typed(op):
+    """`typed(t, a, spec)` = op(part, scales, weights per block, parts per block, bytes per
+    block, a) with the decoder of block type t: the dispatch on the type of decode and prefill
+    (verify: `_verify_tile`), compiled for the types the spec names (any other: F32's). op is
+    named in the compiled code (a closure's), never passed: passed, numba would keep the
+    decoders as Python objects and refuse to cache the kernel."""
+
+    def typed(t, a, spec):
+        raise NotImplementedError("compiled code only")
+
+    @overload(typed, inline="always")
+    def typed_for(t, a, spec):
+        q41, q80, q4k, q6k, q5k, q40, q50, q51, f16, bf16, _ = _types_on(spec)
+
+        def impl(t, a, spec):
+            if q41 and t == Q4_1:
+                return op(part_q4_1, no_scales, 32, 1, 20, a)
+            if q80 and t == Q8_0:
+                return op(part_q8_0, no_scales, 32, 1, 34, a)
+            if q4k and t == Q4_K:
+                return op(part_q4_k, scales_k, 256, 8, 144, a)
+            if q6k and t == Q6_K:
+                return op(part_q6_k, scales_q6_k, 256, 8, 210, a)
+            if q5k and t == Q5_K:
+                return op(part_q5_k, scales_k, 256, 8, 176, a)
+            if q40 and t == Q4_0:
+                return op(part_q4_0, no_scales, 32, 1, 18, a)
+            if q50 and t == Q5_0:
+                return op(part_q5_0, no_scales, 32, 1, 22, a)
+            if q51 and t == Q5_1:
+                return op(part_q5_1, no_scales, 32, 1, 24, a)
+            if f16 and t == F16:
+                return op(part_f16, no_scales, 32, 1, 64, a)
+            if bf16 and t == BF16:
+                return op(part_bf16, no_scales, 32, 1, 64, a)
+            return op(part_f32, no_scales, 32, 1, 128, a)
+
+        return impl
+
+    return typed
 
 
 @njit(inline="always", cache=True)
@@ -111,9 +159,12 @@ def _dot4_of(part, scales, per_block, parts, nbytes, a):
     return vsum16(a0, a1, a2, a3, z, z, z, z, z, z, z, z, z, z, z, z)
 
 
+_dot4_typed = _typed(_dot4_of)
+
+
 @njit(cache=True)
-def _dot4(t, d, o0, o1, o2, o3, x, kp):
-    return _typed(t, _dot4_of, (d, o0, o1, o2, o3, x, kp))
+def _dot4(t, d, o0, o1, o2, o3, x, kp, spec):
+    return _dot4_typed(t, (d, o0, o1, o2, o3, x, kp), spec)
 
 
 @njit(inline="always", cache=True)
@@ -123,11 +174,11 @@ def _row_offsets(o, stride, n):
 
 
 @njit(inline="always", cache=True)
-def _decode_unit(d, unit, x, out):
+def _decode_unit(d, unit, x, out, spec):
     """out[r0 + i] = row i . x for the unit's rows   x [Kp], out [N]"""
     r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
     o0, o1, o2, o3 = _row_offsets(o, stride, n)
-    s = _dot4(t, d, o0, o1, o2, o3, x, x.shape[0])
+    s = _dot4(t, d, o0, o1, o2, o3, x, x.shape[0], spec)
     for i in range(n):
         out[r0 + i] = vlane(s, i)
 
@@ -224,9 +275,9 @@ def _verify_tile(t, n):
         a = a[:-2] + (n, a[-1]) if n else a  # a = (..., count, kp)
         if n <= 4:
             if t == Q4_1:
-                return _dot4xg_of(part_q4_1, no_scales, 32, 1, 24, a)
+                return _dot4xg_of(part_q4_1, no_scales, 32, 1, 20, a)
             if t == Q8_0:
-                return _dot4xg_of(part_q8_0, no_scales, 32, 1, 36, a)
+                return _dot4xg_of(part_q8_0, no_scales, 32, 1, 34, a)
             if t == Q4_K:
                 return _dot4xg_of(part_q4_k, scales_k, 256, 8, 144, a)
             if t == Q6_K:
@@ -234,20 +285,20 @@ def _verify_tile(t, n):
             if t == Q5_K:
                 return _dot4xg_of(part_q5_k, scales_k, 256, 8, 176, a)
             if t == Q4_0:
-                return _dot4xg_of(part_q4_0, no_scales, 32, 1, 20, a)
+                return _dot4xg_of(part_q4_0, no_scales, 32, 1, 18, a)
             if t == Q5_0:
-                return _dot4xg_of(part_q5_0, no_scales, 32, 1, 24, a)
+                return _dot4xg_of(part_q5_0, no_scales, 32, 1, 22, a)
             if t == Q5_1:
-                return _dot4xg_of(part_q5_1, no_scales, 32, 1, 28, a)
+                return _dot4xg_of(part_q5_1, no_scales, 32, 1, 24, a)
             if t == F16:
                 return _dot4xg_of(part_f16, no_scales, 32, 1, 64, a)
             if t == BF16:
                 return _dot4xg_of(part_bf16, no_scales, 32, 1, 64, a)
             return _dot4xg_of(part_f32, no_scales, 32, 1, 128, a)
         if t == Q4_1:
-            return _dot2x8_of(part_q4_1, no_scales, 32, 1, 24, a)
+            return _dot2x8_of(part_q4_1, no_scales, 32, 1, 20, a)
         if t == Q8_0:
-            return _dot2x8_of(part_q8_0, no_scales, 32, 1, 36, a)
+            return _dot2x8_of(part_q8_0, no_scales, 32, 1, 34, a)
         if t == Q4_K:
             return _dot2x8_of(part_q4_k, scales_k, 256, 8, 144, a)
         if t == Q6_K:
@@ -255,11 +306,11 @@ def _verify_tile(t, n):
         if t == Q5_K:
             return _dot2x8_of(part_q5_k, scales_k, 256, 8, 176, a)
         if t == Q4_0:
-            return _dot2x8_of(part_q4_0, no_scales, 32, 1, 20, a)
+            return _dot2x8_of(part_q4_0, no_scales, 32, 1, 18, a)
         if t == Q5_0:
-            return _dot2x8_of(part_q5_0, no_scales, 32, 1, 24, a)
+            return _dot2x8_of(part_q5_0, no_scales, 32, 1, 22, a)
         if t == Q5_1:
-            return _dot2x8_of(part_q5_1, no_scales, 32, 1, 28, a)
+            return _dot2x8_of(part_q5_1, no_scales, 32, 1, 24, a)
         if t == F16:
             return _dot2x8_of(part_f16, no_scales, 32, 1, 64, a)
         if t == BF16:
@@ -280,6 +331,7 @@ def _put(s, out, j, r0, rows, toks, lanes):
 def _verify_unit(t):
     """`_few_unit` for units of block type t: its six tiles inlined, one call per unit."""
     tile2, tile34, tile5, tile6, tile7, tile8 = (_verify_tile(t, n) for n in (2, 0, 5, 6, 7, 8))
+    own = spec_of([t], few=False)  # a single token's dot, of this type only
 
     @njit(cache=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)
     def unit_of(a):
@@ -292,7 +344,7 @@ def _verify_unit(t):
         while j < t1:
             jn, e = min(8, t1 - j), j * kp
             if jn == 1:
-                _put(_dot4(unit[2], d, o0, o1, o2, o3, x[j], kp), out, j, r0, n, 1, 1)
+                _put(_dot4(unit[2], d, o0, o1, o2, o3, x[j], kp, own), out, j, r0, n, 1, 1)
             elif jn == 2:
                 s = tile2((d, o0, o1, o2, o3, xf, e, e + kp, e, e, 2, kp))
                 _put(s, out, j, r0, n, 2, 4)
@@ -316,42 +368,50 @@ def _verify_unit(t):
     return unit_of
 
 
-ORDER = (Q4_1, Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q5_0, Q5_1, F16, BF16, F32)  # _on_type's order
-# _VERIFY = (0, then the verify unit of each block type in ORDER). The 0 comes first because
-# numba tries to type a tuple that starts with a function as one function type, with a warning.
-_VERIFY = (0, *(_verify_unit(t) for t in ORDER))
+_VERIFY = tuple(_verify_unit(t) for t in ORDER)  # each compiled when a spec names its type
+
+
+def _on_type(t, a, spec):
+    """The verify unit of block type t on a, for the types the spec names"""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(_on_type, inline="always")
+def _on_type_for(t, a, spec):
+    q41, q80, q4k, q6k, q5k, q40, q50, q51, f16, bf16, f32 = _types_on(spec)
+    u41, u80, u4k, u6k, u5k, u40, u50, u51, u16, ub16, u32 = _VERIFY
+
+    def on_type(t, a, spec):
+        if q41 and t == Q4_1:
+            u41(a)
+        elif q80 and t == Q8_0:
+            u80(a)
+        elif q4k and t == Q4_K:
+            u4k(a)
+        elif q6k and t == Q6_K:
+            u6k(a)
+        elif q5k and t == Q5_K:
+            u5k(a)
+        elif q40 and t == Q4_0:
+            u40(a)
+        elif q50 and t == Q5_0:
+            u50(a)
+        elif q51 and t == Q5_1:
+            u51(a)
+        elif f16 and t == F16:
+            u16(a)
+        elif bf16 and t == BF16:
+            ub16(a)
+        elif f32:
+            u32(a)
+
+    return on_type
 
 
 @njit(inline="always", cache=True)
-def _on_type(t, fns, a):
-    """fns[1 + i](a) for block type t = ORDER[i] (any other type: F32's, the last)"""
-    if t == Q4_1:
-        return fns[1](a)
-    if t == Q8_0:
-        return fns[2](a)
-    if t == Q4_K:
-        return fns[3](a)
-    if t == Q6_K:
-        return fns[4](a)
-    if t == Q5_K:
-        return fns[5](a)
-    if t == Q4_0:
-        return fns[6](a)
-    if t == Q5_0:
-        return fns[7](a)
-    if t == Q5_1:
-        return fns[8](a)
-    if t == F16:
-        return fns[9](a)
-    if t == BF16:
-        return fns[10](a)
-    return fns[11](a)
-
-
-@njit(inline="always", cache=True)
-def _few_unit(d, unit, x, t0, t1, out):
+def _few_unit(d, unit, x, t0, t1, out, spec):
     """out[t, r0 + i] = row i . x[t] for t0 <= t < t1, in groups of <= 8 tokens   x [L, Kp]"""
-    _on_type(unit[2], _VERIFY, (d, unit, x, t0, t1, out))
+    _on_type(unit[2], (d, unit, x, t0, t1, out), spec)
 
 
 # ---------------------------------------------------------------- many tokens: decode once, tile
@@ -369,17 +429,25 @@ def _to_f32_of(part, scales, per_block, parts, nbytes, a):
             vstore(out, e + 16, hi)
 
 
+_to_f32_typed = _typed(_to_f32_of)
+
+
 @njit(cache=True)
-def rows_to_f32(t, d, o, kp, out, oo):
+def rows_to_f32(t, d, o, kp, out, oo, spec):
     """out[oo : oo+kp] = the row at byte o of d, decoded (gguf's floats, zero padding)"""
-    _typed(t, _to_f32_of, (d, o, kp, out, oo))
+    _to_f32_typed(t, (d, o, kp, out, oo), spec)
 
 
 @njit(cache=True)
-def decode_rows(t, d, o, stride, n, kp, out):
-    """out [n, kp] = the n rows at o, o+stride, ... decoded (whole tensors, for references)"""
+def _decode_rows(t, d, o, stride, n, kp, out, spec):
     for i in range(n):
-        rows_to_f32(t, d, o + i * stride, kp, out.reshape(-1), i * kp)
+        rows_to_f32(t, d, o + i * stride, kp, out.reshape(-1), i * kp, spec)
+
+
+def decode_rows(t, d, o, stride, n, kp, out) -> None:
+    """out [n, kp] = the n rows at o, o+stride, ... decoded (whole tensors, for references;
+    compiled once per block type)"""
+    _decode_rows(t, d, o, stride, n, kp, out, spec_of([int(t)], few=False))
 
 
 @njit(inline="always", cache=True)
@@ -431,12 +499,12 @@ def _tile(w, kp, x, xo, jn):
 
 
 @njit(cache=True)
-def _tiles_unit(d, unit, x, t0, t1, out, w):
+def _tiles_unit(d, unit, x, t0, t1, out, w, spec):
     """out[t, r0 + i] = row i . x[t] for t0 <= t < t1   x [L, Kp], w [4*Kp] scratch"""
     r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
     kp = x.shape[1]
     for i in range(n):
-        rows_to_f32(t, d, o + i * stride, kp, w, i * kp)
+        rows_to_f32(t, d, o + i * stride, kp, w, i * kp, spec)
     xf = x.reshape(-1)
     j = t0
     while j < t1:
@@ -448,18 +516,37 @@ def _tiles_unit(d, unit, x, t0, t1, out, w):
         j += jn
 
 
-@njit(inline="always", cache=True)
-def _units(d, units, u0, u1, x, t0, t1, out, w):
-    """Units u0..u1-1 in one compiled loop (no call per unit when decoding)   w [4*Kp] scratch"""
-    if x.shape[0] == 1:
-        for u in range(u0, u1):
-            _decode_unit(d, units[u], x[0], out[0])
-    elif x.shape[0] <= FEW:
-        for u in range(u0, u1):
-            _few_unit(d, units[u], x, t0, t1, out)
-    else:
-        for u in range(u0, u1):
-            _tiles_unit(d, units[u], x, t0, t1, out, w)
+def _units(d, units, u0, u1, x, t0, t1, out, w, spec):
+    """Units u0..u1-1 in one compiled loop (no call per unit when decoding)   w [4*Kp] scratch;
+    1 < L <= FEW tokens take the verify tiles when the spec has them, else the prefill tiles"""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(_units, inline="always")
+def _units_for(d, units, u0, u1, x, t0, t1, out, w, spec):
+    if not spec_on(spec, FEW_AT):
+        def units_two(d, units, u0, u1, x, t0, t1, out, w, spec):
+            if x.shape[0] == 1:
+                for u in range(u0, u1):
+                    _decode_unit(d, units[u], x[0], out[0], spec)
+            else:
+                for u in range(u0, u1):
+                    _tiles_unit(d, units[u], x, t0, t1, out, w, spec)
+
+        return units_two
+
+    def units_three(d, units, u0, u1, x, t0, t1, out, w, spec):
+        if x.shape[0] == 1:
+            for u in range(u0, u1):
+                _decode_unit(d, units[u], x[0], out[0], spec)
+        elif x.shape[0] <= FEW:
+            for u in range(u0, u1):
+                _few_unit(d, units[u], x, t0, t1, out, spec)
+        else:
+            for u in range(u0, u1):
+                _tiles_unit(d, units[u], x, t0, t1, out, w, spec)
+
+    return units_three
 
 
 # ---------------------------------------------------------------- parallel drivers
@@ -477,7 +564,9 @@ def _padded(x):
     if kp == x.shape[1]:
         return x
     out = np.zeros((x.shape[0], kp), np.float32)
-    out[:, :x.shape[1]] = x
+    for j in range(x.shape[0]):  # loops, not a slice assignment: numba compiles the latter's
+        for i in range(x.shape[1]):  # shape-mismatch error text (string code) for seconds
+            out[j, i] = x[j, i]
     return out
 
 
@@ -500,19 +589,32 @@ def _epilogue(kind, units, u0, u1, t0, t1, out, dest):
                     dest[j, r] = _silu(out[j, r]) * out[j, n_ff + r]
 
 
-@njit(inline="always", cache=True)
-def _any_units(d, units, u0, u1, x, xs, t0, t1, out, w):
+def _any_units(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
     """Units u0..u1-1 of either numeric path: the int8 path's (x quantized as xs) or the exact"""
-    if units[u0, 2] < int8.Q4_1X:
-        _units(d, units, u0, u1, x, t0, t1, out, w)
-    elif out.shape[0] == 1:
-        int8.units_one_token(d, units, u0, u1, xs, out[0])
-    else:
-        int8.units_tokens(d, units, u0, u1, xs, t0, t1, out)
+    raise NotImplementedError("compiled code only")
+
+
+@overload(_any_units, inline="always")
+def _any_units_for(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
+    if not spec_on(spec, INT8_AT):
+        def exact_units(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
+            _units(d, units, u0, u1, x, t0, t1, out, w, spec)
+
+        return exact_units
+
+    def any_units(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
+        if units[u0, 2] < int8.Q4_1X:
+            _units(d, units, u0, u1, x, t0, t1, out, w, spec)
+        elif out.shape[0] == 1:
+            int8.units_one_token(d, units, u0, u1, xs, out[0])
+        else:
+            int8.units_tokens(d, units, u0, u1, xs, t0, t1, out)
+
+    return any_units
 
 
 @njit(parallel=True, cache=True)
-def _parallel(kind, x, xs, d, units, t0, t1, out, dest, scratch):
+def _parallel(kind, x, xs, d, units, t0, t1, out, dest, scratch, spec):
     """Run c of the units (and for GATE_UP its up units), then the epilogue over the run
     scratch [chunks, 4*Kp]: run c's L1 scratch ([chunks, 0] when decoding or on the int8 path)"""
     n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
@@ -520,41 +622,65 @@ def _parallel(kind, x, xs, d, units, t0, t1, out, dest, scratch):
     for c in prange(chunks):
         i = np.int64(c)  # prange indices may be unsigned: keep the callees' signatures int64
         u0, u1 = i * n // chunks, (i + 1) * n // chunks
-        _any_units(d, units, u0, u1, x, xs, t0, t1, out, scratch[i])
+        _any_units(d, units, u0, u1, x, xs, t0, t1, out, scratch[i], spec)
         if kind == GATE_UP:
-            _any_units(d, units, n + u0, n + u1, x, xs, t0, t1, out, scratch[i])
+            _any_units(d, units, n + u0, n + u1, x, xs, t0, t1, out, scratch[i], spec)
         _epilogue(kind, units, u0, u1, t0, t1, out, dest)
 
 
+def _activations(x, exact, spec):
+    """The int8 path's quantized activations of x (of none of its rows if exact)"""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(_activations, inline="always")
+def _activations_for(x, exact, spec):
+    if not spec_on(spec, INT8_AT):
+        return lambda x, exact, spec: 0
+    return lambda x, exact, spec: int8.quantize(x[:0] if exact else x)
+
+
+def _few_max(spec):
+    """FEW when the spec has the verify tiles, else 1 (more tokens: the prefill tiles)"""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(_few_max, inline="always")
+def _few_max_for(spec):
+    few = FEW if spec_on(spec, FEW_AT) else 1
+    return lambda spec: few
+
+
 @njit(cache=True)
-def _run(kind, x, w, out, dest):
+def _run(kind, x, w, out, dest, spec):
     x = _padded(x)
     n = w[1].shape[0] // 2 if kind == GATE_UP else w[1].shape[0]
     exact = w[1][0, 2] < int8.Q4_1X  # else a matrix of the int8 path (all its units are)
-    xs = int8.quantize(x[:0] if exact else x)  # the int8 path's activations (none if exact)
-    tile = exact and x.shape[0] > FEW
+    xs = _activations(x, exact, spec)
+    tile = exact and x.shape[0] > _few_max(spec)
     scratch = np.empty((min(n, CHUNKS), R * x.shape[1] if tile else 0), np.float32)
     for t0 in range(0, x.shape[0], TB):
-        _parallel(kind, x, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch)
+        _parallel(kind, x, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch,
+                  spec)
 
 
 @njit(inline="always", cache=True)
-def matmul(x, w, out):
+def matmul(x, w, out, spec):
     """out = x @ w.T   x [L, K], w = (data, units) of [N, K] -> out [L, N]"""
-    _run(np.int64(PLAIN), x, w, out, out)
+    _run(np.int64(PLAIN), x, w, out, out, spec)
 
 
 @njit(inline="always", cache=True)
-def matmul_add(x, w, tmp, h):
+def matmul_add(x, w, tmp, h, spec):
     """h += x @ w.T (the residual add fused in)   x [L, K], w [D, K], tmp/h [L, D]"""
-    _run(np.int64(ADD), x, w, tmp, h)
+    _run(np.int64(ADD), x, w, tmp, h, spec)
 
 
 @njit(inline="always", cache=True)
-def gate_up_silu(x, w, gu, act):
+def gate_up_silu(x, w, gu, act, spec):
     """act = silu(x @ gate.T) * (x @ up.T)
     x [L, D], w [2F, D] units of gate then of up, gu [L, 2F] scratch -> act [L, F]"""
-    _run(np.int64(GATE_UP), x, w, gu, act)
+    _run(np.int64(GATE_UP), x, w, gu, act, spec)
 
 
 @njit(cache=True)
@@ -565,7 +691,7 @@ def n_rows(w):
 
 
 @njit(cache=True)
-def embed_rows(w, tokens, h):
+def embed_rows(w, tokens, h, spec):
     """h[j] = row tokens[j] of w, decoded   tokens [L], h [L, D]"""
     d, units = w
     kp = -(-h.shape[1] // 32) * 32
@@ -573,5 +699,6 @@ def embed_rows(w, tokens, h):
     for j in range(tokens.shape[0]):
         u = np.searchsorted(units[:, 0], tokens[j], side="right") - 1
         o = units[u, 3] + (tokens[j] - units[u, 0]) * units[u, 4]
-        rows_to_f32(units[u, 2], d, o, kp, row, 0)
-        h[j] = row[:h.shape[1]]
+        rows_to_f32(units[u, 2], d, o, kp, row, 0, spec)
+        for i in range(h.shape[1]):  # a loop: see _padded
+            h[j, i] = row[i]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from kolibri_cli.callbacks import Compiling
 from kolibri_cli.engine import blockfile, loader
 from kolibri_cli.engine.config import (
     ModelConfig,
@@ -16,6 +17,7 @@ from kolibri_cli.engine.config import (
     generation_eos,
     generation_eos_ids,
 )
+from kolibri_cli.engine.jit import compile_events
 from kolibri_cli.engine.tokenizer import Tokenizer, Tokenizes
 from kolibri_cli.engine.weights import STORAGE, Weights, int8_weights, layout
 from kolibri_cli.errors import KolibriError
@@ -66,8 +68,9 @@ class Model:
     def sha256(self) -> str:
         """Identifies the weights goldens were recorded from: the source GGUF's sha256, else
         the sha256 over the folder's weight files (read once, on demand)."""
-        blocks = self.path / blockfile.NAME
-        files = [blocks] if blocks.is_file() else loader.safetensors_files(self.path)
+        index = self.path / blockfile.NAME
+        files = (blockfile.data_files(index) if index.is_file()
+                 else loader.safetensors_files(self.path))
         return self.source_sha256 or self.digest(files)
 
     @property
@@ -112,9 +115,13 @@ def load_weights(path: Path, config: ModelConfig, numerics: str = "float32") -> 
 
 
 def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
-               weights: bool = True, numerics: str = "float32") -> Model:
+               weights: bool = True, numerics: str = "float32",
+               compiling: Compiling | None = None, kernels=None) -> Model:
     """The model in a model folder, its kernel compiled (or loaded) and warm; `weights=False`:
-    config and tokenizer only (what a remote engine's client needs)."""
+    config and tokenizer only (what a remote engine's client needs). `kernels`: the kernel's
+    specializations to warm (Transformer.warm_up; default all), the others compile when first
+    used. `compiling` is told of each function numba compiles for the warm-up (none when its
+    cache has them)."""
     if weights and Path(path).is_dir() and not has_weights(path) \
             and (Path(path) / "tokenizer.json").is_file():
         raise loader.no_weights(path)  # a tokenizer-only folder: say so before its config
@@ -128,8 +135,9 @@ def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
     from kolibri_cli.engine.kernel import is_compiled
 
     if notify and not is_compiled():
-        notify("compiling the forward kernel (first run only; 2-3 minutes on 2 cores) ...")
-    model.transformer.warm_up()
+        notify("compiling the forward kernel for this machine (first run only) ...")
+    with compile_events(compiling):
+        model.transformer.warm_up(*([kernels] if kernels else []))
     return model
 
 
@@ -160,9 +168,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jin
 
 
 def has_weights(folder: Path) -> bool:
-    """A block file, a safetensors index or any *.safetensors file."""
+    """A weights index (or an earlier layout's block file), a safetensors index or any
+    *.safetensors file."""
     folder = Path(folder)
-    return ((folder / blockfile.NAME).is_file() or (folder / loader.INDEX).is_file()
+    return ((folder / blockfile.NAME).is_file() or (folder / blockfile.LEGACY).is_file()
+            or (folder / loader.INDEX).is_file()
             or any(folder.glob("*.safetensors")))
 
 

@@ -105,7 +105,7 @@ def int8_matrix(m: Matrix) -> Matrix:
     at = np.concatenate([o + stride * np.arange(n) for _, n, _, o, stride in m.units])
     rows = m.data[at[:, None] + np.arange(width)]  # [N, row bytes]
     new_code, repack = _INT8[code]
-    return stacked(new_code, m.shape[1], [repack(rows)])
+    return stacked(new_code, m.shape[1], [repack(blocks.widen_scales(code, rows))])
 
 
 def int8_weights(w: "Weights") -> "Weights":
@@ -137,8 +137,7 @@ def float_matrix(tensors: list[np.ndarray], storage: str = "float32") -> Matrix:
     if storage == "q8_0" and k % 32 == 0:
         from gguf import GGMLQuantizationType, quants
 
-        rows = [blocks.repack(blocks.Q8_0, quants.quantize(np.asarray(t, np.float32),
-                                                            GGMLQuantizationType.Q8_0))
+        rows = [quants.quantize(np.asarray(t, np.float32), GGMLQuantizationType.Q8_0)
                 for t in tensors]
         code = blocks.Q8_0
     else:

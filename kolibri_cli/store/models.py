@@ -11,8 +11,10 @@ from kolibri_cli.store import cache, digests, integrity
 
 
 def open_model(spec: str | None = None, notify=None, progress=None, weights: bool = True,
-               numerics: str = "float32") -> Model:
-    model = _open(spec, notify, progress, weights, numerics)
+               numerics: str = "float32", compiling=None, kernels=None) -> Model:
+    """`compiling`: a `callbacks.Compiling` told of every compile the kernel's warm-up takes;
+    `kernels`: the specializations it warms (engine.model.load_model)."""
+    model = _open(spec, notify, progress, weights, numerics, (compiling, kernels))
     model.digest = digests.files_sha256  # a user's folder is not read whole on every run
     return model
 
@@ -33,22 +35,37 @@ def open_tokenizer(spec: str | None = None, notify=None, progress=None) -> Model
     return open_model(spec, notify, progress, weights=False)
 
 
-def _open(spec, notify, progress, weights: bool, numerics: str) -> Model:
+def _open(spec, notify, progress, weights: bool, numerics: str, warm: tuple) -> Model:
+    ahead = _compile_ahead(spec, weights and numerics == "float32", warm[0])
     path = cache.resolve(spec, notify, progress)
+    if ahead:
+        ahead.wait()  # then the warm-up below loads the kernel from numba's cache
     meta = cache.provenance(path)
     name = cache.display_name(spec, meta)
     if not meta:  # a user's folder: its errors are about that folder
-        return load_model(path, name, "", notify, weights, numerics)
+        return load_model(path, name, "", notify, weights, numerics, *warm)
     integrity.check_sizes(path, name, meta)
     if notify and not cache.noted_float32(spec, path) and (
             note := integrity.unrecorded_note(name, meta)):
         notify(note)
     try:
-        return load_model(path, name, meta.get("gguf_sha256", ""), notify, weights, numerics)
+        return load_model(path, name, meta.get("gguf_sha256", ""), notify, weights, numerics,
+                          *warm)
     except KolibriError as e:  # the cache wrote a loadable folder: this one was changed since
         raise KolibriError(f"{e}; the cached model may be damaged: check it with "
                            f"`kolibri model verify {name}`, rewrite it with "
                            f"`{integrity.repair_hint(name, meta)}`") from None
+
+
+def _compile_ahead(spec, lean: bool, compiling):
+    """A registry model about to be pulled: its kernel compiled meanwhile, on the other core."""
+    from kolibri_cli.store import precompile
+
+    source = cache.REGISTRY.get(spec or cache.DEFAULT_MODEL)
+    if (not lean or source is None or not source.kernel_types or cache.offline()
+            or cache.is_complete(cache.model_dir(spec or cache.DEFAULT_MODEL))):
+        return None
+    return precompile.start(source.kernel_types, compiling)
 
 
 @dataclass

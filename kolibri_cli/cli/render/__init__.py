@@ -10,7 +10,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -30,29 +37,52 @@ def cell(text) -> str:
     return escape(clean(text))
 
 
+class Bars:
+    """Progress on stderr: one bar per stage, `(stage, done, total)` as `callbacks.Progress`;
+    `compiling` (a `callbacks.Compiling`) draws numba's compiles as one more line: what is being
+    compiled, how many functions so far, the time since the first. Nothing is drawn before the
+    first update, nor on a stderr that is no terminal (a log, a pipe)."""
+
+    def __init__(self, description: str = ""):
+        columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                   TimeRemainingColumn(), TimeElapsedColumn())
+        self.bar = Progress(*columns, console=err, transient=False, disable=not err.is_terminal)
+        self.description, self.tasks = description, {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        self._task(f"{self.description}{stage}", total)
+        self.bar.update(self.tasks[f"{self.description}{stage}"], completed=done, total=total)
+
+    def compiling(self, what: str, finished: int, under_way: int) -> None:
+        task = self._task("compile", None)
+        if under_way:
+            text = f"compiling {what or 'numba helpers'} ({finished} functions compiled)"
+            self.bar.update(task, description=text, completed=finished)
+        else:
+            self.bar.update(task, description=f"compiled the kernel ({finished} functions)",
+                            total=finished, completed=finished)
+            self.bar.stop_task(task)
+
+    def _task(self, key: str, total: int | None) -> int:
+        if not self.tasks:
+            self.bar.start()
+        if key not in self.tasks:
+            self.tasks[key] = self.bar.add_task(key, total=total)
+        return self.tasks[key]
+
+    def stop(self) -> None:
+        if self.tasks:
+            self.bar.stop()
+
+
 @contextmanager
 def progress_bar(description: str = ""):
-    """Yield a callback (stage, done, total) that drives one bar per stage on stderr.
-
-    The bar starts with its first update, so a command that fails early prints nothing but
-    its error line; on a stderr that is no terminal (a log, a pipe) it draws nothing."""
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-               TimeRemainingColumn())
-    bar = Progress(*columns, console=err, transient=False, disable=not err.is_terminal)
-    tasks: dict[str, int] = {}
-
-    def update(stage: str, done: int, total: int) -> None:
-        if not tasks:
-            bar.start()
-        if stage not in tasks:
-            tasks[stage] = bar.add_task(f"{description}{stage}", total=total)
-        bar.update(tasks[stage], completed=done, total=total)
-
+    """Yield a `Bars` (call it as (stage, done, total)); stopped when the block ends."""
+    bars = Bars(description)
     try:
-        yield update
+        yield bars
     finally:
-        if tasks:
-            bar.stop()
+        bars.stop()
 
 
 class TextStreamer:

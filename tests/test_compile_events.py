@@ -1,0 +1,59 @@
+"""The compile progress line is driven by numba's own compile events (numba.core.event), not by
+a clock: each start and end of a compile is reported with the kolibri function being compiled,
+a cache hit reports nothing, and the CLI's line shows what, how many, and the time."""
+
+import io
+
+import numba
+import numpy as np
+from rich.console import Console
+
+from kolibri_cli.cli import render
+from kolibri_cli.engine import matmul
+from kolibri_cli.engine.jit import compile_events
+
+
+def fresh(func):
+    """A new dispatcher of a kolibri function, with no cache: calling it compiles, always."""
+    return numba.njit(func.py_func)
+
+
+def test_each_compile_start_and_end_is_reported_with_the_kolibri_function():
+    seen = []
+    padded = fresh(matmul._padded)
+    with compile_events(lambda what, done, busy: seen.append((what, done, busy))):
+        padded(np.ones((2, 40), np.float32))
+    assert seen[0] == ("matmul._padded", 0, 1)  # the first event: its start
+    starts = [b for (_, d, b), (_, d0, b0) in zip(seen[1:], seen, strict=False) if b > b0]
+    ends = [d for (_, d, b), (_, d0, b0) in zip(seen[1:], seen, strict=False) if d == d0 + 1]
+    assert len(starts) + 1 == len(ends) == seen[-1][1] >= 1  # each compile: a start, an end
+    assert seen[-1][2] == 0  # none under way after the last end
+    assert all(what in ("matmul._padded", "") for what, _, _ in seen)  # numba's own: unnamed
+
+
+def test_a_cached_or_compiled_function_reports_nothing():
+    padded = fresh(matmul._padded)
+    padded(np.ones((1, 8), np.float32))
+    seen = []
+    with compile_events(lambda *a: seen.append(a)):
+        padded(np.ones((3, 8), np.float32))  # the same types: no compile
+    assert seen == []
+
+
+def test_no_listener_is_left_behind():
+    seen = []
+    with compile_events(lambda *a: seen.append(a)):
+        pass
+    fresh(matmul._padded)(np.ones((1, 8), np.float32))
+    assert seen == []
+
+
+def test_the_cli_line_says_what_how_many_and_the_time(monkeypatch):
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "err", Console(file=buf, force_terminal=True, width=160))
+    with render.progress_bar() as bars, compile_events(bars.compiling):
+        fresh(matmul._padded)(np.ones((2, 40), np.float32))
+    text = buf.getvalue()
+    assert "compiling matmul._padded (0 functions compiled)" in text
+    assert "compiled the kernel (" in text and "functions)" in text
+    assert "0:00:0" in text  # the elapsed time column
