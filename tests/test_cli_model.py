@@ -46,15 +46,19 @@ def test_model_list_json_empty(run, kolibri_home):
 def test_model_list_and_info_json_default(run, pulled_default, monkeypatch):
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
     listed = json.loads(run("model", "list", "--json").stdout)
-    assert listed["models"] == [{"name": "smollm2-135m-instruct", "path": str(pulled_default.path)}]
+    (row,) = listed["models"]
+    assert (row["name"], row["path"]) == ("smollm2-135m-instruct", str(pulled_default.path))
+    gguf = pulled_default.gguf.stat().st_size  # one copy of the weights: <= 1.05x the GGUF
+    assert gguf < row["bytes"] <= 1.05 * gguf
     for args in (("model", "info", "--json"), ("model", "info", "smollm2-135m-instruct", "--json"),
                  ("model", "info", str(pulled_default.path), "--json")):
         result = run(*args)
         assert result.exit_code == 0, result.output
         info = json.loads(result.stdout)
         assert info["parameters"] == 134515008
-        # 210 Q4_1 matrices (24 bytes a block of 32: float32 scales), the Q8_0 tied head, norms
-        assert info["bytes_per_token"] == 111617280
+        # 210 Q4_1 matrices (20 bytes a block of 32: the GGUF's float16 scales), the Q8_0 tied
+        # head, norms
+        assert info["bytes_per_token"] == 96576768
         assert info["storage"] == {"F32": 61, "Q4_1": 210, "Q8_0": 1}
         assert info["chat_template"] is True and info["context_length"] == 8192
         assert (info["architecture"], info["layers"], info["heads"], info["kv_heads"]) == (
@@ -211,8 +215,8 @@ def test_model_rm_removes_everything_of_the_model_and_nothing_else(run, kolibri_
     assert [e.model_sha256 for e in benchcosts.load()] == [other]
     assert json.loads(guardcosts.path().read_text())["kernels"].keys() == {
         f"{other}|float32|1|kernel|cpu|target"}
-    assert json.loads(run("model", "list", "--json").stdout)["models"] == [
-        {"name": "tiny.q4", "path": str(models / "tiny.q4")}]
+    (row,) = json.loads(run("model", "list", "--json").stdout)["models"]
+    assert (row["name"], row["path"]) == ("tiny.q4", str(models / "tiny.q4")) and row["bytes"] > 0
     assert (tmp_path / "tiny-0.gguf").is_file()  # the imported file is the user's
 
 
