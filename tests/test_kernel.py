@@ -329,7 +329,7 @@ def test_register_tiles_round_alike():
         wide = {jn: _tile_lanes(w, kp, x.ravel(), 0, jn).reshape(4, 4)[:, :jn] for jn in (2, 3, 4)}
         for j in range(4):
             one = np.empty(4, np.float32)
-            matmul._decode_unit(m.data, m.units[0], x[j], one)
+            matmul._decode_unit(m.data, m.units[0], x[j], one, matmul.ALL)
             assert one.any()
             assert np.array_equal(one, _tile_lanes(w, kp, x.ravel(), j * kp, 1).reshape(4, 4)[:, 0])
             for jn in (2, 3, 4):
