@@ -426,6 +426,12 @@ def test_probe_numbers(run, tmp_path, args, fragment):
     ("limit = inf", "limit must be a whole number"),
     ("k = 1e9", "k must be a whole number"),
     ("repetition_penalty = nan", "repetition_penalty must be a finite number"),
+    # integers past float's range (math.isfinite and float() raised OverflowError)
+    (f"min_ratio = {'9' * 400}", "min_ratio must be a finite number >= 0"),
+    (f"min_speedup = {'9' * 4200}", "min_speedup must be a finite number >= 0"),
+    (f"temperature = {'9' * 400}", "temperature must be a finite number"),
+    (f"timeout = {'9' * 400}", "timeout must be a number of seconds in"),
+    (f"concurrency = {'9' * 400}", "concurrency"),
 ])
 def test_probe_toml_numbers(run, tmp_path, line, fragment):
     toml = tmp_path / "p.toml"

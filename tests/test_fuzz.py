@@ -396,7 +396,8 @@ toml_scalars = st.one_of(
                                                               "0.5", "true", "false"]),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
     st.text(max_size=10).map(json.dumps),
-    st.sampled_from(['"g.jsonl"', '"1-4"', '"1,2,3"', '"vllm,suffix"', '"1,1.1"', '"a-b"']))
+    st.sampled_from(['"g.jsonl"', '"1-4"', '"1,2,3"', '"vllm,suffix"', '"1,1.1"', '"a-b"']),
+    st.integers(4000, 5000).map(lambda n: "9" * n))  # around Python's 4,300-digit limit
 toml_values = st.one_of(toml_scalars, st.lists(toml_scalars, max_size=3).map(
     lambda xs: "[" + ", ".join(xs) + "]"))
 

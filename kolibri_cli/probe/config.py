@@ -363,10 +363,9 @@ def _parse(key: str, value):
             raise KolibriError(f"{key} must be a whole number >= 0, got {shown(value)}")
         return value
     if key in SAMPLING_KEYS:
-        if (isinstance(value, bool) or not isinstance(value, int | float)
-                or not math.isfinite(value)):
+        if (number := _finite(value)) is None:
             raise KolibriError(f"{key} must be a finite number, got {shown(value)}")
-        return float(value)
+        return number
     if key in ("min_ratio", "min_acceptance", "min_speedup"):
         return _threshold(value, key)
     if key in PATH_KEYS:
@@ -431,10 +430,25 @@ def _positive_int(value, key: str, low: int = 1) -> int:
     return number
 
 
+def _finite(value) -> float | None:
+    """A TOML number as a finite float, else None (bools, NaN, infinities, and integers past
+    float's range, which math.isfinite and float() raise OverflowError on)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _positive_number(value, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise KolibriError(f"{key} must be a number > 0, got {value!r}")
-    return float(value)
+        raise KolibriError(f"{key} must be a number > 0, got {shown(value)}")
+    try:
+        return float(value)
+    except OverflowError:  # an integer past float's range: as large as inf (callers cap it)
+        return math.inf
 
 
 def _timeout(value) -> float:
@@ -444,18 +458,17 @@ def _timeout(value) -> float:
     timeout = _positive_number(value, "timeout")
     if not timeout <= MAX_TIMEOUT:
         raise KolibriError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got "
-                           f"{value!r}")
+                           f"{shown(value)}")
     return timeout
 
 
 def _threshold(value, key: str) -> float:
     """A gate's threshold: a finite number >= 0 (a NaN would pass every gate)."""
-    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-            or value < 0):
+    if (number := _finite(value)) is None or number < 0:
         raise KolibriError(f"{key} must be a finite number >= 0, got {shown(value)}")
-    if key == "min_acceptance" and value > 1:
+    if key == "min_acceptance" and number > 1:
         raise KolibriError(f"min_acceptance is a fraction between 0 and 1, got {value!r}")
-    return float(value)
+    return number
 
 
 def _expect(value, key: str, kind):
