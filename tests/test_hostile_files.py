@@ -71,6 +71,8 @@ HUGE_INT = json.dumps(golden_line()).replace('"prompt_ids": [1,', '"prompt_ids":
      "corrupt or truncated compressed"),
     ("flipped.jsonl.gz", (lambda b: b[:20] + b"\x00\xff" * 8 + b[36:])(
         gzip.compress(json.dumps(golden_line()).encode() * 50)), "compressed"),
+    ("temperature.jsonl", json.dumps(golden_line(sampling={"temperature": 10**400})).encode()
+     + b"\n", "temperature must be a finite number, got an integer past a float's range"),
 ])
 def test_crafted_golden_files_are_one_line(env, name, data, expected):
     (env / name).write_bytes(data)

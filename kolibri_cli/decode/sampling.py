@@ -16,6 +16,7 @@ ids before t.
 """
 
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -26,6 +27,8 @@ from numba import njit
 from kolibri_cli.decode.philox import block, words
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 from kolibri_cli.errors import KolibriError
+
+_FLOAT_MAX = sys.float_info.max  # a JSON integer past it is no float (math.isfinite overflows)
 
 _TWO32 = 2.0**32
 _G_MAX = -math.log(-math.log((_TWO32 - 0.5) / _TWO32)) + 1e-6  # largest noise a word can give
@@ -98,6 +101,9 @@ class Sampling:
             want = kinds.get(key, int | float)
             if isinstance(value, bool) or not isinstance(value, want):
                 raise KolibriError(f"sampling parameter {key} must be a number, got {value!r}")
+            if want is not int and isinstance(value, int) and abs(value) > _FLOAT_MAX:
+                raise KolibriError(f"sampling parameter {key} must be a finite number, got an "
+                                   "integer past a float's range")
         return cls(**d).check()
 
     def describe(self) -> str:
