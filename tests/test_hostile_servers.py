@@ -159,6 +159,13 @@ BAD_COMPLETIONS = {
     "ids that are booleans": (completion([True, 5]), "tokens[0] is true"),
     "ids that are strings": (completion(["5"]), "tokens[0] is the string '5'"),
     "no ids": (completion([]), "no list of token ids 'tokens'"),
+    # integers past float's range (math.isfinite raised OverflowError) or int64's
+    "timings a 400-digit integer": (completion([5, 6], {"predicted_ms": 10**400}),
+                                    "timings.predicted_ms is 1000"),
+    "a counter past int64": (completion([5, 6], {"predicted_ms": 3, "draft_n": 2**63}),
+                             "timings.draft_n is 9223372036854775808; expected an integer in"),
+    "a logprob of 400 digits": (completion([5]) | {"completion_probabilities": [{"top_logprobs": [
+        {"logprob": -(10**400)}, {"logprob": -1}]}]}, "top_logprobs[0].logprob is -1000"),
     "more ids than asked for": (completion([5] * 9), "holds 9 token ids, more than the 8"),
     "the answer a list": ([completion([5])], "the answer is a list of 1"),
     "a stop type that is not text": (completion([5]) | {"stop_type": {"a": 1}}, "stop_type is"),
@@ -229,6 +236,7 @@ def test_bad_vllm_ids_are_one_line(env, tiny_llama_folder, servers, answer, expe
      "milliseconds > 0"),
     ({"prompt_n": 1, "prompt_ms": math.nan}, "timings.prompt_ms is nan"),
     ({"prompt_n": 1, "prompt_ms": -5}, "timings.prompt_ms is -5"),
+    ({"prompt_n": 1, "prompt_ms": 10**400}, "timings.prompt_ms is 1000"),
     ({}, "no prompt timings"),
 ])
 def test_bad_prompt_timings_for_cn_are_one_line(env, tiny_llama_folder, servers, timings,

@@ -15,6 +15,7 @@ from kolibri_cli.text import shown
 
 MAX_TOKEN_ID = 2**31 - 1  # when the vocabulary is not known: ids are int32 everywhere
 MAX_TEXT = 4096  # characters of a descriptive string (a model name or path, a version)
+MAX_COUNT = 2**63 - 1  # a counter past int64 is no server's
 BYTES_PER_TOKEN = 2048  # of a completion: llama.cpp's top-2 logprobs per token are ~400 bytes
 BYTES_PER_PROMPT_ID = 16  # vLLM echoes the prompt's ids
 
@@ -77,8 +78,8 @@ class Answer:
         value = self.value.get(name)
         if value is None:
             return None
-        if type(value) is not int or value < 0:
-            raise self._error(name, value, "an integer >= 0")
+        if type(value) is not int or not 0 <= value <= MAX_COUNT:
+            raise self._error(name, value, f"an integer in 0..{MAX_COUNT}")
         return value
 
     def ms(self, name: str, positive: bool = True) -> float | None:
@@ -87,19 +88,20 @@ class Answer:
         if value is None:
             return None
         low = "> 0" if positive else ">= 0"
-        if type(value) not in (int, float) or not math.isfinite(value) or value < 0 or (
-                positive and value == 0):
+        number = _finite(value)
+        if number is None or number < 0 or (positive and number == 0):
             raise self._error(name, value, f"a finite number of milliseconds {low}")
-        return float(value)
+        return number
 
     def number(self, name: str) -> float | None:
         """A finite number, or None when absent."""
         value = self.value.get(name)
         if value is None:
             return None
-        if type(value) not in (int, float) or not math.isfinite(value):
+        number = _finite(value)
+        if number is None:
             raise self._error(name, value, "a finite number")
-        return float(value)
+        return number
 
     def text(self, name: str, limit: int | None = MAX_TEXT) -> str | None:
         """A string of valid Unicode (at most `limit` characters), or None when absent."""
@@ -124,6 +126,18 @@ class Answer:
 def answer(value, where: str) -> Answer:
     """The top level of an answer, which must be a JSON object."""
     return Answer(value, where)
+
+
+def _finite(value) -> float | None:
+    """A JSON number as a finite float, else None (NaN, infinities, non-numbers, and integers
+    past float's range, on which math.isfinite raises OverflowError)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _described(value) -> str:
