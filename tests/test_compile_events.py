@@ -3,6 +3,7 @@ a clock: each start and end of a compile is reported with the kolibri function b
 a cache hit reports nothing, and the CLI's line shows what, how many, and the time."""
 
 import io
+import time
 
 import numba
 import numpy as np
@@ -55,5 +56,20 @@ def test_the_cli_line_says_what_how_many_and_the_time(monkeypatch):
         fresh(matmul._padded)(np.ones((2, 40), np.float32))
     text = buf.getvalue()
     assert "compiling matmul._padded (0 functions compiled)" in text
-    assert "compiled the kernel (" in text and "functions)" in text
+    assert "compiled " in text and " functions" in text
     assert "0:00:0" in text  # the elapsed time column
+
+
+def test_the_lines_clock_runs_across_several_top_level_compiles(monkeypatch):
+    """The kernel compiles as several top-level calls with nothing under way between them: the
+    line's elapsed time stops when the block ends, not at the first call's end."""
+    monkeypatch.setattr(render, "err", Console(file=io.StringIO(), force_terminal=True))
+    with render.progress_bar() as bars, compile_events(bars.compiling):
+        fresh(matmul._padded)(np.ones((2, 40), np.float32))
+        time.sleep(0.2)
+        after_pause = time.monotonic()
+        fresh(matmul._padded)(np.ones((2, 40), np.float32))
+    (task,) = bars.bar.tasks
+    shown = task.finished_time if task.finished else task.elapsed  # as TimeElapsedColumn
+    assert task.start_time + shown >= after_pause  # rich's clock is time.monotonic
+    assert task.description == f"compiled {int(task.completed)} functions" and task.finished

@@ -47,21 +47,21 @@ class Bars:
         columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                    TimeRemainingColumn(), TimeElapsedColumn())
         self.bar = Progress(*columns, console=err, transient=False, disable=not err.is_terminal)
-        self.description, self.tasks = description, {}
+        self.description, self.tasks, self.compiled = description, {}, 0
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         self._task(f"{self.description}{stage}", total)
         self.bar.update(self.tasks[f"{self.description}{stage}"], completed=done, total=total)
 
     def compiling(self, what: str, finished: int, under_way: int) -> None:
+        """The compile line's clock runs until the block ends: numba compiles the kernel as
+        several top-level calls with none under way between them, so none of those pauses is
+        its end."""
         task = self._task("compile", None)
-        if under_way:
-            text = f"compiling {what or 'numba helpers'} ({finished} functions compiled)"
-            self.bar.update(task, description=text, completed=finished)
-        else:
-            self.bar.update(task, description=f"compiled the kernel ({finished} functions)",
-                            total=finished, completed=finished)
-            self.bar.stop_task(task)
+        text = (f"compiling {what or 'numba helpers'} ({finished} functions compiled)"
+                if under_way else f"compiled {finished} functions")
+        self.bar.update(task, description=text, completed=finished)
+        self.compiled = finished
 
     def _task(self, key: str, total: int | None) -> int:
         if not self.tasks:
@@ -71,6 +71,9 @@ class Bars:
         return self.tasks[key]
 
     def stop(self) -> None:
+        if "compile" in self.tasks:  # a full bar: the compiles are over
+            done = max(self.compiled, 1)
+            self.bar.update(self.tasks["compile"], total=done, completed=done)
         if self.tasks:
             self.bar.stop()
 
