@@ -75,8 +75,15 @@ def test_bench_peer_runs_llama_bench_on_the_models_gguf(kolibri_home, tmp_path, 
     assert peer["prefill_tokens_per_s"] == {"no repack": 64000.0 / (1 + 6.3)}
     assert "signal 11" in peer["failures"]["prefill repack"]
     assert peer["costs"] == {"1": 1.0, "2": pytest.approx(1.1), "3": pytest.approx(1.2)}
-    ratios = r["peer_ratios"]
-    assert ratios["decode vs no repack"] == pytest.approx(r["plain_tokens_per_s"] / 100.0)
+    ratios, rounds = r["peer_ratios"], r["rounds"]
+    assert rounds["peer"] == {"repack": [200.0], "no repack": [100.0]} and rounds["threads"] == 1
+    assert len(rounds["kolibri"]) == 1 and rounds["kolibri"][0] > 0
+    assert ratios["decode vs no repack"] == pytest.approx(rounds["kolibri"][0] / 100.0)
+    summary = rounds["summary"]
+    assert summary["repack"]["ratio"]["median"] == pytest.approx(rounds["kolibri"][0] / 200.0)
+    assert summary["kolibri"]["fraction_of_bound"] == pytest.approx(
+        rounds["kolibri"][0] * r["bytes_per_token"] / (1e9 * r["bandwidth_gb_s"]))
+    assert 0 < rounds["peer_bytes_per_token"] < gguf_path.stat().st_size
     assert ratios["c(3) vs no repack"] == pytest.approx(r["costs"]["3"] / 1.2)
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert all(f"-m {gguf_path.resolve()} -t 1 " in c for c in calls) and len(calls) == 5

@@ -79,6 +79,7 @@ def test_generate_json_on_the_default_model(pulled_default, monkeypatch):
     assert doc["output_ids"] == FRANCE_IDS
     assert doc["text"] == "The capital of France is Paris."
     assert doc["mode"] == "plain" and doc["stats"]["new_tokens"] == len(FRANCE_IDS)
+    assert doc["numerics"] == "float32"  # the numeric path that ran
     assert doc["stats"]["forward_passes"] == len(FRANCE_IDS)
 
 

@@ -112,15 +112,23 @@ def _run(binary: Path, gguf: Path, threads: int, reps: int, args: list[str]) -> 
     return json.loads(proc.stdout)
 
 
+def decode_run(binary: Path, gguf: Path, threads: int, flags: list[str]) -> float:
+    """tok/s of one `llama-bench -n DECODE_TOKENS` run (-r 1) with these flags"""
+    rows = _run(binary, gguf, threads, 1, ["-p", "0", "-n", str(DECODE_TOKENS), *flags])
+    return rows[0]["avg_ts"]
+
+
 def run_llama_bench(gguf: Path, threads: int, max_n: int, reps: int = 3,
-                    binary: Path | None = None, prefill: int = PREFILL_TOKENS) -> PeerResult:
-    """Decode with and without repacking, prefill of `prefill` tokens (0: none), c(1..max_n)."""
+                    binary: Path | None = None, prefill: int = PREFILL_TOKENS,
+                    decode: bool = True) -> PeerResult:
+    """Decode with and without repacking (unless `decode` is False: timed in rounds against
+    kolibri instead, `versus`), prefill of `prefill` tokens (0: none), c(1..max_n)."""
     binary = binary or find_llama_bench()
     result = PeerResult("llama.cpp", str(binary), "", str(gguf), threads, reps)
-    decode = ["-p", "0", "-n", str(DECODE_TOKENS)]
+    tg = ["-p", "0", "-n", str(DECODE_TOKENS)]
     batches = ",".join(str(n) for n in range(1, max_n + 1))
-    runs = {"decode repack": decode, "decode no repack": [*decode, "--repack", "0"],
-            "costs": ["-p", batches, "-n", "0", "--repack", "0"]}
+    runs = {"decode repack": tg, "decode no repack": [*tg, "--repack", "0"]} if decode else {}
+    runs["costs"] = ["-p", batches, "-n", "0", "--repack", "0"]
     if prefill:
         runs |= {"prefill no repack": ["-p", str(prefill), "-n", "0", "--repack", "0"],
                  "prefill repack": ["-p", str(prefill), "-n", "0"]}

@@ -15,6 +15,7 @@ from kolibri_cli.bench.timing import (
     measure_read_bandwidth,
     prefill_time,
 )
+from kolibri_cli.bench.versus import DecodeRounds
 from kolibri_cli.costs.pricing import Pricing
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.sampling import GREEDY, Sampling
@@ -25,6 +26,7 @@ COST_CONTEXT = 100  # tokens in the cache when c(n) is timed (a short chat promp
 @dataclass
 class BenchResult:
     model: str
+    numerics: str  # the numeric path the kernel ran (Model.numerics)
     threads: int
     proposer: str
     k: int
@@ -54,6 +56,7 @@ class BenchResult:
     prefill_tokens_per_s: float
     peak_rss_bytes: int  # of this process, the whole run
     peer: PeerResult | None = None
+    rounds: DecodeRounds | None = None  # decode against the peer, alternating
     pricing: Pricing | None = None  # the c(n) the proposer drafted by; None: it takes none
 
     def peer_ratios(self) -> dict[str, float]:
@@ -61,8 +64,12 @@ class BenchResult:
         per variant, c(k+1))."""
         if self.peer is None:
             return {}
-        out = {f"decode vs {v}": self.plain_tokens_per_s / tps
-               for v, tps in self.peer.decode_tokens_per_s.items()}
+        if self.rounds is not None:  # medians of the rounds' ratios
+            out = {f"decode vs {v}": statistics.median(self.rounds.ratios(v))
+                   for v in self.rounds.peer}
+        else:
+            out = {f"decode vs {v}": self.plain_tokens_per_s / tps
+                   for v, tps in self.peer.decode_tokens_per_s.items()}
         if self.prefill_tokens:
             out |= {f"prefill vs {v}": self.prefill_tokens_per_s / tps
                     for v, tps in self.peer.prefill_tokens_per_s.items()}
@@ -80,6 +87,7 @@ class BenchResult:
         d["forward_ms"] = {str(n): t for n, t in self.forward_ms.items()}
         d["costs"] = {str(n): c for n, c in self.costs.items()}
         d["peer"] = self.peer.to_dict() if self.peer else None
+        d["rounds"] = self.rounds.to_dict() if self.rounds else None
         d["pricing"] = self.pricing.to_json() if self.pricing else None
         return d
 
@@ -91,9 +99,10 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
     adaptive, then repeat the same run), drafting by `costs` if it drafts by c(n): c(n) is timed
     first, so adaptive drafts by this run's c(n) rather than a guess. The sampling cost is the
     plain run's time in the sampler over its decode time, taken in the same run. `prefill` > 0
-    also times a prompt of that many tokens; `peer(max_n)` runs the peer (after kolibri, in the
-    same run) and returns its PeerResult. `curve` > k + 1 also times c(n) on a grid up to that
-    many tokens (for `kolibri probe --concurrency`)."""
+    also times a prompt of that many tokens; `peer(max_n, bandwidth)` runs the peer (after
+    kolibri, in the same run) and returns its PeerResult and the decode rounds against it.
+    `curve` > k + 1 also times c(n) on a grid up to that many tokens (for `kolibri probe
+    --concurrency`)."""
     prompt = bench_prompt(model)
     bandwidth = measure_read_bandwidth()
     k = new_proposer(None).k
@@ -112,8 +121,9 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
     prefill_s = prefill_time(model.transformer, prefill, min(repeats, 3)) if prefill else 0.0
     stats, nbytes = spec.spec_stats(), model.weights.nbytes_per_token()
     p, s = statistics.median(plain_tps), statistics.median(spec_tps)
+    versus, rounds = peer(k + 1, bandwidth) if peer else (None, None)
     return BenchResult(
-        model=model.name, threads=threads, proposer=proposer.name, k=k,
+        model=model.name, numerics=model.numerics, threads=threads, proposer=proposer.name, k=k,
         window=(proposer.window_min, proposer.window_max),
         repeats=repeats, bandwidth_gb_s=bandwidth / 1e9, bytes_per_token=nbytes,
         bound_tokens_per_s=bandwidth / nbytes, plain_tokens_per_s=p, spec_tokens_per_s=s,
@@ -129,6 +139,6 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         prefill_tokens_per_s=prefill / prefill_s if prefill else 0.0,
         storage=model.weights.storage(),
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        peer=peer(k + 1) if peer else None,
+        peer=versus, rounds=rounds,
         pricing=Pricing("run", measured) if proposer.costs is measured else None,
     )

@@ -1,6 +1,7 @@
 """`kolibri bench`: plain vs spec speed, c(n), prefill, the bandwidth bound of the weights as
 stored, and optionally llama.cpp on the same GGUF in the same run."""
 
+import statistics
 from pathlib import Path
 from typing import Annotated
 
@@ -56,6 +57,14 @@ def bench(
         "With --engine: the server's, by prompt evaluation (--json's `costs` is a --costs "
         "file).")
     ] = None,
+    profile: Annotated[bool, typer.Option(
+        "--profile", help="Instead: where the time of a 1-token and a (k+1)-token forward goes, "
+        "piece by piece (each matmul kind, attention, norms, RoPE, between parallel regions), "
+        "against the bandwidth bound and the vector peak.")] = False,
+    fidelity: Annotated[bool, typer.Option(
+        "--fidelity", help="Instead: how many of the model's shipped greedy goldens its numeric "
+        "path (--quantize) reproduces, and the largest |logit difference| from the float32 "
+        "path over their positions.")] = False,
     engine: Annotated[str | None, typer.Option(
         "--engine", help="Time c(1..k+1) of an inference server instead: llama-server (started "
         "here on the model's GGUF; timed in its decode loop with synthetic acceptance), or a "
@@ -93,16 +102,27 @@ def bench(
     peers.check_peer(peer)
     binary = peers.find_llama_bench(peer_bin) if peer else None
     m = opt.load_model(model, threads, quantize=quantize)
+    if profile:
+        return _profile(m, drafter.k + 1, repeats, as_json)
+    if fidelity:
+        return _fidelity(m, model, threads, as_json)
     opt.fit_context(drafter.k, drafter.window_max, m)
     how = opt.resolve_sampling(m, given)
     peer_file = peers.peer_gguf(m, peer_gguf) if peer else None
     prefill = peers.prefill_tokens(peer, prefill)
     render.err.print(f"benchmarking {m.name}: {repeats} repeats, {get_threads()} threads ...")
 
-    def run_peer(max_n: int):
-        render.err.print(f"running {peer} (llama-bench) on {peer_file} ...")
-        return peers.run_llama_bench(peer_file, get_threads(), max_n, min(repeats, 3), binary,
-                                     prefill)
+    def run_peer(max_n: int, bandwidth: float):
+        from kolibri_cli.bench.versus import decode_rounds
+
+        render.err.print(f"running {peer} (llama-bench) on {peer_file}: decode in {repeats} "
+                         "rounds alternating with kolibri's, then prefill and c(n) ...")
+        rounds = decode_rounds(m, binary, peer_file, get_threads(), repeats, bandwidth)
+        result = peers.run_llama_bench(peer_file, get_threads(), max_n, min(repeats, 3), binary,
+                                       prefill, decode=False)
+        result.decode_tokens_per_s = {v: statistics.median(t) for v, t in rounds.peer.items()}
+        result.failures |= {f"decode {v}": why for v, why in rounds.failures.items()}
+        return result, rounds
 
     result = run_bench(m, new_proposer, repeats, get_threads(), how, prefill,
                        run_peer if peer else None, curve or 0)
@@ -113,11 +133,47 @@ def bench(
     render.out.print(render.bench_table(result))
 
 
+def _profile(model, n: int, repeats: int, as_json: bool) -> None:
+    from kolibri_cli.bench.profile import run_profile
+    from kolibri_cli.cli import render
+    from kolibri_cli.engine.jit import get_threads
+
+    render.err.print(f"profiling {model.name}: forwards of 1 and {n} tokens, {repeats} repeats, "
+                     f"{get_threads()} threads ...")
+    result = run_profile(model, get_threads(), n, repeats)
+    if as_json:
+        return opt.print_json(result.to_dict())
+    for t in render.profile_tables(result):
+        render.out.print(t)
+
+
+def _fidelity(m, spec: str | None, threads: int | None, as_json: bool) -> None:
+    from kolibri_cli.bench.fidelity import measure_fidelity, shipped_goldens
+    from kolibri_cli.cli import render
+
+    goldens = shipped_goldens(m)
+    reference = m if m.numerics == "float32" else opt.load_model(spec, threads)
+    render.err.print(f"replaying {len(goldens)} goldens of {m.name} on the {m.numerics} path ...")
+    result = measure_fidelity(m, reference, goldens)
+    if as_json:
+        return opt.print_json(result.to_dict())
+    render.out.print(render.fidelity_table(result))
+
+
 def _refuse_unused(given: dict) -> None:
     """Options that mean nothing in this run are one error line, not silently dropped."""
     from kolibri_cli.servers import LOCAL
 
     server = given["engine"] not in (None, "kolibri")
+    if given["profile"]:
+        opt.refuse_with({"--peer": given["peer"], "--prefill": given["prefill"],
+                         "--engine": None if not server else given["engine"]}, "--profile",
+                        "it profiles single forwards")
+    if given["fidelity"]:
+        opt.refuse_with({"--peer": given["peer"], "--prefill": given["prefill"],
+                         "--profile": given["profile"] or None,
+                         "--engine": None if not server else given["engine"]}, "--fidelity",
+                        "it replays the shipped goldens")
     if not given["peer"]:
         opt.refuse_unused({"--peer-bin": given["peer_bin"], "--peer-gguf": given["peer_gguf"]},
                           "--peer")

@@ -86,7 +86,7 @@ def generate(
             streamer.finish()
     drafting.keep_costs(drafter, m, given_costs, render.note)
     if as_json:
-        return opt.print_json(_with_proposer(result.to_dict(m.name), drafter, pricing))
+        return opt.print_json(_with_proposer(result.to_dict(m.name, m.numerics), drafter, pricing))
     render.err.print(stats_line(result), highlight=False)
 
 
@@ -126,8 +126,9 @@ def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None
     plain, spec, ratio = both.plain, both.spec, both.speedup
     if as_json:
         opt.print_json({"identical": both.identical, "speedup": ratio,
-                        "plain": plain.to_dict(m.name),
-                        "spec": _with_proposer(spec.to_dict(m.name), drafter, pricing)})
+                        "plain": plain.to_dict(m.name, m.numerics),
+                        "spec": _with_proposer(spec.to_dict(m.name, m.numerics), drafter,
+                                               pricing)})
     else:
         sys.stdout.write(plain.text + "\n")  # model text: never read as rich markup
         render.err.print(f"plain: {stats_line(plain)}", highlight=False)

@@ -92,8 +92,9 @@ class GenerationResult:
         return [(p.aimed_before(last - p.pos), min(p.accepted, last - p.pos))
                 for p in self.passes]
 
-    def to_dict(self, model_name: str) -> dict:
-        """The `kolibri generate --json` object."""
+    def to_dict(self, model_name: str, numerics: str | None = None) -> dict:
+        """The `kolibri generate --json` object; `numerics`: the numeric path the kernel ran
+        (None: a server's, not known)."""
         stats = {
             "prompt_tokens": len(self.prompt_ids),
             "new_tokens": self.new_tokens,
@@ -106,8 +107,9 @@ class GenerationResult:
         if self.mode == "spec":
             stats |= self.spec_stats() | {"proposer_s": self.proposer_s}
         stats["sample_s"] = self.sample_s
-        return {"model": model_name, "mode": self.mode, "sampling": self.sampling.to_dict(),
-                "prompt_ids": self.prompt_ids, "output_ids": self.output_ids, "text": self.text,
+        return {"model": model_name, "numerics": numerics, "mode": self.mode,
+                "sampling": self.sampling.to_dict(), "prompt_ids": self.prompt_ids,
+                "output_ids": self.output_ids, "text": self.text,
                 "stop_reason": self.stop_reason, "stats": stats}
 
     def spec_stats(self) -> dict:

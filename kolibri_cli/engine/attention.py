@@ -5,6 +5,7 @@ none of them depends on how many tokens share the call."""
 import numpy as np
 from numba import njit, prange
 
+from kolibri_cli.engine import clock
 from kolibri_cli.engine.jit import ONE, REDUCE, ZERO
 from kolibri_cli.engine.simd import fma32, vbcast, vfma, vload_row, vsum, vsum_start
 
@@ -171,20 +172,32 @@ def _attend_one(q, k, v, scale, scores, out):
 
 
 @njit(parallel=True, cache=True)
-def attention(q, start, k_cache, v_cache, out, window=0):
-    """Causal GQA: row l attends to positions 0..start+l, or to the last `window` of them.
-    q [L, H, Dh], k/v_cache [KVH, T, Dh] -> out [L, H*Dh]. Each (row, head) gets its own
-    scores [<= start+L] while it runs: memory O(threads * T), not O(L * H * T)."""
+def _attention(q, start, k_cache, v_cache, out, window, prof):
     n_q, n_heads, dh = q.shape
     group = n_heads // k_cache.shape[0]
     scale = np.float32(1.0 / np.sqrt(dh))
     for i in prange(n_q * n_heads):
+        clock.chunk_start(prof, np.int64(i))
         j, h = i // n_heads, i % n_heads
         n = start + j + 1
         lo = max(0, n - window) if window > 0 else 0  # transformers: kv > q - window
         g = h // group
         _attend_one(q[j, h], k_cache[g, lo:n], v_cache[g, lo:n], scale,
                     np.empty(n - lo, np.float32), out[j, h * dh:(h + 1) * dh])
+        clock.chunk_end(prof, np.int64(i))
+
+
+@njit(cache=True)
+def attention(q, start, k_cache, v_cache, out, window=0, prof=None):
+    """Causal GQA: row l attends to positions 0..start+l, or to the last `window` of them.
+    q [L, H, Dh], k/v_cache [KVH, T, Dh] -> out [L, H*Dh]. Each (row, head) gets its own
+    scores [<= start+L] while it runs: memory O(threads * T), not O(L * H * T).
+    prof: `clock`'s (each (row, head) stamps its start and end), None: not profiled."""
+    if prof is None:
+        _attention(q, start, k_cache, v_cache, out, window, np.zeros(0, np.int64))
+    else:
+        _attention(q, start, k_cache, v_cache, out, window, prof)
+        clock.region_done(prof, q.shape[0] * q.shape[1])
 
 
 @njit(cache=True)
@@ -202,7 +215,7 @@ def _attend_rows(q, k, v, rows, scale, scores, out):
 
 
 @njit(parallel=True, cache=True)
-def tree_attention(q, start, k_cache, v_cache, out, window, depth, path):
+def tree_attention(q, start, k_cache, v_cache, out, window, depth, path, prof):
     """Attention for a draft tree: row l (a node at depth[l]) attends to positions 0..start and
     then to the rows of its own branch, path[l, :depth[l]] (offsets from start, depth 1 first,
     itself last) — exactly the keys, in the order, a chain along that branch would see, so its
@@ -212,6 +225,7 @@ def tree_attention(q, start, k_cache, v_cache, out, window, depth, path):
     group = n_heads // k_cache.shape[0]
     scale = np.float32(1.0 / np.sqrt(dh))
     for i in prange(n_q * n_heads):
+        clock.chunk_start(prof, np.int64(i))
         j, h = i // n_heads, i % n_heads
         n = start + 1 + depth[j]  # keys = positions 0..n-1
         lo = max(0, n - window) if window > 0 else 0
@@ -221,3 +235,4 @@ def tree_attention(q, start, k_cache, v_cache, out, window, depth, path):
         g = h // group
         _attend_rows(q[j, h], k_cache[g], v_cache[g], rows, scale, np.empty(n - lo, np.float32),
                      out[j, h * dh:(h + 1) * dh])
+        clock.chunk_end(prof, np.int64(i))

@@ -50,6 +50,7 @@ from numba import njit
 from numba.extending import overload
 from numba.typed import List
 
+from kolibri_cli.engine import clock
 from kolibri_cli.engine.attention import (
     add_bias,
     attention,
@@ -101,72 +102,90 @@ def _append_layer(layers, layer):
     layers.append(layer)
 
 
-def _attend(q, start, k_cache, v_cache, att, window, tree, spec):
+def _attend(q, start, k_cache, v_cache, att, window, tree, spec, prof):
     """Attention of the rows q: along a draft tree when the call has one (and the spec has
     trees), else the chain's"""
     raise NotImplementedError("compiled code only")
 
 
 @overload(_attend, inline="always")
-def _attend_for(q, start, k_cache, v_cache, att, window, tree, spec):
+def _attend_for(q, start, k_cache, v_cache, att, window, tree, spec, prof):
     if not spec_on(spec, TREE_AT):
-        def chain(q, start, k_cache, v_cache, att, window, tree, spec):
-            attention(q, start, k_cache, v_cache, att, window)
+        def chain(q, start, k_cache, v_cache, att, window, tree, spec, prof):
+            attention(q, start, k_cache, v_cache, att, window, prof)
 
         return chain
 
-    def either(q, start, k_cache, v_cache, att, window, tree, spec):
+    def either(q, start, k_cache, v_cache, att, window, tree, spec, prof):
         if tree[0].shape[0]:
-            tree_attention(q, start, k_cache, v_cache, att, window, tree[0], tree[1])
+            tree_attention(q, start, k_cache, v_cache, att, window, tree[0], tree[1], prof)
+            clock.region_done(prof, q.shape[0] * q.shape[1])
         else:
-            attention(q, start, k_cache, v_cache, att, window)
+            attention(q, start, k_cache, v_cache, att, window, prof)
 
     return either
 
 
 @njit(cache=True)
-def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window, tree, spec):
+def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window, tree, spec, prof):
     """One decoder layer, h [L, D] in place.
     lw = LayerWeights.arrays(); k/v_cache [KVH, T, Dh]; window 0 = whole context;
     tree = (depth [L], path [L, max depth]) of a draft tree (both empty: a chain);
-    spec: what the call may meet (matmul.spec_of)"""
+    spec: what the call may meet (matmul.spec_of); prof: `clock`'s slots, each piece's time
+    added (zero-length: not profiled)"""
     attn_norm, wqkv, wo, mlp_norm, w_gate_up, w_down, bqkv, q_norm, k_norm = lw
     n_tok = h.shape[0]
     dh = k_cache.shape[2]
+    t = clock.start(prof)
     x = np.empty_like(h)  # [L, D]
     rmsnorm(h, attn_norm, eps, x)
+    t = clock.lap(prof, clock.NORMS, t)
     qkv = np.empty((n_tok, n_rows(wqkv)), np.float32)  # [L, (H+2KVH)*Dh]
-    matmul(x, wqkv, qkv, spec)
+    matmul(x, wqkv, qkv, spec, prof)
+    t = clock.lap(prof, clock.QKV, t)
     if bqkv.shape[0]:
         add_bias(qkv, bqkv)
     if q_norm.shape[0]:
         head_norms(qkv, n_heads, k_cache.shape[0], q_norm, k_norm, eps)
+    t = clock.lap(prof, clock.NORMS, t)
     q = np.empty((n_tok, n_heads, dh), np.float32)  # [L, H, Dh]
     qkv_to_cache(qkv, start, n_heads, k_cache, v_cache, cos, sin, q, tree[0])
+    t = clock.lap(prof, clock.ROPE, t)
     att = np.empty((n_tok, n_heads * dh), np.float32)  # [L, H*Dh]
-    _attend(q, start, k_cache, v_cache, att, window, tree, spec)
-    matmul_add(att, wo, x, h, spec)
+    _attend(q, start, k_cache, v_cache, att, window, tree, spec, prof)
+    t = clock.lap(prof, clock.ATTENTION, t)
+    matmul_add(att, wo, x, h, spec, prof)
+    t = clock.lap(prof, clock.OUT, t)
     rmsnorm(h, mlp_norm, eps, x)
+    t = clock.lap(prof, clock.NORMS, t)
     n_ff = n_rows(w_gate_up) // 2
     act = np.empty((n_tok, n_ff), np.float32)  # [L, F]
-    gate_up_silu(x, w_gate_up, np.empty((n_tok, 2 * n_ff), np.float32), act, spec)
-    matmul_add(act, w_down, x, h, spec)
+    gate_up_silu(x, w_gate_up, np.empty((n_tok, 2 * n_ff), np.float32), act, spec, prof)
+    t = clock.lap(prof, clock.GATE_UP, t)
+    matmul_add(act, w_down, x, h, spec, prof)
+    clock.lap(prof, clock.DOWN, t)
 
 
 @njit(cache=True)
 def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_heads, windows,
-             logits, tree, spec):
+             logits, tree, spec, prof):
     """tokens [L] -> logits [M, V] of the last M tokens (M <= L; 0 = none); k/v [n_layers, KVH,
-    T, Dh] written at start..start+L-1; windows [n_layers] int64; tree, spec: _layer's"""
+    T, Dh] written at start..start+L-1; windows [n_layers] int64; tree, spec, prof: _layer's"""
+    t = clock.start(prof)
     h = np.empty((tokens.shape[0], norm.shape[0]), np.float32)  # [L, D]
     embed_rows(embed, tokens, h, spec)
+    clock.lap(prof, clock.EMBED, t)
     for i in range(len(layers)):
-        _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i], tree, spec)
+        _layer(h, start, layers[i], k[i], v[i], cos, sin, eps, n_heads, windows[i], tree, spec,
+               prof)
     if logits.shape[0]:
+        t = clock.start(prof)
         last = h[h.shape[0] - logits.shape[0]:]  # [M, D]
         x = np.empty_like(last)
         rmsnorm(last, norm, eps, x)
-        matmul(x, head, logits, spec)
+        t = clock.lap(prof, clock.NORMS, t)
+        matmul(x, head, logits, spec, prof)
+        clock.lap(prof, clock.HEAD, t)
 
 
 
@@ -251,17 +270,19 @@ class Transformer:
                                "(the model's context length)")
         return KVCache(c.num_hidden_layers, c.num_key_value_heads, n, c.head_dim)
 
-    def forward(self, tokens, start_pos: int, cache: KVCache, parents=None) -> np.ndarray:
+    def forward(self, tokens, start_pos: int, cache: KVCache, parents=None,
+                prof: np.ndarray = clock.NO_PROF) -> np.ndarray:
         """tokens [L] at positions start_pos.. -> logits [L, V] float32, one row per token.
 
         With `parents` [L] the tokens are a draft tree: row 0 the last committed token
         (parent -1), every other row a node whose parent row comes before it. Each row attends
         to the context and its own branch only, at position start_pos + its depth, and its
         logits are bitwise those of the chain along its branch; the rows go to the cache in
-        call order (KVCache.keep_branch moves the accepted ones into place)."""
+        call order (KVCache.keep_branch moves the accepted ones into place). `prof`
+        (clock.new_prof()) adds the cycles of each piece of the forward (bench --profile)."""
         ids = self._check(tokens, start_pos, cache)
         logits = np.empty((len(ids), self.config.vocab_size), np.float32)  # [L, V]
-        self._run(ids, start_pos, cache, logits, _tree_layout(parents, len(ids)))
+        self._run(ids, start_pos, cache, logits, _tree_layout(parents, len(ids)), prof)
         return logits
 
     def prefill(self, tokens, start_pos: int, cache: KVCache) -> np.ndarray:
@@ -273,7 +294,7 @@ class Transformer:
         return last[0]
 
     def _run(self, ids: np.ndarray, start_pos: int, cache: KVCache, logits: np.ndarray,
-             tree=None) -> None:
+             tree=None, prof: np.ndarray = clock.NO_PROF) -> None:
         """The kernel over chunks of at most CHUNK tokens; logits [M, V] receives the rows of the
         last M tokens. Batch invariance makes the chunking invisible in the bits; it bounds the
         per-layer activations to O(CHUNK * (D + F)) whatever L is. A draft tree (its rows point
@@ -289,7 +310,7 @@ class Transformer:
             _forward(ids[a:b], start_pos + a, w.embed.arrays(), self._layers, w.norm,
                      w.head.arrays(), cache.k, cache.v, self._cos, self._sin, self._eps,
                      self.config.num_attention_heads, self._windows, rows, tree,
-                     self._spec(b - a, m, tree))
+                     self._spec(b - a, m, tree), prof)
         cache.length = start_pos + n
 
     def _spec(self, n: int, m: int, tree) -> tuple:

@@ -23,7 +23,7 @@ from numba import njit, prange
 from numba.core import types as nbtypes
 from numba.extending import overload
 
-from kolibri_cli.engine import int8
+from kolibri_cli.engine import clock, int8
 from kolibri_cli.engine.blocks import (
     BF16,
     F16,
@@ -614,18 +614,21 @@ def _any_units_for(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
 
 
 @njit(parallel=True, cache=True)
-def _parallel(kind, x, xs, d, units, t0, t1, out, dest, scratch, spec):
+def _parallel(kind, x, xs, d, units, t0, t1, out, dest, scratch, spec, prof):
     """Run c of the units (and for GATE_UP its up units), then the epilogue over the run
-    scratch [chunks, 4*Kp]: run c's L1 scratch ([chunks, 0] when decoding or on the int8 path)"""
+    scratch [chunks, 4*Kp]: run c's L1 scratch ([chunks, 0] when decoding or on the int8 path);
+    prof: `clock`'s (each chunk stamps its start and end)"""
     n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
     chunks = scratch.shape[0]
     for c in prange(chunks):
         i = np.int64(c)  # prange indices may be unsigned: keep the callees' signatures int64
+        clock.chunk_start(prof, i)
         u0, u1 = i * n // chunks, (i + 1) * n // chunks
         _any_units(d, units, u0, u1, x, xs, t0, t1, out, scratch[i], spec)
         if kind == GATE_UP:
             _any_units(d, units, n + u0, n + u1, x, xs, t0, t1, out, scratch[i], spec)
         _epilogue(kind, units, u0, u1, t0, t1, out, dest)
+        clock.chunk_end(prof, i)
 
 
 def _activations(x, exact, spec):
@@ -652,7 +655,7 @@ def _few_max_for(spec):
 
 
 @njit(cache=True)
-def _run(kind, x, w, out, dest, spec):
+def _run(kind, x, w, out, dest, spec, prof):
     x = _padded(x)
     n = w[1].shape[0] // 2 if kind == GATE_UP else w[1].shape[0]
     exact = w[1][0, 2] < int8.Q4_1X  # else a matrix of the int8 path (all its units are)
@@ -661,26 +664,36 @@ def _run(kind, x, w, out, dest, spec):
     scratch = np.empty((min(n, CHUNKS), R * x.shape[1] if tile else 0), np.float32)
     for t0 in range(0, x.shape[0], TB):
         _parallel(kind, x, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch,
-                  spec)
+                  spec, prof)
+        clock.region_done(prof, scratch.shape[0])
 
 
 @njit(inline="always", cache=True)
-def matmul(x, w, out, spec):
+def _call(kind, x, w, out, dest, spec, prof):
+    """_run with prof = None as "not profiled" (a zero-length stamp array)"""
+    if prof is None:
+        _run(np.int64(kind), x, w, out, dest, spec, np.zeros(0, np.int64))
+    else:
+        _run(np.int64(kind), x, w, out, dest, spec, prof)
+
+
+@njit(inline="always", cache=True)
+def matmul(x, w, out, spec, prof=None):
     """out = x @ w.T   x [L, K], w = (data, units) of [N, K] -> out [L, N]"""
-    _run(np.int64(PLAIN), x, w, out, out, spec)
+    _call(PLAIN, x, w, out, out, spec, prof)
 
 
 @njit(inline="always", cache=True)
-def matmul_add(x, w, tmp, h, spec):
+def matmul_add(x, w, tmp, h, spec, prof=None):
     """h += x @ w.T (the residual add fused in)   x [L, K], w [D, K], tmp/h [L, D]"""
-    _run(np.int64(ADD), x, w, tmp, h, spec)
+    _call(ADD, x, w, tmp, h, spec, prof)
 
 
 @njit(inline="always", cache=True)
-def gate_up_silu(x, w, gu, act, spec):
+def gate_up_silu(x, w, gu, act, spec, prof=None):
     """act = silu(x @ gate.T) * (x @ up.T)
     x [L, D], w [2F, D] units of gate then of up, gu [L, 2F] scratch -> act [L, F]"""
-    _run(np.int64(GATE_UP), x, w, gu, act, spec)
+    _call(GATE_UP, x, w, gu, act, spec, prof)
 
 
 @njit(cache=True)

@@ -253,6 +253,36 @@ def bench_table(r) -> Table:
     return kv_table("kolibri bench", rows)
 
 
+def profile_tables(r) -> list[Table]:
+    """One table per profiled forward (bench.profile.ProfileResult): each piece's time, what it
+    reads and computes, and how close it runs to the bandwidth bound or the vector peak."""
+    bw, peak = r.bandwidth_gb_s * 1e9, r.peak_gmacs * 1e9
+    tables = []
+    for f in r.forwards:
+        rows = []
+        for p in f.pieces:
+            bound_ms = 1e3 * max(p.bytes / bw, p.macs / peak)
+            rows.append([p.kind, f"{p.ms:.3f}", f"{p.ms / f.ms:.0%}",
+                         f"{p.bytes / p.ms / 1e6:.1f}" if p.bytes else "",
+                         f"{p.macs / p.ms / 1e6:.1f}" if p.macs else "",
+                         f"{bound_ms / p.ms:.0%}" if bound_ms else ""])
+        title = (f"forward of {f.tokens} token{'s' if f.tokens > 1 else ''}: {f.ms:.2f} ms, "
+                 f"{f.regions} parallel regions ({r.model}, {r.numerics}, {r.threads} threads, "
+                 f"{r.cpu}; read bandwidth {r.bandwidth_gb_s:.1f} GB/s, vector peak "
+                 f"{r.peak_gmacs:.0f} G float32 multiply-adds/s; medians of {r.repeats})")
+        tables.append(table(title, ["piece", "ms", "share", "GB/s", "G MAC/s", "of bound"],
+                            rows))
+    return tables
+
+
+def fidelity_table(r) -> Table:
+    """bench.fidelity.Fidelity: the goldens a numeric path reproduces, its worst logit"""
+    return kv_table(f"kolibri bench --fidelity ({r.numerics})", [
+        ("shipped greedy goldens reproduced", f"{r.reproduced}/{r.goldens}"),
+        ("largest |logit - float32 path's|", f"{r.max_logit_diff:.3g}"
+         + (f" (golden {r.at})" if r.at else ""))])
+
+
 def _describe(sampling: dict) -> str:
     from kolibri_cli.decode.sampling import Sampling
 
@@ -290,7 +320,27 @@ def _peer_rows(r) -> list[tuple[str, str]]:
         rows.append((f"peer c({n}), no repack", f"{p.costs[n]:.3f}"))
     rows += [(f"peer {what}", f"failed: {why}") for what, why in p.failures.items()]
     rows += [(f"kolibri / peer, {what}", f"{x:.2f}x") for what, x in r.peer_ratios().items()]
+    return rows + (_rounds_rows(r.rounds) if r.rounds else [])
+
+
+def _rounds_rows(d) -> list[tuple[str, str]]:
+    """Decode against llama.cpp in alternating rounds: ratios with their spread, each engine's
+    tok/s and fraction of the bandwidth bound at the bytes it reads per token."""
+    s, n = d.summary(), len(d.kolibri)
+    rows = [(f"decode, {n} rounds", f"kolibri {_spread(s['kolibri'])} tok/s = "
+             f"{s['kolibri']['fraction_of_bound']:.0%} of its bound "
+             f"({d.kolibri_bytes_per_token / 1e6:.1f} MB a token)")]
+    for v in d.peer:
+        rows.append((f"decode, llama.cpp {v}", f"{_spread(s[v])} tok/s = "
+                     f"{s[v]['fraction_of_bound']:.0%} of its bound "
+                     f"({d.peer_bytes_per_token / 1e6:.1f} MB a token); kolibri / llama.cpp "
+                     f"{_spread(s[v]['ratio'], 2)}x"))
     return rows
+
+
+def _spread(x: dict, digits: int = 1) -> str:
+    """"median (min-max)" of a summary's figure"""
+    return f"{x['median']:.{digits}f} ({x['min']:.{digits}f}-{x['max']:.{digits}f})"
 
 
 @dataclass

@@ -1,0 +1,88 @@
+"""How faithful a numeric path is (`kolibri bench --fidelity`): the greedy goldens it reproduces
+and its largest logit difference from the float32 path, on tiny models (both ways a path can
+stand) and on the default model's default path, which must reproduce every shipped golden and
+stay within 1e-2 of the float32 path's logits (the shipped goldens' smallest top-2 margin is
+0.029)."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+from tiny_models import TINY, _Tok
+from typer.testing import CliRunner
+
+from kolibri_cli.bench.fidelity import measure_fidelity, teacher_forced
+from kolibri_cli.cli import app
+from kolibri_cli.decode.generate import generate_plain
+from kolibri_cli.engine.kernel import Transformer
+from kolibri_cli.engine.weights import random_weights
+from kolibri_cli.goldens.chains import Golden
+
+LOGIT_LAW = 1e-2  # the largest |logit - float32 path's| a default path may have
+
+
+def _model(numerics: str):
+    weights = random_weights(TINY, seed=3, scale=0.3, storage=numerics)
+    return SimpleNamespace(transformer=Transformer(TINY, weights), eos_ids=(), tokenizer=_Tok(),
+                           numerics=numerics)
+
+
+def _goldens(model, n: int = 6) -> list[Golden]:
+    """Greedy chains of `model`, as a recorder would keep them"""
+    rng = np.random.default_rng(1)
+    out = []
+    for i in range(n):
+        prompt = [int(t) for t in rng.integers(1, 64, 8)]
+        ids = generate_plain(model, prompt, 24).output_ids
+        out.append(Golden(i, "tiny", "", False, prompt, ids, "tiny", ""))
+    return out
+
+
+def test_the_float32_path_against_itself_is_exact():
+    f32 = _model("float32")
+    f = measure_fidelity(f32, f32, _goldens(f32))
+    assert (f.numerics, f.goldens, f.reproduced, f.max_logit_diff) == ("float32", 6, 6, 0.0)
+
+
+def test_another_path_is_measured_not_assumed():
+    """q8_0 weights: logits differ from the float32 path's (the difference is the largest over
+    every position of every golden, teacher-forced), and chains are counted one by one."""
+    f32, q8 = _model("float32"), _model("q8_0")
+    goldens = _goldens(f32)
+    f = measure_fidelity(q8, f32, goldens)
+    worst = max(float(np.abs(teacher_forced(q8, g) - teacher_forced(f32, g)).max())
+                for g in goldens)
+    assert f.numerics == "q8_0" and f.max_logit_diff == worst > 0
+    assert f.at in {str(g.id) for g in goldens}
+    same = sum(generate_plain(q8, g.prompt_ids, len(g.output_ids)).output_ids == g.output_ids
+               for g in goldens)
+    assert f.reproduced == same
+
+
+def test_teacher_forced_rows_are_the_chains_own_logits():
+    """Row i of the one-forward replay is the logits that chose output i (argmax: greedy)"""
+    f32 = _model("float32")
+    g = _goldens(f32, 1)[0]
+    assert list(teacher_forced(f32, g).argmax(axis=1)) == g.output_ids
+
+
+def test_default_path_reproduces_every_shipped_golden(pulled_default, monkeypatch):
+    """The default model on its default numeric path: every shipped greedy golden, and logits
+    within the law of the float32 path's (`kolibri bench --fidelity --json`)."""
+    monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
+    r = CliRunner().invoke(app, ["bench", "--fidelity", "--json"])
+    assert r.exit_code == 0, r.output
+    f = json.loads(r.stdout)
+    assert f["goldens"] == 18 and f["reproduced"] == 18
+    assert f["max_logit_diff"] <= LOGIT_LAW
+
+
+def test_fidelity_needs_shipped_goldens(kolibri_home, tmp_path):
+    from kolibri_cli.store import cache, synthetic
+
+    path = tmp_path / "tiny.gguf"
+    synthetic.write(path, n_layers=1, d=256, ff=512, heads=4, kv_heads=2, vocab=300,
+                    context=256, types=lambda kind, layer, n: "Q4_1")
+    cache.import_gguf(path, "tiny")
+    r = CliRunner().invoke(app, ["bench", "--model", "tiny", "--fidelity"])
+    assert r.exit_code == 1 and "no goldens ship" in r.stderr and r.stdout == ""
