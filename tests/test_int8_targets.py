@@ -70,3 +70,49 @@ def test_logits_do_not_depend_on_the_cpu_compiled_for(kolibri_home, tmp_path, ta
     for numerics in ("float32", "int8"):
         ours = split_logits(load_model(folder, name, numerics=numerics).transformer, ids, CUTS)
         assert ours.std() > 0 and np.array_equal(theirs[numerics], ours), numerics
+
+
+# numpy picks its loops by the CPU it runs on (AVX-512: Intel SVML's float32 power; AVX2: the C
+# library's; FMA or not in its float32 cos/sin). Disabling every optional target makes this host
+# run numpy as a CPU without them would; the kernel's own code stays the host's build.
+_NUMPY_BASELINE = """
+import sys
+from pathlib import Path
+import numpy as np
+from kolibri_cli.engine.model import load_model
+folder, out = Path(sys.argv[1]), sys.argv[2]
+ids, cuts = (np.array(a.split(","), np.int64) for a in sys.argv[3:5])
+bounds = [0, *cuts, len(ids)]
+got = {}
+for numerics in ("float32", "int8"):
+    tf = load_model(folder, "tiny", numerics=numerics).transformer
+    c = tf.new_cache(len(ids))
+    got[numerics] = np.concatenate([tf.forward(ids[a:b], a, c) for a, b in zip(bounds, bounds[1:])])
+np.savez(out, **got)
+"""
+
+
+def _numpy_targets() -> str:
+    from numpy._core._multiarray_umath import __cpu_dispatch__
+    return " ".join(__cpu_dispatch__)
+
+
+@pytest.mark.bitwise
+def test_logits_do_not_depend_on_numpys_cpu_dispatch(kolibri_home, tmp_path):
+    """Float32 and int8 logits of a default-shaped model (head_dim 64, 9/3 heads, rows of 576)
+    are bitwise those of a process whose numpy runs without its AVX2/AVX-512 loops: an int8
+    golden recorded on an AVX-512 host diverged on AVX2 through the RoPE tables' last bits."""
+    path = tmp_path / "tiny-Q4_1.gguf"
+    tiny_gguf(path, "Q4_1", tied=True, d=576, ff=1536, heads=9, kv_heads=3)
+    name, folder = cache.import_gguf(path)
+    ids = np.arange(40) * 7 % 300
+    env = os.environ | {"NPY_DISABLE_CPU_FEATURES": _numpy_targets()}
+    out = tmp_path / "logits.npz"
+    args = [str(folder), str(out), ",".join(map(str, ids)), ",".join(map(str, CUTS))]
+    proc = subprocess.run([sys.executable, "-c", _NUMPY_BASELINE, *args], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    theirs = np.load(out)
+    for numerics in ("float32", "int8"):
+        ours = split_logits(load_model(folder, name, numerics=numerics).transformer, ids, CUTS)
+        assert ours.std() > 0 and np.array_equal(theirs[numerics], ours), numerics

@@ -1,6 +1,13 @@
 """RoPE tables: inverse frequencies and cos/sin per position, computed step for step as
 transformers' `modeling_rope_utils` does (default, linear, llama3, yarn). Plain numpy: importing
-this does not load the numba kernel."""
+this does not load the numba kernel.
+
+The same bits on every CPU: numpy picks its float32 `power`, `cos` and `sin` loops by the CPU it
+runs on (`power` is Intel SVML's on AVX-512, the C library's elsewhere; `cos`/`sin` a polynomial
+whose rounding follows FMA), so a table computed with them moves by an ulp between an AVX-512
+and an AVX2 host, and the int8 path turns such an ulp into other tokens. Each transcendental here
+is the C library's float64 function (numpy's float64 cos/sin call it on every CPU), rounded once
+to float32: the correctly rounded float32 value but in cases ~2^-29 rare."""
 
 import math
 
@@ -14,10 +21,22 @@ def rope_tables(config: ModelConfig, n_pos: int) -> tuple[np.ndarray, np.ndarray
     inv_freq, attention_factor = rope_frequencies(config)
     freqs = np.arange(n_pos, dtype=np.float32)[:, None] * inv_freq[None, :]  # [T, Dh/2]
     emb = np.concatenate([freqs, freqs], axis=1)  # [T, Dh]
-    cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    cos, sin = _cos_sin(emb)
     if attention_factor != 1.0:  # yarn scales q and k (so the scores by its square)
         cos, sin = cos * np.float32(attention_factor), sin * np.float32(attention_factor)
     return cos, sin
+
+
+def _cos_sin(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 cos(x), sin(x) from the C library's float64 cos/sin (never numpy's float32 loops)"""
+    x64 = x.astype(np.float64)
+    return np.cos(x64).astype(np.float32), np.sin(x64).astype(np.float32)
+
+
+def _pow(base: np.float32, exponents: np.ndarray) -> np.ndarray:
+    """float32 base**e for each e, from the C library's float64 pow (numpy's float32 and float64
+    power are SVML's on AVX-512)"""
+    return np.array([math.pow(float(base), float(e)) for e in exponents]).astype(np.float32)
 
 
 def rope_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
@@ -25,7 +44,7 @@ def rope_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
     computes them (in float32, step for step) for rope types default, linear, llama3, yarn."""
     r, dh = config.rope_scaling, config.head_dim
     exponents = np.arange(0, dh, 2, dtype=np.float32) / np.float32(dh)  # [Dh/2]
-    pos_freqs = np.float32(config.rope_theta) ** exponents  # theta^(2i/Dh)
+    pos_freqs = _pow(np.float32(config.rope_theta), exponents)  # theta^(2i/Dh)
     inv_freq = (np.float32(1.0) / pos_freqs).astype(np.float32)
     if r.rope_type == "linear":
         return (inv_freq / np.float32(r.factor)).astype(np.float32), 1.0
