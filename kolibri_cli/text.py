@@ -1,7 +1,8 @@
 """Outside text (file contents, names, the user's arguments): read as UTF-8 from what is really
 a file, and made safe to put in a one-line message or on a terminal (no escape sequences, no
-lone surrogates, bounded length)."""
+lone surrogates, bounded length); outside numbers read as finite floats."""
 
+import math
 import os
 
 
@@ -9,6 +10,18 @@ def shown(value, limit: int = 60) -> str:
     """`value` as !r would show it (escape sequences and newlines escaped), cut to `limit`."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def finite(value) -> float | None:
+    """A parsed JSON or TOML number as a finite float, else None (bools, non-numbers, NaN,
+    infinities, and integers past float's range, on which float() raises OverflowError)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def printable(text: str, limit: int = 80) -> str:

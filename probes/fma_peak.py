@@ -9,43 +9,11 @@ takes at least t(1) + (n-1) * weights / (16 * peak 16-lane FMAs per second). Wit
 """
 
 import argparse
-import time
 
-import numpy as np
-from numba import njit, prange
-
+from kolibri_cli.bench.profile import fma_peak
 from kolibri_cli.engine.jit import set_threads, start_threads
-from kolibri_cli.engine.simd import vbcast, vfma, vsum, vzero
 
-CHAINS = 12  # independent accumulators: more than latency x FMA ports, so throughput shows
-
-
-@njit(parallel=True)
-def _fmas(n, a):
-    """n x CHAINS 16-lane FMAs on each of the threads; returns a sum so nothing is dropped"""
-    total = np.zeros(64, np.float32)
-    for t in prange(64):
-        v = vbcast(a)
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = vzero()
-        for _ in range(n):
-            a0, a1, a2, a3 = vfma(a0, v, v), vfma(a1, v, v), vfma(a2, v, v), vfma(a3, v, v)
-            a4, a5, a6, a7 = vfma(a4, v, v), vfma(a5, v, v), vfma(a6, v, v), vfma(a7, v, v)
-            a8, a9, a10, a11 = vfma(a8, v, v), vfma(a9, v, v), vfma(a10, v, v), vfma(a11, v, v)
-        total[t] = (vsum(a0) + vsum(a1) + vsum(a2) + vsum(a3) + vsum(a4) + vsum(a5)
-                    + vsum(a6) + vsum(a7) + vsum(a8) + vsum(a9) + vsum(a10) + vsum(a11))
-    return total.sum()
-
-
-def peak(n: int = 4_000_000, repeats: int = 5) -> float:
-    """16-lane FMAs per second over all threads (the median of `repeats`)"""
-    a = np.float32(1e-7)
-    _fmas(10, a)
-    rates = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        _fmas(n, a)
-        rates.append(64 * CHAINS * n / (time.perf_counter() - t))
-    return float(np.median(rates))
+LANES = 16
 
 
 def main() -> None:
@@ -58,7 +26,7 @@ def main() -> None:
     args = ap.parse_args()
     set_threads(args.threads)
     start_threads()
-    rate = peak()
+    rate = fma_peak(args.threads) / LANES  # 16-lane FMAs per second
     per_token = args.weights / 16 / rate
     print(f"FMA peak ({args.threads} threads): {rate / 1e9:.2f} G 16-lane FMA/s "
           f"= {32 * rate / 1e9:.0f} GFLOP/s")

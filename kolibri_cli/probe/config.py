@@ -31,7 +31,7 @@ from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden
 from kolibri_cli.goldens.stream import find_golden_files, iter_goldens
 from kolibri_cli.probe.options import MEASURE, PRICE, REPORT, SCALE, SIMULATE, guess_text, opt
-from kolibri_cli.text import read_text_file, shown
+from kolibri_cli.text import finite, read_text_file, shown
 
 
 @dataclass
@@ -363,7 +363,7 @@ def _parse(key: str, value):
             raise KolibriError(f"{key} must be a whole number >= 0, got {shown(value)}")
         return value
     if key in SAMPLING_KEYS:
-        if (number := _finite(value)) is None:
+        if (number := finite(value)) is None:
             raise KolibriError(f"{key} must be a finite number, got {shown(value)}")
         return number
     if key in ("min_ratio", "min_acceptance", "min_speedup"):
@@ -430,18 +430,6 @@ def _positive_int(value, key: str, low: int = 1) -> int:
     return number
 
 
-def _finite(value) -> float | None:
-    """A TOML number as a finite float, else None (bools, NaN, infinities, and integers past
-    float's range, which math.isfinite and float() raise OverflowError on)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _positive_number(value, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise KolibriError(f"{key} must be a number > 0, got {shown(value)}")
@@ -464,7 +452,7 @@ def _timeout(value) -> float:
 
 def _threshold(value, key: str) -> float:
     """A gate's threshold: a finite number >= 0 (a NaN would pass every gate)."""
-    if (number := _finite(value)) is None or number < 0:
+    if (number := finite(value)) is None or number < 0:
         raise KolibriError(f"{key} must be a finite number >= 0, got {shown(value)}")
     if key == "min_acceptance" and number > 1:
         raise KolibriError(f"min_acceptance is a fraction between 0 and 1, got {value!r}")

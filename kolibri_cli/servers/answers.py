@@ -7,11 +7,10 @@ vocabulary, counts are integers >= 0, times are finite milliseconds, texts are s
 Unicode. Non-goals: what the fields mean (api.py).
 """
 
-import math
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.servers.transport import BODY_BYTES
-from kolibri_cli.text import shown
+from kolibri_cli.text import finite, shown
 
 MAX_TOKEN_ID = 2**31 - 1  # when the vocabulary is not known: ids are int32 everywhere
 MAX_TEXT = 4096  # characters of a descriptive string (a model name or path, a version)
@@ -88,7 +87,7 @@ class Answer:
         if value is None:
             return None
         low = "> 0" if positive else ">= 0"
-        number = _finite(value)
+        number = finite(value)
         if number is None or number < 0 or (positive and number == 0):
             raise self._error(name, value, f"a finite number of milliseconds {low}")
         return number
@@ -98,7 +97,7 @@ class Answer:
         value = self.value.get(name)
         if value is None:
             return None
-        number = _finite(value)
+        number = finite(value)
         if number is None:
             raise self._error(name, value, "a finite number")
         return number
@@ -126,18 +125,6 @@ class Answer:
 def answer(value, where: str) -> Answer:
     """The top level of an answer, which must be a JSON object."""
     return Answer(value, where)
-
-
-def _finite(value) -> float | None:
-    """A JSON number as a finite float, else None (NaN, infinities, non-numbers, and integers
-    past float's range, on which math.isfinite raises OverflowError)."""
-    if type(value) not in (int, float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _described(value) -> str:
