@@ -162,7 +162,9 @@ def test_help_system_and_no_history_without_a_terminal(chat_folder, tmp_path, mo
 
 @pytest.mark.model
 def test_ctrl_c_stops_the_answer_not_the_session(pulled_default):
-    child = _spawn(["-n", "2000", "--temperature", "0.7", "--seed", "1"], pulled_default.home)
+    # --no-history: the pulled home is shared with tests that check it holds nothing else
+    child = _spawn(["-n", "2000", "--temperature", "0.7", "--seed", "1", "--no-history"],
+                   pulled_default.home)
     child.sendline("Write a very long story about a dragon who learns to cook. Use many chapters.")
     child.expect_exact("Use many chapters.")  # the line's echo: chat may still be reading it
     child.expect(r"\w+ \w+ \w+ \w+")  # the answer is streaming
