@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -387,6 +388,41 @@ def test_a_client_that_disconnects_cancels_its_generation(servers):
         (*key, ("outcome", "cancelled")), 0) == 1
     assert after[(*key, ("outcome", "length"))] == before.get((*key, ("outcome", "length")), 0)
     assert len(_ids(_chat(server.client(), "still there?", max_tokens=4))) == 4
+
+
+def test_a_client_that_leaves_mid_body_is_no_server_error(servers):
+    server = servers("spec")
+    before = server.metrics()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+                     b'{"prompt": "hel')  # 985 bytes short
+    key = ("kolibri:requests_total", ("engine", "0"), ("model_name", _model(server.client())))
+    cancelled = (*key, ("outcome", "cancelled"))
+    deadline = time.monotonic() + 60
+    while server.metrics()[cancelled] == before.get(cancelled, 0) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.metrics()[cancelled] - before.get(cancelled, 0) == 1
+    assert [e["status"] for e in server.log if e["path"] == "/v1/completions"][-1] == 499
+    assert not any("Traceback" in line or "ERROR" in line for line in server.err)
+    assert _get(server.port, "/health")[0] == 200
+
+
+def test_the_server_answers_while_it_tokenizes_a_huge_prompt(servers):
+    """A prompt near --max-body takes a second or more to tokenize; that happens off the event
+    loop, so /health (and the running stream) are answered meanwhile."""
+    port, huge = servers("spec").port, []
+    body = json.dumps({"prompt": "hello world " * 85_000, "max_tokens": 2}).encode()  # ~1 MB
+    sender = threading.Thread(target=lambda: huge.append(_get(port, "/v1/completions", body)))
+    sender.start()
+    time.sleep(0.1)  # the body is on its way (1 MB over loopback: milliseconds)
+    meanwhile = 0
+    while sender.is_alive():
+        assert _get(port, "/health")[0] == 200
+        meanwhile += sender.is_alive()
+    got, raw = huge[0]
+    assert got == 400 and json.loads(raw)["error"]["code"] == "context_length_exceeded"
+    assert meanwhile >= 50  # hundreds; an event loop held by the tokenizer answers a few
 
 
 def test_sigterm_drains_the_request_in_flight(models, tmp_path):

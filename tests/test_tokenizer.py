@@ -57,6 +57,13 @@ def test_decode_encode_round_trip(smol, text):
     assert smol.decode(smol.encode(text)) == text
 
 
+@pytest.mark.model
+@pytest.mark.parametrize("special", [True, False])
+def test_encode_nogil_gives_encode_s_ids(smol, special):
+    for text in [*MESSAGES, "12345 <|im_start|>user\n", "a" * 300, smol.render_chat("hi")]:
+        assert smol.encode_nogil(text, special) == smol.encode(text, special)
+
+
 @pytest.fixture(scope="module")
 def hf_tokenizer_factory():
     transformers = pytest.importorskip("transformers")

@@ -13,10 +13,11 @@ import hmac
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -26,6 +27,7 @@ from kolibri_cli.serve.requests import ApiError, Served, chat_ask, completion_as
 from kolibri_cli.serve.worker import Busy, Job
 
 Log = Callable[[dict], None]
+CLOSED = ApiError(499, "the client closed the request", kind="cancelled")  # nginx's 499
 
 
 class Api:
@@ -34,6 +36,9 @@ class Api:
     def __init__(self, served: Served, worker, metrics, spec: bool):
         self.served, self.worker, self.metrics, self.spec = served, worker, metrics, spec
         self.started = int(time.time())
+        # tokenizing a body near --max-body takes a second or more: done on this one thread,
+        # the event loop goes on streaming the running request and answering the others
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="kolibri-read")
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -60,11 +65,15 @@ class Api:
 
     async def _generate(self, request: Request, parse, prefix: str) -> Response:
         try:
-            ask = parse(parse_body(await _body(request, self.served.limits.max_body)),
-                        self.served)
+            raw = await _body(request, self.served.limits.max_body)
+            ask = await asyncio.get_running_loop().run_in_executor(
+                self.reader, lambda: parse(parse_body(raw), self.served))
         except ApiError as e:
             self.metrics.count("invalid")
             return error(e)
+        except ClientDisconnect:  # gone before its body was all sent: nobody reads an answer
+            self.metrics.count("cancelled")
+            return error(CLOSED)
         rid = f"{prefix}-{uuid.uuid4().hex}"
         request.state.request_id = rid
         events: asyncio.Queue = asyncio.Queue()
@@ -112,7 +121,7 @@ async def _whole(request: Request, job: Job, events: asyncio.Queue,
             if kind == "error":
                 return error(value)
             if kind == "cancelled":
-                return error(ApiError(499, "the client closed the request", kind="cancelled"))
+                return error(CLOSED)
     finally:
         watcher.cancel()
         job.cancel()  # a no-op once done

@@ -91,7 +91,7 @@ def chat_ask(body: dict, served: Served) -> Ask:
                        "messages")
     messages = _messages(body.get("messages"))
     try:
-        ids = tok.encode(tok.render_messages(messages), add_special_tokens=False)
+        ids = tok.encode_nogil(tok.render_messages(messages), add_special_tokens=False)
     except (ChatTemplateError, KolibriError) as e:
         raise ApiError(400, f"the chat template cannot render these messages: {e}",
                        "messages") from None
@@ -166,7 +166,7 @@ def _prompt(value, model) -> tuple[list[int], str]:
 
 def _encode(model, text: str) -> list[int]:
     try:
-        return model.tokenizer.encode(text)
+        return model.tokenizer.encode_nogil(text)
     except KolibriError as e:
         raise ApiError(400, str(e), "prompt") from None
 

@@ -92,7 +92,10 @@ class Worker:
         self.log, self.note = log, note  # a goldens.log.GoldenLog (--record) or None
         self.costs = None  # the proposer's measuring CostTable (the guard's), shared by all
         self.kernel_threads: int | None = None  # the threads the worker's kernel calls use
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._queue: queue.Queue[Job | None] = queue.Queue()  # bounded by _slots
+        # the running request and those waiting behind it; a Queue's maxsize cannot say
+        # "none may wait" (0 is unbounded there)
+        self._slots = threading.BoundedSemaphore(max_queue + 1)
         self._ready = threading.Event()
         self._closing = threading.Event()
         self._failed: BaseException | None = None
@@ -105,10 +108,10 @@ class Worker:
             raise self._failed
 
     def submit(self, job: Job) -> None:
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise Busy from None
+        """Queue `job`, or `Busy` when max_queue requests already wait behind a running one."""
+        if not self._slots.acquire(blocking=False):
+            raise Busy
+        self._queue.put(job)
         self.metrics.waiting.set(self._queue.qsize())
 
     def cancel_all(self) -> None:
@@ -131,7 +134,10 @@ class Worker:
         if self._failed is None:
             while (job := self._queue.get()) is not None:
                 self.metrics.waiting.set(self._queue.qsize())
-                self._serve(job)
+                try:
+                    self._serve(job)
+                finally:
+                    self._slots.release()
 
     def _prepare(self) -> None:
         """Thread count (numba's is per thread), the guard's c(n) from earlier runs, and every
@@ -141,7 +147,7 @@ class Worker:
         self.kernel_threads = get_threads()
         if self.spec:
             self.costs = warm_costs(PROPOSER, None, self.model, self.kernel_threads)
-        ids = self.model.tokenizer.encode("Hello")[:4] or [0]
+        ids = self.model.tokenizer.encode_nogil("Hello")[:4] or [0]  # as requests are read
         generate_plain(self.model, ids, 2)
         if self.spec:  # frozen default c(n): the warm-up's timings stay out of the table
             generate_spec(self.model, ids, 2, make_proposer(PROPOSER, *default_settings(PROPOSER)))
@@ -153,7 +159,7 @@ class Worker:
             return job.emit("cancelled", None)
         self.metrics.running.set(1)
         try:
-            result = self._generate(job)
+            done = self._finish(job, self._generate(job))
         except Cancelled:
             self.metrics.count("cancelled")
             return job.emit("cancelled", None)
@@ -167,10 +173,15 @@ class Worker:
                                               kind="server_error"))
         finally:
             self.metrics.running.set(0)
+        job.emit("done", done)
+
+    def _finish(self, job: Job, result: GenerationResult) -> tuple[GenerationResult, Usage]:
+        """A finished generation counted and recorded (inside _serve's net: a bug here fails
+        the request, not the worker): what its answer carries."""
         usage = Usage.of(result)
         self.metrics.observe(usage, result)
         self._record(job, result)
-        job.emit("done", (result, usage))
+        return result, usage
 
     def _generate(self, job: Job) -> GenerationResult:
         def on_tokens(ids: list[int]) -> None:
