@@ -125,7 +125,10 @@ def test_filters_keep_what_transformers_keeps(x, s, before):
 
 def test_bad_settings_are_refused():
     for bad in (dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=2),
-                dict(top_k=-1), dict(repetition_penalty=0), dict(seed=-1)):
+                dict(top_k=-1), dict(repetition_penalty=0), dict(seed=-1),
+                # 0 or inf once float32: NaN scores
+                dict(temperature=1e-300), dict(temperature=1e300),
+                dict(repetition_penalty=1e-300), dict(repetition_penalty=1e300)):
         with pytest.raises(KolibriError, match="sampling"):
             Sampling(**bad).check()
 

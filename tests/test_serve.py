@@ -321,6 +321,11 @@ def test_32_concurrent_streams_are_answered_or_refused_none_lost(servers):
     (json.dumps({"prompt": "hi", "max_tokens": 10**9}).encode(), 400, "max_tokens"),
     (json.dumps({"prompt": "hi", "max_tokens": "ten"}).encode(), 400, "max_tokens"),
     (json.dumps({"prompt": "hi", "temperature": -1}).encode(), 400, "temperature"),
+    # 0 and inf in float32: the scores turned to NaN (garbage ids, warnings on stderr)
+    (json.dumps({"prompt": "hi", "temperature": 1e-300}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "hi", "temperature": 1e300}).encode(), 400, "temperature"),
+    (json.dumps({"prompt": "hi", "repetition_penalty": 1e-300}).encode(), 400,
+     "repetition_penalty"),
     (json.dumps({"prompt": "hi", "top_p": 0}).encode(), 400, "top_p"),
     (json.dumps({"prompt": "hi", "seed": -5, "temperature": 1}).encode(), 400, "seed"),
     (json.dumps({"prompt": "hi", "stop": 3}).encode(), 400, "stop"),

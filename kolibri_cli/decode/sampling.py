@@ -30,6 +30,9 @@ from kolibri_cli.errors import KolibriError
 
 _FLOAT_MAX = sys.float_info.max  # a JSON integer past it is no float (math.isfinite overflows)
 
+# temperature (but 0) and repetition penalty: divided into or multiplied with float32 logits,
+# a value past these bounds rounds to 0 or inf in float32 and the scores turn to inf and NaN
+_SCALE = (1e-6, 1e6)
 _TWO32 = 2.0**32
 _G_MAX = -math.log(-math.log((_TWO32 - 0.5) / _TWO32)) + 1e-6  # largest noise a word can give
 _TOP_P_FIRST = 64  # candidates tried first for top-p (grown 8x until they hold the mass)
@@ -67,14 +70,15 @@ class Sampling:
     def check(self, prefix: str = "sampling ") -> "Sampling":
         """Self, or a KolibriError naming the bad setting and its value (`prefix` "--": as the
         command line's option)."""
+        lo, hi = _SCALE
         bad = [
-            (self.temperature < 0 or not math.isfinite(self.temperature), "temperature",
-             self.temperature, "a finite number >= 0 (0 = greedy)"),
+            (not (self.temperature == 0 or lo <= self.temperature <= hi), "temperature",
+             self.temperature, f"a finite number, 0 (greedy) or in [{lo:g}, {hi:g}]"),
             (self.top_k < 0, "top-k", self.top_k, "a whole number >= 0 (0 = off)"),
             (not 0 < self.top_p <= 1, "top-p", self.top_p, "in (0, 1] (1 = off)"),
             (not 0 <= self.min_p <= 1, "min-p", self.min_p, "in [0, 1] (0 = off)"),
-            (not 0 < self.repetition_penalty < math.inf, "repetition-penalty",
-             self.repetition_penalty, "a finite number > 0 (1 = off)"),
+            (not lo <= self.repetition_penalty <= hi, "repetition-penalty",
+             self.repetition_penalty, f"a finite number in [{lo:g}, {hi:g}] (1 = off)"),
             (not 0 <= self.seed < 2**64, "seed", self.seed, "in 0..2^64-1"),
         ]
         for wrong, name, value, want in bad:
