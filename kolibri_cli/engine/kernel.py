@@ -65,6 +65,7 @@ from kolibri_cli.engine.matmul import (
     FEW,
     ORDER,
     TREE_AT,
+    compile_run,
     embed_rows,
     gate_up_silu,
     matmul,
@@ -368,6 +369,41 @@ def _specs(weights: Weights) -> dict[str, tuple]:
     return {"lean": spec_of(exact, few=False, int8_path=int8_path),
             "verify": spec_of(exact, few=True, int8_path=int8_path),
             "tree": spec_of(exact, few=True, int8_path=int8_path, tree=True)}
+
+
+HALVES = ("matmul", "rest")  # kernel.compile_half: what the lean kernel calls, in two halves
+
+
+def compile_half(config: ModelConfig, weights: Weights, half: str) -> None:
+    """Compile (or load from numba's cache) half of what the lean kernel calls, with the argument
+    types `_layer` and `_forward` pass: "matmul" (matmul's `_run`, about half of the compile) or
+    "rest" (the layer list, embedding, norms, RoPE and attention). numba caches each function
+    apart, so two processes compiling a half each fill the cache in about half the time of one;
+    the kernel's own compile (warm_up) then compiles `_layer` and `_forward` only, linking the
+    halves. Each function runs once on zeros (weights of a model of the right block types; the
+    values are never used for anything)."""
+    c, spec = config, _specs(weights)["lean"]
+    lw = weights.layers[0].arrays()
+    h = np.zeros((1, c.hidden_size), np.float32)  # [L, D], as in _forward
+    qkv = np.zeros((1, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim),
+                   np.float32)  # [L, (H+2KVH)*Dh], as in _layer
+    if half == "matmul":
+        compile_run(h, lw[1], qkv, spec, clock.NO_PROF)
+        return
+    if half != "rest":
+        raise ValueError(f"half must be one of {HALVES}, not {half!r}")
+    t = Transformer(config, weights)  # compiles the layer list's functions
+    embed_rows(weights.embed.arrays(), np.zeros(1, np.int64), h, spec)
+    rmsnorm(h, lw[0], t._eps, np.empty_like(h))
+    add_bias(qkv, np.zeros(qkv.shape[1], lw[6].dtype))
+    ones = np.ones(c.head_dim, lw[7].dtype)  # q, k head norms of Dh
+    head_norms(qkv, c.num_attention_heads, c.num_key_value_heads, ones, ones, t._eps)
+    cache = t.new_cache(2)
+    q = np.empty((1, c.num_attention_heads, c.head_dim), np.float32)  # [L, H, Dh]
+    qkv_to_cache(qkv, 0, c.num_attention_heads, cache.k[0], cache.v[0], t._cos, t._sin, q,
+                 _CHAIN[0])
+    att = np.empty((1, c.num_attention_heads * c.head_dim), np.float32)  # [L, H*Dh]
+    attention(q, 0, cache.k[0], cache.v[0], att, t._windows[0], clock.NO_PROF)
 
 
 def _tree_layout(parents, n: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -677,6 +677,14 @@ def _call(kind, x, w, out, dest, spec, prof):
         _run(np.int64(kind), x, w, out, dest, spec, prof)
 
 
+def compile_run(x, w, out, spec, prof) -> None:
+    """Compile (or load from numba's cache) the function every product of a kernel with these
+    argument types calls (matmul, matmul_add and gate_up_silu all run `_run`), by running out =
+    x @ w.T once: a process of its own can then fill the cache while another compiles the rest
+    (kernel.compile_half)."""
+    _run(np.int64(PLAIN), x, w, out, out, spec, prof)
+
+
 @njit(inline="always", cache=True)
 def matmul(x, w, out, spec, prof=None):
     """out = x @ w.T   x [L, K], w = (data, units) of [N, K] -> out [L, N]"""

@@ -58,7 +58,7 @@ def _open(spec, notify, progress, weights: bool, numerics: str, warm: tuple) -> 
 
 
 def _compile_ahead(spec, lean: bool, compiling):
-    """A registry model about to be pulled: its kernel compiled meanwhile, on the other core."""
+    """A registry model about to be pulled: its kernel compiled meanwhile, in child processes."""
     from kolibri_cli.store import precompile
 
     source = cache.REGISTRY.get(spec or cache.DEFAULT_MODEL)

@@ -1,13 +1,17 @@
-"""Compile the kernel for a model while it is still being pulled, in a process of its own on the
-other core. A kernel specialization depends on the weights' block types only
-(engine/kernel.py `_specs`), so a tiny model of those types compiles exactly what the pulled one
-then loads from numba's cache. The child reports numba's compile events on its stdout, one line
-each, which the parent hands to its `Compiling` callback: the progress line shows the child's
-work as its own.
+"""Compile the kernel for a model while it is still being pulled, in processes of their own. A
+kernel specialization depends on the weights' block types only (engine/kernel.py `_specs`), so a
+tiny model of those types compiles exactly what the pulled one then loads from numba's cache.
+With two cores, two children compile a half each (engine/kernel.py `compile_half`; numba caches
+each function apart), then the "rest" child, told that the "matmul" one is done, compiles the
+kernel itself, which links the halves from the cache. The children report numba's compile events
+on their stdout, one line each, which the parent sums and hands to its `Compiling` callback: the
+progress line shows the children's work as its own.
 
-Run as `python -m kolibri_cli.store.precompile TYPE...` (block type names, e.g. Q4_1 Q8_0).
+Run as `python -m kolibri_cli.store.precompile [--half matmul|rest] TYPE...` (block type names,
+e.g. Q4_1 Q8_0); "rest" waits for a line on stdin before it compiles the kernel.
 """
 
+import os
 import subprocess
 import sys
 import threading
@@ -18,36 +22,84 @@ from kolibri_cli.callbacks import Compiling
 
 
 class Ahead:
-    """A compile running in a child process; `wait` returns when it is done (or failed)."""
+    """Compiles running in child processes; `wait` returns when they are done (or failed)."""
 
-    def __init__(self, proc: subprocess.Popen, compiling: Compiling | None):
-        self.proc = proc
-        self.reader = threading.Thread(target=self._relay, args=(compiling,), daemon=True)
-        self.reader.start()
+    def __init__(self, procs: list[subprocess.Popen], compiling: Compiling | None):
+        self.procs, self.compiling = procs, compiling
+        self.counts = [(0, 0)] * len(procs)  # per child: (compiles finished, under way)
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._relay, args=(i,), daemon=True)
+                        for i in range(len(procs))]
+        for thread in self.threads:
+            thread.start()
 
-    def _relay(self, compiling: Compiling | None) -> None:
-        for line in self.proc.stdout:
+    @property
+    def proc(self) -> subprocess.Popen:
+        """The child that compiles the kernel itself (the last one)."""
+        return self.procs[-1]
+
+    def _relay(self, i: int) -> None:
+        for line in self.procs[i].stdout:
             what, finished, under_way = (line.rstrip("\n").split("\t") + ["", "0", "0"])[:3]
-            if compiling and finished.isdigit() and under_way.isdigit():
-                compiling(what, int(finished), int(under_way))
+            if finished.isdigit() and under_way.isdigit():
+                self._report(i, what, int(finished), int(under_way))
+        self.procs[i].wait()
+        if i == 0 and len(self.procs) > 1:
+            _go(self.procs[1])  # the matmul half is in the cache (or failed): compile the kernel
+
+    def _report(self, i: int, what: str, finished: int, under_way: int) -> None:
+        with self.lock:
+            self.counts[i] = (finished, under_way)
+            if self.compiling:
+                self.compiling(what, sum(f for f, _ in self.counts),
+                               sum(u for _, u in self.counts))
 
     def wait(self) -> None:
-        self.proc.wait()
-        self.reader.join()
+        for proc, thread in zip(self.procs, self.threads, strict=True):
+            proc.wait()
+            thread.join()
+
+
+def _go(proc: subprocess.Popen) -> None:
+    try:
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+    except OSError:  # it ended already
+        pass
 
 
 def start(types: tuple[str, ...], compiling: Compiling | None = None) -> Ahead | None:
-    """The child compiling the lean kernel for `types`; None if it cannot start."""
+    """The children compiling the lean kernel for `types` (two halves on two cores, else one
+    child for all); None if they cannot start."""
+    halves = ("matmul", "rest") if _cores() >= 2 else ("",)  # engine/kernel.py HALVES
+    procs = []
+    for half in halves:
+        if (proc := _child(types, half)) is None:
+            for p in procs:
+                p.kill()
+            return None  # the parent compiles instead, as without this
+        procs.append(proc)
+    return Ahead(procs, compiling)
+
+
+def _child(types: tuple[str, ...], half: str) -> subprocess.Popen | None:
     from kolibri_cli.store.cache import die_with_parent
 
-    cmd = [sys.executable, "-I", "-m", "kolibri_cli.store.precompile", *types]
+    cmd = [sys.executable, "-I", "-m", "kolibri_cli.store.precompile",
+           *(["--half", half] if half else []), *types]
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL, text=True,
-                                preexec_fn=die_with_parent())
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.PIPE if half == "rest" else subprocess.DEVNULL,
+                                text=True, preexec_fn=die_with_parent())
     except OSError:
-        return None  # the parent compiles instead, as without this
-    return Ahead(proc, compiling)
+        return None
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def tiny_model(types: tuple[str, ...]):
@@ -78,15 +130,23 @@ def tiny_model(types: tuple[str, ...]):
     return config, Weights(embed=embed, layers=layers, norm=ones, head=embed)
 
 
-def main(types: list[str]) -> None:
+def main(args: list[str]) -> None:
     from kolibri_cli.engine.jit import compile_events
-    from kolibri_cli.engine.kernel import Transformer
+    from kolibri_cli.engine.kernel import Transformer, compile_half
 
     def report(what: str, finished: int, under_way: int) -> None:
         print(f"{what}\t{finished}\t{under_way}", flush=True)
 
-    config, weights = tiny_model(tuple(types))
+    half = args[1] if args[:1] == ["--half"] else ""
+    config, weights = tiny_model(tuple(args[2:] if half else args))
     with compile_events(report):
+        if half:
+            compile_half(config, weights, half)
+        if half == "matmul":
+            return
+        if half == "rest":
+            print("waiting", flush=True)  # for the matmul half (not an event: the parent skips it)
+            sys.stdin.readline()  # the matmul half is done: the kernel loads it from the cache
         Transformer(config, weights).warm_up(("lean",))
 
 
