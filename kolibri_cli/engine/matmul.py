@@ -11,7 +11,8 @@ stride). A unit's rows sit at offset + i*stride; a fused QKV or gate/up matrix i
 parts one after another (parts may differ in block type, as in Q4_K_M files).
 
 Decode (L = 1) decodes each part of 32 weights into registers and multiplies it at once (four
-rows share each load of x). Verify passes (1 < L <= FEW) do the same for groups of up to 8
+rows share each load of x; two on CPUs without AVX-512, whose 16 vector registers four rows'
+sums overflow). Verify passes (1 < L <= FEW) do the same for groups of up to 8
 tokens, 2-4 with the unit's 4 rows, 5-8 with 2 rows at a time (at most 16 sums in registers):
 each part decoded once per group, never stored. Prefill (L > FEW) decodes a unit's rows once
 into a float32 scratch in L1, then runs register tiles of 4 rows x 4 tokens over token blocks of
@@ -52,7 +53,7 @@ from kolibri_cli.engine.blocks import (
     scales_q6_k,
 )
 from kolibri_cli.engine.jit import ONE
-from kolibri_cli.engine.simd import vfma, vlane, vload, vstore, vsum16, vzero
+from kolibri_cli.engine.simd import LUT, vfma, vlane, vload, vstore, vsum16, vzero
 
 R = 4  # weight rows per unit
 TB = 64  # tokens per block when L > FEW: the block [TB, K] of x stays in L2
@@ -168,6 +169,34 @@ def _dot4(t, d, o0, o1, o2, o3, x, kp, spec):
 
 
 @njit(inline="always", cache=True)
+def _dot2_of(part, scales, per_block, parts, nbytes, a):
+    """Lanes 0, 1 = rows at o0, o1 . x[:kp], each in _dot4_of's order: half its registers, for
+    CPUs with 16 vector registers (AVX2), where _dot4_of's 4 rows spill   a = (d, o0, o1, x, kp)"""
+    d, o0, o1, x, kp = a
+    a0 = a1 = vzero()
+    for b in range(kp // per_block):
+        ob = nbytes * b
+        v0, v1 = scales(d, o0 + ob), scales(d, o1 + ob)
+        for p in range(parts):
+            e = per_block * b + 32 * p
+            x0, x1 = vload(x, e), vload(x, e + 16)
+            lo, hi = part(d, o0 + ob, p, v0)
+            a0 = vfma(hi, x1, vfma(lo, x0, a0))
+            lo, hi = part(d, o1 + ob, p, v1)
+            a1 = vfma(hi, x1, vfma(lo, x0, a1))
+    z = vzero()
+    return vsum16(a0, a1, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
+
+
+_dot2_typed = _typed(_dot2_of)
+
+
+@njit(cache=True)
+def _dot2(t, d, o0, o1, x, kp, spec):
+    return _dot2_typed(t, (d, o0, o1, x, kp), spec)
+
+
+@njit(inline="always", cache=True)
 def _row_offsets(o, stride, n):
     """The 4 rows a unit computes: its n rows, the last repeated (extra results discarded)"""
     return o, o + min(1, n - 1) * stride, o + min(2, n - 1) * stride, o + min(3, n - 1) * stride
@@ -178,9 +207,18 @@ def _decode_unit(d, unit, x, out, spec):
     """out[r0 + i] = row i . x for the unit's rows   x [Kp], out [N]"""
     r0, n, t, o, stride = unit[0], unit[1], unit[2], unit[3], unit[4]
     o0, o1, o2, o3 = _row_offsets(o, stride, n)
-    s = _dot4(t, d, o0, o1, o2, o3, x, x.shape[0], spec)
-    for i in range(n):
+    if LUT:
+        s = _dot4(t, d, o0, o1, o2, o3, x, x.shape[0], spec)
+        for i in range(n):
+            out[r0 + i] = vlane(s, i)
+        return
+    s = _dot2(t, d, o0, o1, x, x.shape[0], spec)
+    for i in range(min(n, 2)):
         out[r0 + i] = vlane(s, i)
+    if n > 2:
+        s = _dot2(t, d, o2, o3, x, x.shape[0], spec)
+        for i in range(n - 2):
+            out[r0 + 2 + i] = vlane(s, i)
 
 
 # ---------------------------------------------------------------- a few tokens (verify)
