@@ -335,6 +335,8 @@ def test_32_concurrent_streams_are_answered_or_refused_none_lost(servers):
     (json.dumps({"prompt": ""}).encode(), 400, "prompt"),
     (json.dumps({"prompt": "x" * 2000}).encode(), 400, "prompt"),  # longer than the context
     (json.dumps({"prompt": "hi", "model": "gpt-4"}).encode(), 404, "model"),
+    (json.dumps({"prompt": "hi", "model": 7}).encode(), 400, "model"),
+    (json.dumps({"prompt": "hi", "model": ["x"]}).encode(), 400, "model"),
     (json.dumps({"prompt": "hi", "stream": "yes"}).encode(), 400, "stream"),
 ])
 def test_bad_requests_get_a_4xx_with_an_openai_error_body(servers, body, status, param):

@@ -115,6 +115,8 @@ def _ask(kind: str, body: dict, served: Served, ids: list[int], text: str, defau
 
 def _check_model(body: dict, name: str) -> None:
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "model must be a string", "model")
     if model is not None and model != name:
         raise ApiError(404, f"the model {str(model)[:100]!r} does not exist; this server runs "
                        f"{name!r} (GET /v1/models)", "model", "model_not_found",
