@@ -8,6 +8,7 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+from conftest import tiny_llama_tensors
 from tiny_models import TINY, _Tok
 from typer.testing import CliRunner
 
@@ -86,3 +87,50 @@ def test_fidelity_needs_shipped_goldens(kolibri_home, tmp_path):
     cache.import_gguf(path, "tiny")
     r = CliRunner().invoke(app, ["bench", "--model", "tiny", "--fidelity"])
     assert r.exit_code == 1 and "no goldens ship" in r.stderr and r.stdout == ""
+
+
+def _record(folder, tmp_path, *extra, name: str = "g.jsonl") -> object:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\nwrite a list\nthe sea\n")
+    out = tmp_path / name
+    r = CliRunner().invoke(app, ["goldens", "record", "--engine", "kolibri", "-m", str(folder),
+                                 "--raw", "-p", str(prompts), "-o", str(out), "-n", "12",
+                                 "--temperature", "0", *extra])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_fidelity_against_a_goldens_file(kolibri_home, tmp_path, tiny_llama_folder):
+    """`--goldens FILE` replays that file's greedy chains instead of the shipped ones: the path
+    that recorded them reproduces all with no logit difference; another path is measured."""
+    folder = tiny_llama_folder()
+    goldens = _record(folder, tmp_path)
+    r = CliRunner().invoke(app, ["bench", "-m", str(folder), "--fidelity", "-g", str(goldens),
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    f = json.loads(r.stdout)
+    assert (f["goldens"], f["reproduced"], f["max_logit_diff"]) == (3, 3, 0.0)
+    assert f["source"] == str(goldens) and f["references"] == ["kolibri"]
+    r = CliRunner().invoke(app, ["bench", "-m", str(folder), "--fidelity", "-g", str(goldens),
+                                 "--quantize", "q8_0", "--json"])
+    assert r.exit_code == 0, r.output
+    f = json.loads(r.stdout)
+    assert f["numerics"] == "q8_0" and f["goldens"] == 3 and f["max_logit_diff"] > 0
+    r = CliRunner().invoke(app, ["bench", "-m", str(folder), "--fidelity", "-g", str(goldens)])
+    assert r.exit_code == 0 and "their greedy goldens reproduced" in r.stdout
+    assert "recorded by kolibri" in r.stdout
+
+
+def test_fidelity_goldens_file_errors(kolibri_home, tmp_path, tiny_llama_folder):
+    folder = tiny_llama_folder()
+    goldens = _record(folder, tmp_path)
+    sampled = _record(folder, tmp_path, "--temperature", "0.8", "--seed", "1",
+                      name="sampled.jsonl")
+    for args, says in ((["-g", str(goldens)], "--goldens needs --fidelity"),
+                       (["--fidelity", "-g", str(sampled)], "no greedy golden"),
+                       (["--fidelity", "-g", str(tmp_path / "none.jsonl")], "none.jsonl")):
+        r = CliRunner().invoke(app, ["bench", "-m", str(folder), *args])
+        assert r.exit_code == 1 and says in r.stderr and r.stdout == "", (args, r.output)
+    other = tiny_llama_folder(name="other", tensors=tiny_llama_tensors(seed=5))
+    r = CliRunner().invoke(app, ["bench", "-m", str(other), "--fidelity", "-g", str(goldens)])
+    assert r.exit_code == 1 and "another model" in r.stderr, r.output

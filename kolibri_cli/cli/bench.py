@@ -65,6 +65,11 @@ def bench(
         "--fidelity", help="Instead: how many of the model's shipped greedy goldens its numeric "
         "path (--quantize) reproduces, and the largest |logit difference| from the float32 "
         "path over their positions.")] = False,
+    goldens: Annotated[Path | None, typer.Option(
+        "--goldens", "-g", metavar="PATH", help="With --fidelity: greedy goldens of this model "
+        "to replay instead of the shipped ones (e.g. `kolibri goldens record --engine "
+        "transformers -p spec_bench/question.jsonl --limit 80 --temperature 0 -o FILE`).")
+    ] = None,
     engine: Annotated[str | None, typer.Option(
         "--engine", help="Time c(1..k+1) of an inference server instead: llama-server (started "
         "here on the model's GGUF; timed in its decode loop with synthetic acceptance), or a "
@@ -105,7 +110,7 @@ def bench(
     if profile:
         return _profile(m, drafter.k + 1, repeats, as_json)
     if fidelity:
-        return _fidelity(m, model, threads, as_json)
+        return _fidelity(m, model, threads, goldens, as_json)
     opt.fit_context(drafter.k, drafter.window_max, m)
     how = opt.resolve_sampling(m, given)
     peer_file = peers.peer_gguf(m, peer_gguf) if peer else None
@@ -147,14 +152,17 @@ def _profile(model, n: int, repeats: int, as_json: bool) -> None:
         render.out.print(t)
 
 
-def _fidelity(m, spec: str | None, threads: int | None, as_json: bool) -> None:
-    from kolibri_cli.bench.fidelity import measure_fidelity, shipped_goldens
+def _fidelity(m, spec: str | None, threads: int | None, path: Path | None,
+              as_json: bool) -> None:
+    from kolibri_cli.bench.fidelity import file_goldens, measure_fidelity, shipped_goldens
     from kolibri_cli.cli import render
 
-    goldens = shipped_goldens(m)
+    goldens = file_goldens(m, path) if path else shipped_goldens(m)
     reference = m if m.numerics == "float32" else opt.load_model(spec, threads)
     render.err.print(f"replaying {len(goldens)} goldens of {m.name} on the {m.numerics} path ...")
-    result = measure_fidelity(m, reference, goldens)
+    with render.progress_bar() as bars:
+        result = measure_fidelity(m, reference, goldens, str(path) if path else "shipped",
+                                  lambda done: bars("goldens", done, len(goldens)))
     if as_json:
         return opt.print_json(result.to_dict())
     render.out.print(render.fidelity_table(result))
@@ -174,6 +182,8 @@ def _refuse_unused(given: dict) -> None:
                          "--profile": given["profile"] or None,
                          "--engine": None if not server else given["engine"]}, "--fidelity",
                         "it replays the shipped goldens")
+    if not given["fidelity"]:
+        opt.refuse_unused({"--goldens": given["goldens"]}, "--fidelity")
     if not given["peer"]:
         opt.refuse_unused({"--peer-bin": given["peer_bin"], "--peer-gguf": given["peer_gguf"]},
                           "--peer")

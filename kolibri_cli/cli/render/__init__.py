@@ -278,7 +278,9 @@ def profile_tables(r) -> list[Table]:
 def fidelity_table(r) -> Table:
     """bench.fidelity.Fidelity: the goldens a numeric path reproduces, its worst logit"""
     return kv_table(f"kolibri bench --fidelity ({r.numerics})", [
-        ("shipped greedy goldens reproduced", f"{r.reproduced}/{r.goldens}"),
+        (f"{'shipped' if r.source == 'shipped' else 'their'} greedy goldens reproduced",
+         f"{r.reproduced}/{r.goldens}"),
+        ("goldens", f"{r.source} (recorded by {', '.join(r.references)})"),
         ("largest |logit - float32 path's|", f"{r.max_logit_diff:.3g}"
          + (f" (golden {r.at})" if r.at else ""))])
 
