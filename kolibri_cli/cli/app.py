@@ -33,6 +33,9 @@ class _Group(TyperGroup):
         except BrokenPipeError:  # `kolibri --help | head -1`
             _quiet_closed_pipes()
             raise typer.Exit(0) from None
+        except KeyboardInterrupt:  # click's own answer is "Aborted!" and exit 1
+            typer.echo("\ninterrupted", err=True)
+            raise typer.Exit(130) from None
         except KolibriError as e:  # `kolibri --version >&-`
             if os.environ.get("KOLIBRI_DEBUG", "").strip().lower() in YES_WORDS:
                 raise
