@@ -127,9 +127,12 @@ def _attend_for(q, start, k_cache, v_cache, att, window, tree, spec, prof):
     return either
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _layer(h, start, lw, k_cache, v_cache, cos, sin, eps, n_heads, window, tree, spec, prof):
-    """One decoder layer, h [L, D] in place.
+    """One decoder layer, h [L, D] in place. Inlined into `_forward` (numba IR, the same
+    expressions): numba optimizes each compiled function together with all it links in, so a
+    `_layer` of its own was optimized twice, alone and again inside `_forward`: ~1.5 s more of
+    the first run's last, serial compile.
     lw = LayerWeights.arrays(); k/v_cache [KVH, T, Dh]; window 0 = whole context;
     tree = (depth [L], path [L, max depth]) of a draft tree (both empty: a chain);
     spec: what the call may meet (matmul.spec_of); prof: `clock`'s slots, each piece's time
@@ -379,8 +382,8 @@ def compile_half(config: ModelConfig, weights: Weights, half: str) -> None:
     types `_layer` and `_forward` pass: "matmul" (matmul's `_run`, about half of the compile) or
     "rest" (the layer list, embedding, norms, RoPE and attention). numba caches each function
     apart, so two processes compiling a half each fill the cache in about half the time of one;
-    the kernel's own compile (warm_up) then compiles `_layer` and `_forward` only, linking the
-    halves. Each function runs once on zeros (weights of a model of the right block types; the
+    the kernel's own compile (warm_up) then compiles `_forward` (`_layer` inlined) only, linking
+    the halves. Each function runs once on zeros (weights of a model of the right block types; the
     values are never used for anything)."""
     c, spec = config, _specs(weights)["lean"]
     lw = weights.layers[0].arrays()
