@@ -5,8 +5,9 @@ keeping the host's instruction set (numba passes the host's features), so what c
 LLVM's tuning for that CPU: its preferred vector width and cost model. A sum LLVM may
 re-associate then came out in another order on an Intel server CPU (8 lanes) than on AMD Zen 5
 (16 lanes): every logit's low bits moved, and the int8 path, which rounds activations to 8 bits,
-turned that into different greedy tokens. Each target runs in a process with its own numba cache;
-with the host's instruction set it runs on any CPU, so nothing is skipped for missing features.
+turned that into different greedy tokens; both integer paths (int8, int16) are checked. Each
+target runs in a process with its own numba cache; with the host's instruction set it runs on
+any CPU, so nothing is skipped for missing features.
 """
 
 import os
@@ -36,7 +37,7 @@ folder, out = Path(sys.argv[1]), sys.argv[2]
 ids, cuts = (np.array(a.split(","), np.int64) for a in sys.argv[3:5])
 bounds = [0, *cuts, len(ids)]
 got = {}
-for numerics in ("float32", "int8"):
+for numerics in ("float32", "int8", "int16"):
     tf = load_model(folder, "tiny", numerics=numerics).transformer
     c = tf.new_cache(len(ids))
     got[numerics] = np.concatenate([tf.forward(ids[a:b], a, c) for a, b in zip(bounds, bounds[1:])])
@@ -67,7 +68,7 @@ def test_logits_do_not_depend_on_the_cpu_compiled_for(kolibri_home, tmp_path, ta
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     theirs = np.load(out)
     assert str(theirs["cpu"]) == target  # really compiled for the other CPU
-    for numerics in ("float32", "int8"):
+    for numerics in ("float32", "int8", "int16"):
         ours = split_logits(load_model(folder, name, numerics=numerics).transformer, ids, CUTS)
         assert ours.std() > 0 and np.array_equal(theirs[numerics], ours), numerics
 
@@ -84,7 +85,7 @@ folder, out = Path(sys.argv[1]), sys.argv[2]
 ids, cuts = (np.array(a.split(","), np.int64) for a in sys.argv[3:5])
 bounds = [0, *cuts, len(ids)]
 got = {}
-for numerics in ("float32", "int8"):
+for numerics in ("float32", "int8", "int16"):
     tf = load_model(folder, "tiny", numerics=numerics).transformer
     c = tf.new_cache(len(ids))
     got[numerics] = np.concatenate([tf.forward(ids[a:b], a, c) for a, b in zip(bounds, bounds[1:])])
@@ -99,8 +100,8 @@ def _numpy_targets() -> str:
 
 @pytest.mark.bitwise
 def test_logits_do_not_depend_on_numpys_cpu_dispatch(kolibri_home, tmp_path):
-    """Float32 and int8 logits of a default-shaped model (head_dim 64, 9/3 heads, rows of 576)
-    are bitwise those of a process whose numpy runs without its AVX2/AVX-512 loops: an int8
+    """Float32, int8 and int16 logits of a default-shaped model (head_dim 64, 9/3 heads, rows of
+    576) are bitwise those of a process whose numpy runs without its AVX2/AVX-512 loops: an int8
     golden recorded on an AVX-512 host diverged on AVX2 through the RoPE tables' last bits."""
     path = tmp_path / "tiny-Q4_1.gguf"
     tiny_gguf(path, "Q4_1", tied=True, d=576, ff=1536, heads=9, kv_heads=3)
@@ -113,6 +114,6 @@ def test_logits_do_not_depend_on_numpys_cpu_dispatch(kolibri_home, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     theirs = np.load(out)
-    for numerics in ("float32", "int8"):
+    for numerics in ("float32", "int8", "int16"):
         ours = split_logits(load_model(folder, name, numerics=numerics).transformer, ids, CUTS)
         assert ours.std() > 0 and np.array_equal(theirs[numerics], ours), numerics

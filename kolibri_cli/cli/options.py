@@ -52,8 +52,8 @@ DynamicCacheOpt = Annotated[Path | None, typer.Option(
 QuantizeOpt = Annotated[str | None, typer.Option(
     "--quantize", help="q8_0: run the model's float32 weights quantized to Q8_0 blocks (made at "
     "load); int8: its Q4_1/Q8_0 blocks times activations quantized to int8 per 32 values, "
-    "integer dot products as llama.cpp computes them. Each a numeric path of its own, with its "
-    "own goldens.")]
+    "integer dot products as llama.cpp computes them; int16: the same with activations "
+    "quantized to int16 per 16 values. Each a numeric path of its own, with its own goldens.")]
 PROPOSER_HELP = f"Draft rule: {', '.join(PROPOSERS)}. See docs/proposers.md."
 # None when not given (a run that drafts nothing refuses it); the command fills in the default
 ProposerOpt = Annotated[str | None, typer.Option(
@@ -89,15 +89,15 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
                quantize: str | None = None, drafter=False):
     """The model named or found at `spec`, pulled on first use, with progress on stderr;
     `weights=False` when only its tokenizer is needed (a server runs the model); `quantize`
-    "q8_0" or "int8": that numeric path (`engine.weights.STORAGE`). The kernel is compiled (or
-    loaded) for what the command will run: plain decoding (drafter None), with a chain or a
-    tree drafter, or (default) everything."""
+    "q8_0", "int8" or "int16": that numeric path (`engine.weights.STORAGE`). The kernel is
+    compiled (or loaded) for what the command will run: plain decoding (drafter None), with a
+    chain or a tree drafter, or (default) everything."""
     from kolibri_cli.cli import render
     from kolibri_cli.engine.weights import STORAGE
     from kolibri_cli.store.models import open_model
 
     if quantize is not None and quantize not in STORAGE[1:]:
-        raise KolibriError(f"--quantize must be {' or '.join(STORAGE[1:])} (got {quantize!r})")
+        raise KolibriError(f"--quantize must be {', '.join(STORAGE[1:])} (got {quantize!r})")
     if threads:
         from kolibri_cli.engine.jit import set_threads
 

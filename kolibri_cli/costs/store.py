@@ -35,7 +35,7 @@ class BenchCosts:
     model: str  # the model's name as bench showed it
     model_sha256: str  # Model.sha256: what goldens record as model_sha256
     threads: int  # kernel threads
-    numerics: str  # Model.numerics: "float32" (the stored values), "q8_0" or "int8"
+    numerics: str  # Model.numerics: "float32" (the stored values), "q8_0", "int8" or "int16"
     costs: dict[int, float]  # c(n) = forward(n) / forward(1), n = 1..k+1
     measured_at: str  # ISO 8601, UTC, seconds
     kolibri: str  # kolibri's version

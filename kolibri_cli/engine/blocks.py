@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from kolibri_cli.engine import int8, jitcache  # noqa: F401  (jitcache before any @njit)
+from kolibri_cli.engine import int8, int16, jitcache  # noqa: F401  (jitcache before any @njit)
 from kolibri_cli.engine.simd import (
     LUT,
     f16,
@@ -74,6 +74,9 @@ TYPES = {t.code: t for t in [
     # the int8 path's layouts of Q4_1 and Q8_0 rows (never in a file: built at load)
     BlockType("Q4_1x8", int8.Q4_1X, 32, 24),
     BlockType("Q8_0x8", int8.Q8_0X, 32, 36),
+    # the int16 path's (built at load; counted per pair of blocks, its unit of storage)
+    BlockType("Q4_1x16", int16.Q4_1W, 64, 40),
+    BlockType("Q8_0x16", int16.Q8_0W, 64, 68),
 ]}
 BY_NAME = {t.name: t for t in TYPES.values()}
 _HALVES = {Q4_0: 1, Q4_1: 2, Q5_0: 1, Q5_1: 2, Q8_0: 1}  # leading float16 scales to widen

@@ -36,7 +36,7 @@ transparent huge pages); RoPE tables cover the positions used so far, not the wh
 
 Weights: float32 rows or GGUF blocks (F16, BF16, Q4/Q5/Q6/Q8 kinds), decoded to float32 in
 registers by `matmul`, whose sums give a quantized row bitwise the float32 row's result (the
-opt-in int8 path, `int8`, is a numeric path of its own).
+opt-in int8 and int16 paths, `int8` and `int16`, are numeric paths of their own).
 
 Non-goals: float16/bfloat16 arithmetic, batches of independent sequences, sampling,
 dynamic/longrope RoPE, I/O of any kind (the caller loads weights).
@@ -50,7 +50,7 @@ from numba import njit
 from numba.extending import overload
 from numba.typed import List
 
-from kolibri_cli.engine import clock
+from kolibri_cli.engine import clock, int8, int16
 from kolibri_cli.engine.attention import (
     add_bias,
     attention,
@@ -364,14 +364,16 @@ _CHAIN = (np.zeros(0, np.int64), np.zeros((0, 0), np.int64))  # _layer's tree fo
 
 
 def _specs(weights: Weights) -> dict[str, tuple]:
-    """The kernel's specializations for these weights: their block types (and the int8 path
-    when some matrix is on it), with or without the verify tiles and draft trees."""
+    """The kernel's specializations for these weights: their block types (and the int8 or int16
+    path when some matrix is on it), with or without the verify tiles and draft trees."""
     matrices = [weights.embed, weights.head, *(m for lw in weights.layers for m in lw.matrices())]
     codes = {int(t) for m in matrices for t in m.units[:, 2]}
-    exact, int8_path = codes & set(ORDER), bool(codes - set(ORDER))
-    return {"lean": spec_of(exact, few=False, int8_path=int8_path),
-            "verify": spec_of(exact, few=True, int8_path=int8_path),
-            "tree": spec_of(exact, few=True, int8_path=int8_path, tree=True)}
+    exact = codes & set(ORDER)
+    paths = {"int8_path": bool(codes & {int8.Q4_1X, int8.Q8_0X}),
+             "int16_path": bool(codes & {int16.Q4_1W, int16.Q8_0W})}
+    return {"lean": spec_of(exact, few=False, **paths),
+            "verify": spec_of(exact, few=True, **paths),
+            "tree": spec_of(exact, few=True, tree=True, **paths)}
 
 
 HALVES = ("matmul", "rest")  # kernel.compile_half: what the lean kernel calls, in two halves

@@ -24,7 +24,7 @@ from numba import njit, prange
 from numba.core import types as nbtypes
 from numba.extending import overload
 
-from kolibri_cli.engine import clock, int8
+from kolibri_cli.engine import clock, int8, int16
 from kolibri_cli.engine.blocks import (
     BF16,
     F16,
@@ -62,7 +62,8 @@ ORDER = (Q4_1, Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q5_0, Q5_1, F16, BF16, F32)  # disp
 
 # ---------------------------------------------------------------- what a compiled kernel handles
 # A kernel call carries a `spec`: a tuple whose element TYPES say what the call may meet — each
-# block type of ORDER, the verify tiles (FEW), the int8 path, draft trees — np.bool_ for yes,
+# block type of ORDER, the verify tiles (FEW), the int8 path, draft trees, the int16 path —
+# np.bool_ for yes,
 # np.int8 for no; its values are never read. numba compiles one specialization per spec type
 # (and caches it like any signature), and each dispatch below is an overload that compiles only
 # the branches its spec names: a model's first token waits for its own block types' decoders
@@ -70,16 +71,17 @@ ORDER = (Q4_1, Q8_0, Q4_K, Q6_K, Q5_K, Q4_0, Q5_0, Q5_1, F16, BF16, F32)  # disp
 # Results never depend on the spec: a specialization computes every row it can meet exactly as
 # any other (the same expressions in the same order), so the bits are the same.
 
-FEW_AT, INT8_AT, TREE_AT = len(ORDER), len(ORDER) + 1, len(ORDER) + 2  # spec positions
+FEW_AT, INT8_AT, TREE_AT, INT16_AT = (len(ORDER) + i for i in range(4))  # spec positions
 
 
-def spec_of(codes, few: bool = True, int8_path: bool = False, tree: bool = False) -> tuple:
+def spec_of(codes, few: bool = True, int8_path: bool = False, tree: bool = False,
+            int16_path: bool = False) -> tuple:
     """The spec of a call over matrices of block types `codes` (others never met)."""
-    flags = [c in codes for c in ORDER] + [few, int8_path, tree]
+    flags = [c in codes for c in ORDER] + [few, int8_path, tree, int16_path]
     return tuple(np.bool_(True) if f else np.int8(0) for f in flags)
 
 
-ALL = spec_of(ORDER, few=True, int8_path=True, tree=True)  # everything (tests, references)
+ALL = spec_of(ORDER, few=True, int8_path=True, tree=True, int16_path=True)  # everything (tests)
 
 
 def spec_on(spec, i: int) -> bool:
@@ -627,34 +629,68 @@ def _epilogue(kind, units, u0, u1, t0, t1, out, dest):
                     dest[j, r] = _silu(out[j, r]) * out[j, n_ff + r]
 
 
-def _any_units(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
-    """Units u0..u1-1 of either numeric path: the int8 path's (x quantized as xs) or the exact"""
+def _any_units(d, units, u0, u1, x, xs8, xs16, t0, t1, out, w, spec):
+    """Units u0..u1-1 of any numeric path: the exact one's (x), or an integer path's (x
+    quantized as xs8 or xs16, `_activations`'s)"""
     raise NotImplementedError("compiled code only")
 
 
+@njit(inline="always", cache=True)
+def _int8_units(d, units, u0, u1, xs, t0, t1, out):
+    if out.shape[0] == 1:
+        int8.units_one_token(d, units, u0, u1, xs, out[0])
+    else:
+        int8.units_tokens(d, units, u0, u1, xs, t0, t1, out)
+
+
+@njit(inline="always", cache=True)
+def _int16_units(d, units, u0, u1, xs, t0, t1, out):
+    if out.shape[0] == 1:
+        int16.units_one_token(d, units, u0, u1, xs, 0, out)
+    else:
+        int16.units_tokens(d, units, u0, u1, xs, t0, t1, out)
+
+
 @overload(_any_units, inline="always")
-def _any_units_for(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
-    if not spec_on(spec, INT8_AT):
-        def exact_units(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
+def _any_units_for(d, units, u0, u1, x, xs8, xs16, t0, t1, out, w, spec):
+    i8, i16 = spec_on(spec, INT8_AT), spec_on(spec, INT16_AT)
+    if not i8 and not i16:
+        def exact_units(d, units, u0, u1, x, xs8, xs16, t0, t1, out, w, spec):
             _units(d, units, u0, u1, x, t0, t1, out, w, spec)
 
         return exact_units
+    if not i16:
+        def int8_units(d, units, u0, u1, x, xs8, xs16, t0, t1, out, w, spec):
+            if units[u0, 2] < int8.Q4_1X:
+                _units(d, units, u0, u1, x, t0, t1, out, w, spec)
+            else:
+                _int8_units(d, units, u0, u1, xs8, t0, t1, out)
 
-    def any_units(d, units, u0, u1, x, xs, t0, t1, out, w, spec):
+        return int8_units
+    if not i8:
+        def int16_units(d, units, u0, u1, x, xs8, xs16, t0, t1, out, w, spec):
+            if units[u0, 2] < int8.Q4_1X:
+                _units(d, units, u0, u1, x, t0, t1, out, w, spec)
+            else:
+                _int16_units(d, units, u0, u1, xs16, t0, t1, out)
+
+        return int16_units
+
+    def any_units(d, units, u0, u1, x, xs8, xs16, t0, t1, out, w, spec):
         if units[u0, 2] < int8.Q4_1X:
             _units(d, units, u0, u1, x, t0, t1, out, w, spec)
-        elif out.shape[0] == 1:
-            int8.units_one_token(d, units, u0, u1, xs, out[0])
+        elif units[u0, 2] < int16.Q4_1W:
+            _int8_units(d, units, u0, u1, xs8, t0, t1, out)
         else:
-            int8.units_tokens(d, units, u0, u1, xs, t0, t1, out)
+            _int16_units(d, units, u0, u1, xs16, t0, t1, out)
 
     return any_units
 
 
 @njit(parallel=True, cache=True)
-def _parallel(kind, x, xs, d, units, t0, t1, out, dest, scratch, spec, prof):
+def _parallel(kind, x, xs8, xs16, d, units, t0, t1, out, dest, scratch, spec, prof):
     """Run c of the units (and for GATE_UP its up units), then the epilogue over the run
-    scratch [chunks, 4*Kp]: run c's L1 scratch ([chunks, 0] when decoding or on the int8 path);
+    scratch [chunks, 4*Kp]: run c's L1 scratch ([chunks, 0] when decoding or on an integer path);
     prof: `clock`'s (each chunk stamps its start and end)"""
     n = units.shape[0] // 2 if kind == GATE_UP else units.shape[0]
     chunks = scratch.shape[0]
@@ -662,23 +698,31 @@ def _parallel(kind, x, xs, d, units, t0, t1, out, dest, scratch, spec, prof):
         i = np.int64(c)  # prange indices may be unsigned: keep the callees' signatures int64
         clock.chunk_start(prof, i)
         u0, u1 = i * n // chunks, (i + 1) * n // chunks
-        _any_units(d, units, u0, u1, x, xs, t0, t1, out, scratch[i], spec)
+        _any_units(d, units, u0, u1, x, xs8, xs16, t0, t1, out, scratch[i], spec)
         if kind == GATE_UP:
-            _any_units(d, units, n + u0, n + u1, x, xs, t0, t1, out, scratch[i], spec)
+            _any_units(d, units, n + u0, n + u1, x, xs8, xs16, t0, t1, out, scratch[i], spec)
         _epilogue(kind, units, u0, u1, t0, t1, out, dest)
         clock.chunk_end(prof, i)
 
 
-def _activations(x, exact, spec):
-    """The int8 path's quantized activations of x (of none of its rows if exact)"""
+def _activations(x, code, spec):
+    """(int8's, int16's) quantized activations of x, each of x's rows for a matrix of block type
+    `code` on that path, else of none (0 when the spec has no such path)"""
     raise NotImplementedError("compiled code only")
 
 
 @overload(_activations, inline="always")
-def _activations_for(x, exact, spec):
-    if not spec_on(spec, INT8_AT):
-        return lambda x, exact, spec: 0
-    return lambda x, exact, spec: int8.quantize(x[:0] if exact else x)
+def _activations_for(x, code, spec):
+    i8, i16 = spec_on(spec, INT8_AT), spec_on(spec, INT16_AT)
+    if not i8 and not i16:
+        return lambda x, code, spec: (0, 0)
+    if not i16:
+        return lambda x, code, spec: (int8.quantize(x if code >= int8.Q4_1X else x[:0]), 0)
+    if not i8:
+        return lambda x, code, spec: (0, int16.quantize(x if code >= int8.Q4_1X else x[:0]))
+    return lambda x, code, spec: (
+        int8.quantize(x if int8.Q4_1X <= code < int16.Q4_1W else x[:0]),
+        int16.quantize(x if code >= int16.Q4_1W else x[:0]))
 
 
 def _few_max(spec):
@@ -696,13 +740,13 @@ def _few_max_for(spec):
 def _run(kind, x, w, out, dest, spec, prof):
     x = _padded(x)
     n = w[1].shape[0] // 2 if kind == GATE_UP else w[1].shape[0]
-    exact = w[1][0, 2] < int8.Q4_1X  # else a matrix of the int8 path (all its units are)
-    xs = _activations(x, exact, spec)
+    exact = w[1][0, 2] < int8.Q4_1X  # else a matrix of an integer path (all its units are)
+    xs8, xs16 = _activations(x, w[1][0, 2], spec)
     tile = exact and x.shape[0] > _few_max(spec)
     scratch = np.empty((min(n, CHUNKS), R * x.shape[1] if tile else 0), np.float32)
     for t0 in range(0, x.shape[0], TB):
-        _parallel(kind, x, xs, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest, scratch,
-                  spec, prof)
+        _parallel(kind, x, xs8, xs16, w[0], w[1], t0, min(x.shape[0], t0 + TB), out, dest,
+                  scratch, spec, prof)
         clock.region_done(prof, scratch.shape[0])
 
 

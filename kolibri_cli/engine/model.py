@@ -19,7 +19,7 @@ from kolibri_cli.engine.config import (
 )
 from kolibri_cli.engine.jit import compile_events
 from kolibri_cli.engine.tokenizer import Tokenizer, Tokenizes
-from kolibri_cli.engine.weights import STORAGE, Weights, int8_weights, layout
+from kolibri_cli.engine.weights import STORAGE, Weights, int8_weights, int16_weights, layout
 from kolibri_cli.errors import KolibriError
 
 
@@ -60,7 +60,8 @@ class Model:
     source_sha256: str  # of the GGUF a cache model was converted from; "" for user folders
     numerics: str = "float32"  # "float32": the float32 path on the stored values (GGUF blocks
     # decode to them exactly); "q8_0": the float32 weights quantized to Q8_0 at load; "int8":
-    # Q4_1/Q8_0 blocks times int8-quantized activations, integer dots (weights.int8_weights)
+    # Q4_1/Q8_0 blocks times int8-quantized activations, integer dots (weights.int8_weights);
+    # "int16": the same with int16-quantized activations (weights.int16_weights)
     digest: Callable[[list[Path]], str] = field(default=loader.sha256_files, repr=False)
     # sha256 over weight files; the store gives one that remembers digests (store/digests.py)
 
@@ -99,14 +100,15 @@ class Model:
 def load_weights(path: Path, config: ModelConfig, numerics: str = "float32") -> Weights:
     """A cache folder's block file, memory-mapped; else the folder's safetensors as float32 rows.
     numerics "q8_0": the float32 weights (a block file's decoded) quantized to Q8_0 instead;
-    "int8": the block file's Q4_1/Q8_0 matrices (float32 weights: quantized to Q8_0 first)
-    repacked for the int8 path."""
+    "int8"/"int16": the block file's Q4_1/Q8_0 matrices (float32 weights: quantized to Q8_0
+    first) repacked for that integer path."""
     if numerics not in STORAGE:
         raise KolibriError(f"unknown numeric path {numerics!r} ({', '.join(STORAGE)})")
     blocks = path / blockfile.NAME
-    if numerics == "int8":
-        return int8_weights(blockfile.load_weights(blocks, config) if blocks.is_file()
-                            else layout(config, loader.load_tensors(path, config), "q8_0"))
+    if numerics in ("int8", "int16"):
+        quantized = int8_weights if numerics == "int8" else int16_weights
+        return quantized(blockfile.load_weights(blocks, config) if blocks.is_file()
+                         else layout(config, loader.load_tensors(path, config), "q8_0"))
     if not blocks.is_file():
         return layout(config, loader.load_tensors(path, config), numerics)
     if numerics == "float32":

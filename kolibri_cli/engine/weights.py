@@ -15,8 +15,9 @@ import numpy as np
 from kolibri_cli.engine import blocks
 from kolibri_cli.engine.config import ModelConfig
 
-STORAGE = ("float32", "q8_0", "int8")  # numeric paths: float32 on the stored values, float32
-# weights quantized to Q8_0 at load, and the int8 path (see `int8_weights`)
+STORAGE = ("float32", "q8_0", "int8", "int16")  # numeric paths: float32 on the stored values,
+# float32 weights quantized to Q8_0 at load, the int8 path (`int8_weights`) and the int16 path
+# (`int16_weights`)
 
 
 def _none() -> np.ndarray:
@@ -118,6 +119,31 @@ def int8_weights(w: "Weights") -> "Weights":
                       w_gate_up=int8_matrix(lw.w_gate_up), w_down=int8_matrix(lw.w_down))
               for lw in w.layers]
     return replace(w, layers=layers, head=int8_matrix(w.head))
+
+
+def int16_matrix(m: Matrix) -> Matrix:
+    """m in the int16 path's layout (a copy, the GGUF's bytes) when all its rows are Q4_1 or
+    all Q8_0; else m, which then stays on the float32 path."""
+    codes = {int(t) for t in m.units[:, 2]}
+    if len(codes) != 1 or (code := codes.pop()) not in (blocks.Q4_1, blocks.Q8_0):
+        return m
+    width = blocks.TYPES[code].row_bytes(m.shape[1])
+    at = np.concatenate([o + stride * np.arange(n) for _, n, _, o, stride in m.units])
+    new_code, rows = blocks.int16.repack(code == blocks.Q4_1,
+                                         m.data[at[:, None] + np.arange(width)])
+    return stacked(new_code, m.shape[1], [rows])
+
+
+def int16_weights(w: "Weights") -> "Weights":
+    """The int16 numeric path: every Q4_1/Q8_0 matrix (the head too) repacked for integer dots
+    with int16 activations (`engine.int16`); other matrices, and the embedding lookup, keep the
+    float32 path."""
+    from dataclasses import replace
+
+    layers = [replace(lw, wqkv=int16_matrix(lw.wqkv), wo=int16_matrix(lw.wo),
+                      w_gate_up=int16_matrix(lw.w_gate_up), w_down=int16_matrix(lw.w_down))
+              for lw in w.layers]
+    return replace(w, layers=layers, head=int16_matrix(w.head))
 
 
 def stacked(code: int, k: int, rows: list[np.ndarray]) -> Matrix:
@@ -230,11 +256,15 @@ def layout(config: ModelConfig, tensors: dict[str, np.ndarray],
 
 def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.02,
                    storage: str = "float32") -> Weights:
-    """Random weights for tests and kernel benchmarks (no checkpoint needed)."""
+    """Random weights for tests and kernel benchmarks (no checkpoint needed); storage one of
+    STORAGE (int8, int16: Q8_0 blocks on that numeric path)."""
     rng = np.random.default_rng(seed)
     tensors = {
         name: (1.0 + scale * rng.standard_normal(shape)) if name.endswith("norm.weight")
         else scale * rng.standard_normal(shape)
         for name, shape in config.weight_shapes().items()
     }
+    quantized = {"int8": int8_weights, "int16": int16_weights}
+    if storage in quantized:
+        return quantized[storage](layout(config, tensors, "q8_0"))
     return layout(config, tensors, storage)

@@ -1,0 +1,190 @@
+"""The int16 numeric path: Q4_1/Q8_0 codes times activations quantized to int16 per `int16.SUB`
+values, summed as exact integers, each block's scale applied once to its integer sum.
+
+It is not bit-identical to the float32 path, so its laws are its own: each result is the exact
+integer dot finished in a fixed float order, within the activation-rounding bound of the float32
+path's, batch-invariant for every L and split, tree rows equal to chain rows, speculative output
+equal to plain (greedy and sampled), and the portable integer code gives the AVX2 bits."""
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from test_block_models import split_logits, tiny_gguf
+from test_tree_kernel import tree_vs_chains
+from tiny_models import TINY, _Tok
+
+from kolibri_cli.decode.generate import generate_plain, generate_spec
+from kolibri_cli.decode.proposers import NgramProposer
+from kolibri_cli.decode.sampling import Sampling
+from kolibri_cli.engine import blocks, int16, simd8
+from kolibri_cli.engine.kernel import Transformer
+from kolibri_cli.engine.matmul import ALL, matmul
+from kolibri_cli.engine.model import load_model
+from kolibri_cli.engine.weights import int16_matrix, random_weights, stacked
+from kolibri_cli.store import cache, synthetic
+
+pytest.importorskip("gguf")
+INT16 = {"Q4_1": "Q4_1x16", "Q8_0": "Q8_0x16"}
+
+
+def random_matrix(name: str, n: int, k: int, rng):
+    """A kernel-storage matrix of random GGUF blocks, and its rows as gguf dequantizes them"""
+    from gguf import GGMLQuantizationType, quants
+
+    raw = synthetic.random_rows(name, n, k, rng)
+    code = blocks.BY_NAME[name].code
+    floats = quants.dequantize(raw, GGMLQuantizationType[name]).reshape(n, k)
+    return stacked(code, k, [raw]), floats.astype(np.float64)
+
+
+def quantized_activations(x: np.ndarray):
+    """x [L, K] -> (codes [L, K], scale of each value [L, K]) as the path defines them"""
+    runs = x.reshape(x.shape[0], -1, int16.SUB)
+    d = np.abs(runs).max(axis=2) / np.float32(32767)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.rint(runs * inv[:, :, None])
+    return q.reshape(x.shape), np.repeat(d, int16.SUB, axis=1)
+
+
+@pytest.mark.parametrize("name", list(INT16))
+@pytest.mark.parametrize("k", [32, 96, 160, 576, 1536])
+def test_int16_matmul_is_the_quantized_dot(name, k):
+    """Exact arithmetic on the quantized activations, rounded only by the float finish (a few
+    float32 ulps of the sum of magnitudes); within the activation-rounding bound of the float32
+    path's result; and every call of fewer tokens gives the same bits."""
+    rng = np.random.default_rng(k + len(name))
+    m, w = random_matrix(name, 37, k, rng)
+    m16 = int16_matrix(m)
+    assert m16.types == [INT16[name]] and m16.shape == m.shape
+    assert m16.nbytes == 37 * (-(-k // 64) * 2) * {"Q4_1": 20, "Q8_0": 34}[name]  # GGUF's bytes
+    x = (rng.standard_normal((7, k)) * rng.choice([0.01, 1, 30], (7, 1))).astype(np.float32)
+    x[:, 5] *= 40  # an outlier in the first block
+    out16, out = np.empty((7, 37), np.float32), np.empty((7, 37), np.float32)
+    matmul(x, m16.arrays(), out16, ALL)
+    matmul(x, m.arrays(), out, ALL)
+    q, d = quantized_activations(x)
+    exact = (q * d) @ w.T  # float64 on the int16 activations
+    magnitude = (np.abs(q) * d) @ np.abs(w).T
+    assert np.all(np.abs(out16 - exact) <= 1e-6 * magnitude + 1e-30)
+    assert np.all(np.abs(out16 - out) <= (d / 2) @ np.abs(w).T + 1e-6 * magnitude + 1e-30)
+    assert not np.array_equal(out16, out)  # a different numeric path, really
+    for n in range(1, 7):  # fewer tokens, wherever they start: the same bits
+        for s in (0, 7 - n):
+            part = np.empty((n, 37), np.float32)
+            matmul(x[s:s + n], m16.arrays(), part, ALL)
+            assert np.array_equal(part, out16[s:s + n]), (n, s)
+
+
+def test_quantize_rounds_half_to_even_per_token_in_the_pairs_order():
+    x = np.zeros((2, 96), np.float32)
+    x[0, :32] = np.linspace(-1, 1, 32, dtype=np.float32)
+    x[0, 40:43] = 2.5, 32767, 3.5  # the run's scale is 1: codes 2.5 -> 2, 3.5 -> 4
+    x[1, 70] = np.float32(1e-40)  # subnormal: its inverse overflows -> a run of zeros
+    xq, xsp, xs, nb = int16.quantize(x)
+    assert nb == 4  # 3 blocks, padded to 2 pairs
+    q, d = quantized_activations(x)
+    for b in range(3):  # block b's run r of 8 sits at chunk _CHUNK[r], half b % 2 of its pair
+        for r in range(4):
+            at = 64 * (b // 2) + 16 * int16._CHUNK[r] + 8 * (b % 2)
+            assert xq[0, at:at + 8].tolist() == q[0, 32 * b + 8 * r:32 * b + 8 * r + 8].tolist()
+    assert xq[0, 40:43].tolist() == [2, 32767, 4]  # block 1's run 1: chunk 2, second half
+    assert xs[0, 0] == np.float32(sum(d[0, 16 * g] * np.float32(q[0, 16 * g:16 * g + 16].sum())
+                                      for g in range(2)))
+    assert not xq[1].any() and not xs[1].any()
+    one = int16.quantize(x[:1])
+    assert all(np.array_equal(a[0], b) for a, b in
+               zip(one[:3], (xq[0], xsp[0], xs[0]), strict=True))
+
+
+@pytest.mark.bitwise
+@pytest.mark.parametrize("block_type", list(INT16))
+def test_int16_models_are_batch_invariant(kolibri_home, tmp_path, block_type):
+    path = tmp_path / f"tiny-{block_type}.gguf"
+    tiny_gguf(path, block_type, tied=block_type == "Q8_0")
+    name, folder = cache.import_gguf(path)
+    model = load_model(folder, name, numerics="int16")
+    assert model.numerics == "int16" and set(model.weights.storage()) == {INT16[block_type]}
+    tf = model.transformer
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, model.config.vocab_size, 90)
+    want = split_logits(tf, ids, [])
+    assert np.isfinite(want).all() and want.std() > 0
+    for n in range(1, 17):
+        assert np.array_equal(split_logits(tf, ids[:n + 3], [n])[:n], want[:n]), n
+    for _ in range(3):
+        cuts = sorted(rng.choice(np.arange(1, 90), 5, replace=False).tolist())
+        assert np.array_equal(split_logits(tf, ids, cuts), want), cuts
+    ref = split_logits(load_model(folder, name).transformer, ids, [])
+    # 16-bit activations: the logits stay within a thousandth of their spread of the float32
+    # path's (the int8 path's test allows a fifth)
+    assert np.abs(want - ref).max() < 1e-3 * ref.std(), np.abs(want - ref).max() / ref.std()
+
+
+@pytest.mark.bitwise
+def test_int16_tree_rows_are_bitwise_chain_rows():
+    config = replace(TINY, tie_word_embeddings=True)
+    model = Transformer(config, random_weights(config, seed=21, scale=0.2, storage="int16"))
+    tree_vs_chains(config, np.array_equal, trials=6, model=model)
+
+
+@pytest.mark.bitwise
+@pytest.mark.parametrize("sampling", [None, Sampling(temperature=0.8, top_k=20, seed=3)],
+                         ids=["greedy", "sampled"])
+def test_int16_speculative_output_equals_plain(sampling):
+    config = replace(TINY, tie_word_embeddings=True)
+    accepted = 0
+    for seed in range(3):
+        weights = random_weights(config, seed=seed, scale=0.1, storage="int16")
+        assert set(weights.storage()) == {"Q8_0x16"}
+        model = SimpleNamespace(transformer=Transformer(config, weights), eos_ids=(0,),
+                                tokenizer=_Tok())
+        for prompt in ([5, 6, 7] * 6, [9, 3, 9, 3, 1], list(range(1, 40))):
+            kw = {"sampling": sampling} if sampling else {}
+            plain = generate_plain(model, prompt, 40, **kw)
+            spec = generate_spec(model, prompt, 40, NgramProposer(5, 1, 4), **kw)
+            assert spec.output_ids == plain.output_ids
+            accepted += spec.spec_stats()["drafts_accepted"]
+    assert accepted > 0
+
+
+_PORTABLE = """
+import sys
+from pathlib import Path
+import numpy as np
+from kolibri_cli.engine import simd8
+from kolibri_cli.engine.model import load_model
+assert not simd8.AVX2
+tf = load_model(Path(sys.argv[1]), 'tiny', numerics='int16').transformer
+ids = np.arange(60) % tf.config.vocab_size
+c = tf.new_cache(60)
+np.save(sys.argv[2], np.concatenate([tf.forward(ids[a:b], a, c)
+                                     for a, b in ((0, 37), (37, 38), (38, 44), (44, 60))]))
+"""
+
+
+@pytest.mark.bitwise
+def test_portable_integer_dots_give_the_avx2_bits(kolibri_home, tmp_path):
+    """Without AVX2 (a generic x86-64 target: SSE2 only) the same integers and scales come from
+    portable LLVM IR: the same bits, in a process with its own numba cache."""
+    if not simd8.AVX2:
+        pytest.skip("this CPU runs the portable path already")
+    path = tmp_path / "tiny.gguf"
+    tiny_gguf(path, lambda kind, layer, n: "Q8_0" if kind == "token_embd" else "Q4_1",
+              tied=True, d=576, ff=1536, heads=9, kv_heads=3, vocab=301)
+    name, folder = cache.import_gguf(path)
+    tf = load_model(folder, name, numerics="int16").transformer
+    ids = np.arange(60) % tf.config.vocab_size
+    want = split_logits(tf, ids, [37, 38, 44])
+    env = {k: v for k, v in os.environ.items() if k != "KOLIBRI_SIMD"}
+    env |= {"NUMBA_CPU_NAME": "x86-64", "NUMBA_CPU_FEATURES": "",
+            "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
+    out = tmp_path / "portable.npy"
+    proc = subprocess.run([sys.executable, "-c", _PORTABLE, str(folder), str(out)], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert np.array_equal(np.load(out), want)
