@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kolibri_cli.callbacks import Compiling
-from kolibri_cli.engine import blockfile, loader
+from kolibri_cli.engine import blockfile, loader, simd8
 from kolibri_cli.engine.config import (
     ModelConfig,
     eos_token_ids,
@@ -105,6 +105,9 @@ def load_weights(path: Path, config: ModelConfig, numerics: str = "float32") -> 
     if numerics not in STORAGE:
         raise KolibriError(f"unknown numeric path {numerics!r} ({', '.join(STORAGE)})")
     blocks = path / blockfile.NAME
+    if numerics == "int16" and not simd8.F16C:
+        raise KolibriError("--quantize int16 needs a CPU with F16C (numba's target lacks it): "
+                           "use --quantize int8 or the default float32 path")
     if numerics in ("int8", "int16"):
         quantized = int8_weights if numerics == "int8" else int16_weights
         return quantized(blockfile.load_weights(blocks, config) if blocks.is_file()

@@ -12,9 +12,12 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from kolibri_cli.engine.simd import _uses
+from kolibri_cli.engine.simd import _uses, target_features
 
 AVX2 = _uses("avx2")
+# float16 scales widen with one instruction (F16C); LLVM's fallback is a runtime-library call
+# numba's JIT does not link, so without F16C in the target the int16 path is refused
+F16C = "f16c" in target_features()
 
 
 class _I16x16(types.Type):
