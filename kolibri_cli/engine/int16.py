@@ -29,6 +29,7 @@ import numpy as np
 from numba import njit
 
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
+from kolibri_cli.engine.int8 import unit_offsets
 from kolibri_cli.engine.simd8 import (
     fload,
     hload,
@@ -261,20 +262,12 @@ def _tokens4(d, o, q4, x, t0, t1, t2, t3):
     return vsum8(a0), vsum8(a1), vsum8(a2), vsum8(a3)
 
 
-@njit(inline="always", cache=True)
-def _unit_offsets(unit):
-    """The unit's 4 row offsets (its n rows, the last repeated; extra results discarded)"""
-    n, o, stride = unit[1], unit[3], unit[4]
-    return (o, o + min(1, n - 1) * stride, o + min(2, n - 1) * stride,
-            o + min(3, n - 1) * stride)
-
-
 @njit(cache=True)
 def units_one_token(d, units, u0, u1, x, t, out):
     """out[t, r] = row r . token t for the rows of units u0..u1-1"""
     for u in range(u0, u1):
         r0, n = units[u, 0], units[u, 1]
-        o0, o1, o2, o3 = _unit_offsets(units[u])
+        o0, o1, o2, o3 = unit_offsets(units[u])
         s = _rows4(d, o0, o1, o2, o3, units[u, 2] == Q4_1W, x, t)
         out[t, r0] = s[0]
         if n > 1:
@@ -293,7 +286,7 @@ def units_tokens(d, units, u0, u1, x, t0, t1, out):
     t4 = t1 - 1 if (t1 - t0) % 4 == 1 else t1
     for u in range(u0, u1):
         r0, n, q4 = units[u, 0], units[u, 1], units[u, 2] == Q4_1W
-        offs = _unit_offsets(units[u])
+        offs = unit_offsets(units[u])
         for i in range(n):
             for j in range(t0, t4, 4):
                 last = min(j + 3, t4 - 1)

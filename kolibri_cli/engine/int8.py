@@ -235,7 +235,7 @@ def _typed(t, op, a):
 
 
 @njit(inline="always", cache=True)
-def _unit_offsets(unit):
+def unit_offsets(unit):
     """The unit's 4 row offsets (its n rows, the last repeated; extra results discarded)"""
     n, o, stride = unit[1], unit[3], unit[4]
     return (o, o + min(1, n - 1) * stride, o + min(2, n - 1) * stride,
@@ -246,7 +246,7 @@ def _unit_offsets(unit):
 def _one_token(d, unit, x, t, out):
     """out[t, r] = row r . token t for the unit's rows"""
     r0, n = unit[0], unit[1]
-    o0, o1, o2, o3 = _unit_offsets(unit)
+    o0, o1, o2, o3 = unit_offsets(unit)
     s = _typed(unit[2], _rows4_of, (d, o0, o1, o2, o3, x, t))
     for i in range(n):
         out[t, r0 + i] = vlane(s, i)
@@ -266,7 +266,7 @@ def units_tokens(d, units, u0, u1, x, t0, t1, out):
     lone token in the 4-row tile of one token"""
     for u in range(u0, u1):
         r0, n = units[u, 0], units[u, 1]
-        offs = _unit_offsets(units[u])
+        offs = unit_offsets(units[u])
         t3 = t1 - 1 if (t1 - t0) % 3 == 1 else t1
         for p in range(0, n, 2):
             for j in range(t0, t3, 3):

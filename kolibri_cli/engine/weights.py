@@ -113,12 +113,7 @@ def int8_weights(w: "Weights") -> "Weights":
     """The int8 numeric path: every Q4_1/Q8_0 matrix (the head too) repacked for integer dots
     with int8 activations (`engine.int8`); other matrices, and the embedding lookup, keep the
     float32 path."""
-    from dataclasses import replace
-
-    layers = [replace(lw, wqkv=int8_matrix(lw.wqkv), wo=int8_matrix(lw.wo),
-                      w_gate_up=int8_matrix(lw.w_gate_up), w_down=int8_matrix(lw.w_down))
-              for lw in w.layers]
-    return replace(w, layers=layers, head=int8_matrix(w.head))
+    return _each_matrix(w, int8_matrix)
 
 
 def int16_matrix(m: Matrix) -> Matrix:
@@ -138,12 +133,17 @@ def int16_weights(w: "Weights") -> "Weights":
     """The int16 numeric path: every Q4_1/Q8_0 matrix (the head too) repacked for integer dots
     with int16 activations (`engine.int16`); other matrices, and the embedding lookup, keep the
     float32 path."""
+    return _each_matrix(w, int16_matrix)
+
+
+def _each_matrix(w: "Weights", matrix) -> "Weights":
+    """w with matrix(m) for every layer matrix and the head"""
     from dataclasses import replace
 
-    layers = [replace(lw, wqkv=int16_matrix(lw.wqkv), wo=int16_matrix(lw.wo),
-                      w_gate_up=int16_matrix(lw.w_gate_up), w_down=int16_matrix(lw.w_down))
+    layers = [replace(lw, wqkv=matrix(lw.wqkv), wo=matrix(lw.wo),
+                      w_gate_up=matrix(lw.w_gate_up), w_down=matrix(lw.w_down))
               for lw in w.layers]
-    return replace(w, layers=layers, head=int16_matrix(w.head))
+    return replace(w, layers=layers, head=matrix(w.head))
 
 
 def stacked(code: int, k: int, rows: list[np.ndarray]) -> Matrix:
