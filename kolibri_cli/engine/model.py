@@ -19,7 +19,7 @@ from kolibri_cli.engine.config import (
 )
 from kolibri_cli.engine.jit import compile_events
 from kolibri_cli.engine.tokenizer import Tokenizer, Tokenizes
-from kolibri_cli.engine.weights import STORAGE, Weights, int8_weights, int16_weights, layout
+from kolibri_cli.engine.weights import INTEGER_PATHS, STORAGE, Weights, layout
 from kolibri_cli.errors import KolibriError
 
 
@@ -108,10 +108,10 @@ def load_weights(path: Path, config: ModelConfig, numerics: str = "float32") -> 
     if numerics == "int16" and not simd8.F16C:
         raise KolibriError("--quantize int16 needs a CPU with F16C (numba's target lacks it): "
                            "use --quantize int8 or the default float32 path")
-    if numerics in ("int8", "int16"):
-        quantized = int8_weights if numerics == "int8" else int16_weights
-        return quantized(blockfile.load_weights(blocks, config) if blocks.is_file()
-                         else layout(config, loader.load_tensors(path, config), "q8_0"))
+    if numerics in INTEGER_PATHS:
+        return INTEGER_PATHS[numerics](
+            blockfile.load_weights(blocks, config) if blocks.is_file()
+            else layout(config, loader.load_tensors(path, config), "q8_0"))
     if not blocks.is_file():
         return layout(config, loader.load_tensors(path, config), numerics)
     if numerics == "float32":

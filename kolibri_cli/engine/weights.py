@@ -98,15 +98,22 @@ _INT8 = {blocks.Q4_1: (blocks.int8.Q4_1X, blocks.int8.repack_q4_1),
 def int8_matrix(m: Matrix) -> Matrix:
     """m in the int8 path's layout (a copy) when all its rows are Q4_1 or all Q8_0; else m,
     which then stays on the float32 path."""
-    codes = {int(t) for t in m.units[:, 2]}
-    if len(codes) != 1 or codes.pop() not in _INT8:
+    if (found := _rows_of_one_type(m, _INT8)) is None:
         return m
-    code = int(m.units[0, 2])
-    width = blocks.TYPES[code].row_bytes(m.shape[1])
-    at = np.concatenate([o + stride * np.arange(n) for _, n, _, o, stride in m.units])
-    rows = m.data[at[:, None] + np.arange(width)]  # [N, row bytes]
+    code, rows = found
     new_code, repack = _INT8[code]
     return stacked(new_code, m.shape[1], [repack(blocks.widen_scales(code, rows))])
+
+
+def _rows_of_one_type(m: Matrix, types) -> tuple[int, np.ndarray] | None:
+    """(block type, rows [N, row bytes]) when every row of m is of one type in `types`, else
+    None"""
+    codes = {int(t) for t in m.units[:, 2]}
+    if len(codes) != 1 or (code := codes.pop()) not in types:
+        return None
+    width = blocks.TYPES[code].row_bytes(m.shape[1])
+    at = np.concatenate([o + stride * np.arange(n) for _, n, _, o, stride in m.units])
+    return code, m.data[at[:, None] + np.arange(width)]
 
 
 def int8_weights(w: "Weights") -> "Weights":
@@ -119,14 +126,11 @@ def int8_weights(w: "Weights") -> "Weights":
 def int16_matrix(m: Matrix) -> Matrix:
     """m in the int16 path's layout (a copy, the GGUF's bytes) when all its rows are Q4_1 or
     all Q8_0; else m, which then stays on the float32 path."""
-    codes = {int(t) for t in m.units[:, 2]}
-    if len(codes) != 1 or (code := codes.pop()) not in (blocks.Q4_1, blocks.Q8_0):
+    if (found := _rows_of_one_type(m, (blocks.Q4_1, blocks.Q8_0))) is None:
         return m
-    width = blocks.TYPES[code].row_bytes(m.shape[1])
-    at = np.concatenate([o + stride * np.arange(n) for _, n, _, o, stride in m.units])
-    new_code, rows = blocks.int16.repack(code == blocks.Q4_1,
-                                         m.data[at[:, None] + np.arange(width)])
-    return stacked(new_code, m.shape[1], [rows])
+    code, rows = found
+    new_code, repacked = blocks.int16.repack(code == blocks.Q4_1, rows)
+    return stacked(new_code, m.shape[1], [repacked])
 
 
 def int16_weights(w: "Weights") -> "Weights":
@@ -144,6 +148,9 @@ def _each_matrix(w: "Weights", matrix) -> "Weights":
                       w_gate_up=matrix(lw.w_gate_up), w_down=matrix(lw.w_down))
               for lw in w.layers]
     return replace(w, layers=layers, head=matrix(w.head))
+
+
+INTEGER_PATHS = {"int8": int8_weights, "int16": int16_weights}  # numeric path -> its repacking
 
 
 def stacked(code: int, k: int, rows: list[np.ndarray]) -> Matrix:
@@ -264,7 +271,6 @@ def random_weights(config: ModelConfig, seed: int = 0, scale: float = 0.02,
         else scale * rng.standard_normal(shape)
         for name, shape in config.weight_shapes().items()
     }
-    quantized = {"int8": int8_weights, "int16": int16_weights}
-    if storage in quantized:
-        return quantized[storage](layout(config, tensors, "q8_0"))
+    if storage in INTEGER_PATHS:
+        return INTEGER_PATHS[storage](layout(config, tensors, "q8_0"))
     return layout(config, tensors, storage)
