@@ -179,3 +179,26 @@ def test_a_cpu_without_f16c_is_refused_in_one_line(kolibri_home, tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.startswith("--quantize int16 needs a CPU with F16C"), proc.stdout
+
+
+@pytest.mark.bitwise
+@pytest.mark.parametrize("name", list(INT16))
+def test_int16_tiles_give_the_first_tiles_bits(name):
+    """Every tile (one token x 4 rows, 4 tokens x 1 row, short and lone-token tiles) gives, for
+    each (row, token), the bits of the path's first tiles (`int16_before`): the same integers,
+    the same float operations in the same order, so the path's measured fidelity holds"""
+    from int16_before import reference_matmul
+
+    rng = np.random.default_rng(len(name))
+    for nb in (1, 2, 3, 7, 8, 9, 17, 18, 48):  # odd counts, partial and whole groups
+        n, k = 1 + int(rng.integers(1, 23)), 32 * nb
+        m, _ = random_matrix(name, n, k, rng)
+        rows = m.data.reshape(n, -1)
+        x = (rng.standard_normal((7, k)) * rng.choice([1e-3, 1, 50], (7, 1))).astype(np.float32)
+        x[:, rng.integers(0, k, 3)] *= 30  # outliers
+        want = reference_matmul(name == "Q4_1", rows, x)
+        m16 = int16_matrix(m)
+        for n_tok in range(1, 8):
+            got = np.empty((n_tok, n), np.float32)
+            matmul(x[:n_tok], m16.arrays(), got, ALL)
+            assert np.array_equal(got.view(np.uint32), want[:n_tok].view(np.uint32)), (nb, n_tok)

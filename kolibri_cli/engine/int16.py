@@ -35,15 +35,16 @@ from kolibri_cli.engine.simd8 import (
     hload,
     vadd32,
     vcvt8,
+    vdeal8,
     vfma8,
     vmadd16,
     vmul8,
-    vpair,
     vround8_store,
+    vspread,
     vsum8,
     vzero8,
     wload_i8,
-    wload_u4,
+    wload_u4w,
     xload,
 )
 
@@ -55,9 +56,9 @@ GROUP = 8  # blocks per group
 
 
 def _pairs_q4_1(qs: np.ndarray) -> np.ndarray:
-    """[..., 2, 16] code bytes of blocks (a, b) -> [..., 32]: a[0:8] b[0:8] a[8:16] b[8:16]"""
-    return np.concatenate([qs[..., 0, :8], qs[..., 1, :8], qs[..., 0, 8:], qs[..., 1, 8:]],
-                          axis=-1)
+    """[..., 2, 16] code bytes of blocks (a, b) -> [..., 32]: 16 words (a[i], a[8+i]) for i < 8,
+    then (b[i], b[8+i])"""
+    return np.stack([qs[..., :8], qs[..., 8:]], axis=-1).reshape(*qs.shape[:-2], 32)
 
 
 def _pairs_q8_0(qs: np.ndarray) -> np.ndarray:
@@ -96,7 +97,8 @@ def repack(q4: bool, rows: np.ndarray) -> tuple[int, np.ndarray]:
 # ---------------------------------------------------------------- activations: one token at a time
 
 
-SUB = 16  # activations per scale: runs of SUB // 8 of a block's 4 runs of 8 share one
+SUB = 16  # activations per scale: runs of SUB // 8 of a block's 4 runs of 8 share one (the
+# tiles assume 16: two scales per block)
 GROUPS = 32 // SUB  # scales per block
 _CHUNK = (0, 2, 1, 3)  # the chunk of 16 codes of its pair (chunk c at 16c) that run r goes in
 
@@ -122,10 +124,11 @@ def _amax(x, e, n):
 
 
 @njit(cache=True)
-def _quantize_row(x, xq, xsp, xs):
-    """One token: x [Kp] (Kp a multiple of 32) -> its rows of xq, xsp, xs"""
+def _quantize_row(x, xq, xsg, xs):
+    """One token: x [Kp] (Kp a multiple of 32) -> its rows of xq, xsg, xs"""
     for b in range(x.shape[0] // 32):
         pair, k = b >> 1, b & 1
+        lane = 8 * GROUPS * (b // GROUP) + 4 * k + (b % GROUP >> 1)  # pair p's block k: 4k + p
         total = np.float32(0.0)
         for g in range(GROUPS):
             d, inv = _scale(_amax(x, 32 * b + SUB * g, SUB))
@@ -133,69 +136,60 @@ def _quantize_row(x, xq, xsp, xs):
             for r in range(SUB // 8 * g, SUB // 8 * (g + 1)):
                 codes += vround8_store(x, 32 * b + 8 * r, inv, xq,
                                        64 * pair + 16 * _CHUNK[r] + 8 * k)
-            for lane in range(4):
-                xsp[8 * (GROUPS * pair + g) + 4 * k + lane] = d
+            xsg[lane + 8 * g] = d
             total += d * np.float32(codes)
         xs[b] = total
 
 
 @njit(cache=True)
 def quantize(x):
-    """x [L, Kp] float32 (Kp a multiple of 32) -> (xq int16 [L, P*64], xsp float32
-    [L, P*GROUPS*8], xs float32 [L, G*8], blocks per row), each token alone (P pairs of blocks,
+    """x [L, Kp] float32 (Kp a multiple of 32) -> (xq int16 [L, P*64], xsg float32
+    [L, G*GROUPS*8], xs float32 [L, G*8], blocks per row), each token alone (P pairs of blocks,
     G groups: zeros after Kp)"""
     n, k = x.shape
     nb = k // 32
     n_pairs = -(-nb // 2)
     n_groups = -(-nb // GROUP)
     xq = np.zeros((n, n_pairs * 64), np.int16)
-    xsp = np.zeros((n, n_pairs * GROUPS * 8), np.float32)
+    xsg = np.zeros((n, n_groups * GROUPS * 8), np.float32)
     xs = np.zeros((n, n_groups * GROUP), np.float32)
     for t in range(n):
-        _quantize_row(x[t], xq[t], xsp[t], xs[t])
-    return xq, xsp, xs, 2 * n_pairs
+        _quantize_row(x[t], xq[t], xsg[t], xs[t])
+    return xq, xsg, xs, 2 * n_pairs
 
 
 # ---------------------------------------------------------------- one pair of blocks
 # A row's group at byte o (n blocks): d at o, Q4_1's m at o + 2n, pair p's codes at
-# o + 2n (Q8_0) or o + 4n (Q4_1), 32 or 64 bytes each.
+# o + 2n (Q8_0) or o + 4n (Q4_1), 32 or 64 bytes each. Each function is specialized on q4 (a
+# constant where the unit loops call the tiles).
 
 
 @njit(inline="always", cache=True)
 def _weights(d, o, q4):
-    """The 64 weights of a pair at byte o, as four 16 x int16 in the activations' order"""
+    """The 64 weights of a pair at byte o, as four 16 x int16 chunks in the activations' order"""
     if q4:
-        a_lo, a_hi = wload_u4(d, o)
-        b_lo, b_hi = wload_u4(d, o + 16)
-        return a_lo, a_hi, b_lo, b_hi
+        return wload_u4w(d, o)
     return wload_i8(d, o), wload_i8(d, o + 16), wload_i8(d, o + 32), wload_i8(d, o + 48)
 
 
 @njit(inline="always", cache=True)
-def _madd(w, xq, e, c):
-    """Chunk c's integer dot: lanes 0..3 block a, 4..7 block b   (the pair's codes at e)"""
-    return vmadd16(w[c], xload(xq, e + 16 * c))
+def _scales(dw, x, t, g):
+    """Group g's scale products of token t, one per run of SUB values: (weight scales dw of the
+    group, `vdeal8`-ordered) * (activation scales) -> pair p's in lanes p and 4 + p"""
+    xsg = x[1]
+    f = t * xsg.shape[1] + 8 * GROUPS * g
+    return vmul8(dw, fload(xsg, f)), vmul8(dw, fload(xsg, f + 8))
 
 
 @njit(inline="always", cache=True)
-def _pair(w, dw, p, x, t, pair, acc):
-    """acc after pair `pair` (p-th of its group) of token t: each scale group's integer dot,
-    scaled by the weights' and its activations' scales   x = quantize's tuple"""
-    xq, xsp = x[0], x[1]
-    e, f = t * xq.shape[1] + 64 * pair, t * xsp.shape[1] + 8 * GROUPS * pair
-    dwp = vpair(dw, p)
-    if GROUPS == 1:
-        i = vadd32(vadd32(_madd(w, xq, e, 0), _madd(w, xq, e, 1)),
-                   vadd32(_madd(w, xq, e, 2), _madd(w, xq, e, 3)))
-        return vfma8(vcvt8(i), vmul8(dwp, fload(xsp, f)), acc)
-    if GROUPS == 2:  # runs 0, 1 are chunks 0, 2; runs 2, 3 chunks 1, 3
-        i = vadd32(_madd(w, xq, e, 0), _madd(w, xq, e, 2))
-        acc = vfma8(vcvt8(i), vmul8(dwp, fload(xsp, f)), acc)
-        i = vadd32(_madd(w, xq, e, 1), _madd(w, xq, e, 3))
-        return vfma8(vcvt8(i), vmul8(dwp, fload(xsp, f + 8)), acc)
-    for r in range(4):
-        acc = vfma8(vcvt8(_madd(w, xq, e, _CHUNK[r])), vmul8(dwp, fload(xsp, f + 8 * r)), acc)
-    return acc
+def _pair(w, s, p, xq, e, acc):
+    """acc after pair p (a constant) of a group, its codes at flat element e of xq: each run of
+    SUB values' integer dot (runs 0, 1 are chunks 0, 2; runs 2, 3 chunks 1, 3) times its
+    scale product, spread over the pair's lanes"""
+    i = vadd32(vmadd16(w[0], xload(xq, e)), vmadd16(w[2], xload(xq, e + 32)))
+    acc = vfma8(vcvt8(i), vspread(s[0], p), acc)
+    i = vadd32(vmadd16(w[1], xload(xq, e + 16)), vmadd16(w[3], xload(xq, e + 48)))
+    return vfma8(vcvt8(i), vspread(s[1], p), acc)
 
 
 @njit(inline="always", cache=True)
@@ -218,57 +212,82 @@ def _group_geometry(nb, g, q4):
     return n, GROUP * per * g, (4 if q4 else 2) * n
 
 
-@njit(cache=True)
-def _rows4(d, o0, o1, o2, o3, q4, x, t):
-    """(row at o_i . token t for i < 4): one token, the activations loaded once for 4 rows"""
-    nb, pb = x[3], 32 if q4 else 64
-    a0 = a1 = a2 = a3 = vzero8()
+@njit(inline="always", cache=True)
+def _rows_pair(d, o, c, q4, s, p, xq, e, a):
+    """4 rows' accumulators a after pair p (codes at byte c of each group at o) of one token"""
+    return (_pair(_weights(d, o[0] + c, q4), s[0], p, xq, e, a[0]),
+            _pair(_weights(d, o[1] + c, q4), s[1], p, xq, e, a[1]),
+            _pair(_weights(d, o[2] + c, q4), s[2], p, xq, e, a[2]),
+            _pair(_weights(d, o[3] + c, q4), s[3], p, xq, e, a[3]))
+
+
+@njit(inline="always", cache=True)
+def _rows4(d, o, q4, x, t):
+    """(row at o[i] . token t for i < 4): one token, its activations loaded once for 4 rows"""
+    nb, pb, xq = x[3], 32 if q4 else 64, x[0]
+    a = (vzero8(), vzero8(), vzero8(), vzero8())
     for g in range(-(-nb // GROUP)):
         n, go, co = _group_geometry(nb, g, q4)
-        a0 = _minimums(d, o0 + go, n, q4, x, t, g, a0)
-        a1 = _minimums(d, o1 + go, n, q4, x, t, g, a1)
-        a2 = _minimums(d, o2 + go, n, q4, x, t, g, a2)
-        a3 = _minimums(d, o3 + go, n, q4, x, t, g, a3)
-        d0, d1 = hload(d, o0 + go, n), hload(d, o1 + go, n)
-        d2, d3 = hload(d, o2 + go, n), hload(d, o3 + go, n)
-        for p in range(n // 2):
-            pair, c = GROUP // 2 * g + p, go + co + pb * p
-            a0 = _pair(_weights(d, o0 + c, q4), d0, p, x, t, pair, a0)
-            a1 = _pair(_weights(d, o1 + c, q4), d1, p, x, t, pair, a1)
-            a2 = _pair(_weights(d, o2 + c, q4), d2, p, x, t, pair, a2)
-            a3 = _pair(_weights(d, o3 + c, q4), d3, p, x, t, pair, a3)
-    return vsum8(a0), vsum8(a1), vsum8(a2), vsum8(a3)
+        og = (o[0] + go, o[1] + go, o[2] + go, o[3] + go)
+        a = (_minimums(d, og[0], n, q4, x, t, g, a[0]), _minimums(d, og[1], n, q4, x, t, g, a[1]),
+             _minimums(d, og[2], n, q4, x, t, g, a[2]), _minimums(d, og[3], n, q4, x, t, g, a[3]))
+        s = (_scales(vdeal8(hload(d, og[0], n)), x, t, g),
+             _scales(vdeal8(hload(d, og[1], n)), x, t, g),
+             _scales(vdeal8(hload(d, og[2], n)), x, t, g),
+             _scales(vdeal8(hload(d, og[3], n)), x, t, g))
+        c, e = go + co, t * xq.shape[1] + 64 * (GROUP // 2) * g
+        a = _rows_pair(d, o, c, q4, s, 0, xq, e, a)
+        if n > 2:
+            a = _rows_pair(d, o, c + pb, q4, s, 1, xq, e + 64, a)
+        if n > 4:
+            a = _rows_pair(d, o, c + 2 * pb, q4, s, 2, xq, e + 128, a)
+        if n > 6:
+            a = _rows_pair(d, o, c + 3 * pb, q4, s, 3, xq, e + 192, a)
+    return vsum8(a[0]), vsum8(a[1]), vsum8(a[2]), vsum8(a[3])
 
 
-@njit(cache=True)
-def _tokens4(d, o, q4, x, t0, t1, t2, t3):
-    """(row at o . token t_j for j < 4): each pair's weights unpacked once for 4 tokens"""
-    nb, pb = x[3], 32 if q4 else 64
-    a0 = a1 = a2 = a3 = vzero8()
+@njit(inline="always", cache=True)
+def _tokens_pair(w, s, p, xq, e, a):
+    """4 tokens' accumulators a after pair p, its weights w unpacked once; e, s per token"""
+    return (_pair(w, s[0], p, xq, e[0], a[0]), _pair(w, s[1], p, xq, e[1], a[1]),
+            _pair(w, s[2], p, xq, e[2], a[2]), _pair(w, s[3], p, xq, e[3], a[3]))
+
+
+@njit(inline="always", cache=True)
+def _tokens4(d, o, q4, x, t):
+    """(row at o . token t[j] for j < 4): each pair's weights unpacked once for 4 tokens"""
+    nb, pb, xq = x[3], 32 if q4 else 64, x[0]
+    a = (vzero8(), vzero8(), vzero8(), vzero8())
     for g in range(-(-nb // GROUP)):
         n, go, co = _group_geometry(nb, g, q4)
-        a0 = _minimums(d, o + go, n, q4, x, t0, g, a0)
-        a1 = _minimums(d, o + go, n, q4, x, t1, g, a1)
-        a2 = _minimums(d, o + go, n, q4, x, t2, g, a2)
-        a3 = _minimums(d, o + go, n, q4, x, t3, g, a3)
-        dw = hload(d, o + go, n)
-        for p in range(n // 2):
-            pair = GROUP // 2 * g + p
-            w = _weights(d, o + go + co + pb * p, q4)
-            a0 = _pair(w, dw, p, x, t0, pair, a0)
-            a1 = _pair(w, dw, p, x, t1, pair, a1)
-            a2 = _pair(w, dw, p, x, t2, pair, a2)
-            a3 = _pair(w, dw, p, x, t3, pair, a3)
-    return vsum8(a0), vsum8(a1), vsum8(a2), vsum8(a3)
+        a = (_minimums(d, o + go, n, q4, x, t[0], g, a[0]),
+             _minimums(d, o + go, n, q4, x, t[1], g, a[1]),
+             _minimums(d, o + go, n, q4, x, t[2], g, a[2]),
+             _minimums(d, o + go, n, q4, x, t[3], g, a[3]))
+        dw = vdeal8(hload(d, o + go, n))
+        s = (_scales(dw, x, t[0], g), _scales(dw, x, t[1], g), _scales(dw, x, t[2], g),
+             _scales(dw, x, t[3], g))
+        c, e0 = o + go + co, 64 * (GROUP // 2) * g
+        e = (t[0] * xq.shape[1] + e0, t[1] * xq.shape[1] + e0, t[2] * xq.shape[1] + e0,
+             t[3] * xq.shape[1] + e0)
+        a = _tokens_pair(_weights(d, c, q4), s, 0, xq, e, a)
+        if n > 2:
+            e = (e[0] + 64, e[1] + 64, e[2] + 64, e[3] + 64)
+            a = _tokens_pair(_weights(d, c + pb, q4), s, 1, xq, e, a)
+        if n > 4:
+            e = (e[0] + 64, e[1] + 64, e[2] + 64, e[3] + 64)
+            a = _tokens_pair(_weights(d, c + 2 * pb, q4), s, 2, xq, e, a)
+        if n > 6:
+            e = (e[0] + 64, e[1] + 64, e[2] + 64, e[3] + 64)
+            a = _tokens_pair(_weights(d, c + 3 * pb, q4), s, 3, xq, e, a)
+    return vsum8(a[0]), vsum8(a[1]), vsum8(a[2]), vsum8(a[3])
 
 
-@njit(cache=True)
-def units_one_token(d, units, u0, u1, x, t, out):
-    """out[t, r] = row r . token t for the rows of units u0..u1-1"""
+@njit(inline="always", cache=True)
+def _units_one_token(d, units, u0, u1, q4, x, t, out):
     for u in range(u0, u1):
         r0, n = units[u, 0], units[u, 1]
-        o0, o1, o2, o3 = unit_offsets(units[u])
-        s = _rows4(d, o0, o1, o2, o3, units[u, 2] == Q4_1W, x, t)
+        s = _rows4(d, unit_offsets(units[u]), q4, x, t)
         out[t, r0] = s[0]
         if n > 1:
             out[t, r0 + 1] = s[1]
@@ -279,19 +298,37 @@ def units_one_token(d, units, u0, u1, x, t, out):
 
 
 @njit(cache=True)
-def units_tokens(d, units, u0, u1, x, t0, t1, out):
-    """out[t, r] = row r . token t for the rows of units u0..u1-1, t0 <= t < t1, in tiles of one
-    row x 4 tokens (a short tile repeats its last token; extra results discarded); a last lone
-    token in the 4-row tile of one token"""
-    t4 = t1 - 1 if (t1 - t0) % 4 == 1 else t1
+def units_one_token(d, units, u0, u1, x, t, out):
+    """out[t, r] = row r . token t for the rows of units u0..u1-1 (all of one block type)"""
+    if units[u0, 2] == Q4_1W:
+        _units_one_token(d, units, u0, u1, True, x, t, out)
+    else:
+        _units_one_token(d, units, u0, u1, False, x, t, out)
+
+
+@njit(inline="always", cache=True)
+def _units_tokens(d, units, u0, u1, q4, x, t0, t4, out):
     for u in range(u0, u1):
-        r0, n, q4 = units[u, 0], units[u, 1], units[u, 2] == Q4_1W
+        r0, n = units[u, 0], units[u, 1]
         offs = unit_offsets(units[u])
         for i in range(n):
             for j in range(t0, t4, 4):
                 last = min(j + 3, t4 - 1)
-                s = _tokens4(d, offs[i], q4, x, j, min(j + 1, last), min(j + 2, last), last)
+                t = (j, min(j + 1, last), min(j + 2, last), last)
+                s = _tokens4(d, offs[i], q4, x, t)
                 for q in range(last - j + 1):
                     out[j + q, r0 + i] = s[q]
+
+
+@njit(cache=True)
+def units_tokens(d, units, u0, u1, x, t0, t1, out):
+    """out[t, r] = row r . token t for the rows of units u0..u1-1 (all of one block type),
+    t0 <= t < t1, in tiles of one row x 4 tokens (a short tile repeats its last token; extra
+    results discarded); a last lone token in the 4-row tile of one token"""
+    t4 = t1 - 1 if (t1 - t0) % 4 == 1 else t1
+    if units[u0, 2] == Q4_1W:
+        _units_tokens(d, units, u0, u1, True, x, t0, t4, out)
+    else:
+        _units_tokens(d, units, u0, u1, False, x, t0, t4, out)
     if t4 < t1:
         units_one_token(d, units, u0, u1, x, t4, out)

@@ -263,3 +263,50 @@ def vround8_store(typingctx, x, i, inv, q, j):
         return _call(builder, "llvm.vector.reduce.add.v8i32", _I32, [n])
 
     return sig, codegen
+
+
+# ---------------------------------------------------------------- tiles' helpers
+
+
+@intrinsic
+def wload_u4w(typingctx, arr, i):
+    """The 32 bytes at byte i of a uint8 array as 16 words w -> (w & 15, w >> 4 & 15,
+    w >> 8 & 15, w >> 12) as 16 x int16: the four nibbles of each word, without a widening"""
+    sig = types.UniTuple(i16x16, 4)(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        w = builder.load(_ptr(context, builder, arr, args[0], args[1], _VW), align=1)
+        low = _const(_VW, [15] * 16)
+        parts = [builder.and_(w, low)]
+        for s in (4, 8):
+            parts.append(builder.and_(builder.lshr(w, _const(_VW, [s] * 16)), low))
+        parts.append(builder.lshr(w, _const(_VW, [12] * 16)))
+        return context.make_tuple(builder, signature.return_type, parts)
+
+    return sig, codegen
+
+
+@intrinsic
+def vdeal8(typingctx, v):
+    """[v0 v2 v4 v6 v1 v3 v5 v7]: a group's scales, pair p's first block in lane p, its second
+    in lane 4 + p"""
+    sig = f32x8(f32x8)
+
+    def codegen(context, builder, signature, args):
+        return builder.shuffle_vector(args[0], args[0], _const(_VI, [0, 2, 4, 6, 1, 3, 5, 7]))
+
+    return sig, codegen
+
+
+@intrinsic
+def vspread(typingctx, v, p):
+    """[v[p] x 4, v[4+p] x 4] for a constant p < 4 (within each 128-bit half: one vpermilps)"""
+    if not isinstance(p, types.IntegerLiteral):
+        return None
+    k = p.literal_value
+    sig = f32x8(f32x8, p)
+
+    def codegen(context, builder, signature, args):
+        return builder.shuffle_vector(args[0], args[0], _const(_VI, [k] * 4 + [4 + k] * 4))
+
+    return sig, codegen
