@@ -12,17 +12,21 @@ CPU, KOLIBRI_SIMD=portable) `simd8` computes the same integers in portable code:
 Layout (repacked at load, the GGUF's bytes per block: float16 scales, no padding for an even
 number of blocks). A row's blocks form groups of 8 (the last of 2, 4 or 6; an odd count gets a
 zero block): per group the n float16 scales d, for Q4_1 the n float16 minimums m, then the
-codes in pairs of blocks (a, b): Q4_1 `a[0:8] b[0:8] a[8:16] b[8:16]` of the 16 code bytes (the
-low nibbles are weights 0..15, the high ones 16..31); Q8_0 the 32 codes in runs of 8 as
+codes in pairs of blocks (a, b): Q4_1 16 words (a[i], a[8+i]) for i < 8, then (b[i], b[8+i]),
+of the 16 code bytes (the low nibbles are weights 0..15, the high ones 16..31), so a word's four
+nibbles are weights i, 16+i, 8+i, 24+i; Q8_0 the 32 codes in runs of 8 as
 `a[0:8] b[0:8] a[16:24] b[16:24] a[8:16] b[8:16] a[24:32] b[24:32]`. A token's activations are
-stored per pair in the order the weights unpack (runs 0, 2, 1, 3 of 8 values: low nibbles of
-the first 16 bytes, their high nibbles, then of the next 16), so one `vpmaddwd` of 16 weights
-and 16 codes gives int32 lanes 0..3 of block a and 4..7 of block b.
+stored per pair in the order the weights unpack (runs 0, 2, 1, 3 of 8 values: a's then b's), so
+one `vpmaddwd` of 16 weights and 16 codes gives int32 lanes 0..3 of block a and 4..7 of block b.
+Its activation scales are stored per group, pair p's blocks in lanes p and 4 + p.
 
 Per group of a row, token by token:
     Q4_1: acc = fma(m[8], s_x[8], acc)              s_x = sum over the block of d_x * codes
-    then per pair p and run of SUB values g: acc = fma(float(isum), spread(d, p) * d_x, acc)
-(spread(v, p) = v[2p] in lanes 0..3, v[2p+1] in lanes 4..7), then the fixed tree of 8 lanes.
+    then per pair p and run of SUB values g: acc = fma(float(isum), spread(d * d_x, p), acc)
+(the products d * d_x of the group's 8 blocks in one multiply, their lanes dealt as above;
+spread(v, p) = pair p's first block's in lanes 0..3, its second's in 4..7), then the fixed tree
+of 8 lanes. Tiles share loads (a token's codes over 4 rows, a pair's weights over 4 tokens),
+never an operation: every tile gives these bits.
 """
 
 import numpy as np
