@@ -163,6 +163,7 @@ def test_a_narrower_bench_of_the_same_kernel_keeps_the_wider_rows(kolibri_home):
 
 def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
     from kolibri_cli.store import cache, synthetic
+    from kolibri_cli.store.models import default_numerics_of
 
     gguf = tmp_path / "tiny.gguf"
     synthetic.write(gguf, n_layers=1, d=256, ff=512, heads=4, kv_heads=2, vocab=300,
@@ -171,11 +172,13 @@ def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
     r = CliRunner().invoke(app, ["bench", "-m", "tiny", "--repeats", "1", "--k", "2",
                                  "--threads", "1", "--json"])
     assert r.exit_code == 0, r.output
-    measured = json.loads(r.stdout)["costs"]
+    doc = json.loads(r.stdout)
+    measured = doc["costs"]
     (stored,) = benchcosts.load()
     sha = cache.provenance(cache.resolve("tiny", pull_missing=False))["gguf_sha256"]
     assert (stored.model, stored.model_sha256, stored.threads, stored.numerics) == (
-        "tiny", sha, 1, "float32")
+        "tiny", sha, 1, doc["numerics"])  # the path that ran: Q4_1's default (int16 on AVX2)
+    assert doc["numerics"] == default_numerics_of("tiny")
     assert {str(n): c for n, c in stored.costs.items()} == measured and list(measured) == [
         "1", "2", "3"]
     assert stored.kolibri and stored.cpu and stored.measured_at.startswith("20")

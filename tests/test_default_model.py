@@ -1,6 +1,7 @@
-"""The default model end to end: kolibri's greedy chains equal the float32 transformers reference
-recorded in the shipped goldens, speculative output equals plain output on every golden, and
-the real spec runs' counts equal the probe's simulation."""
+"""The default model end to end, on its default numeric path (int16 on a CPU with AVX2 and F16C,
+else float32): kolibri's greedy chains equal the float32 transformers reference recorded in the
+shipped goldens, speculative output equals plain output on every golden, and the real spec runs'
+counts equal the probe's simulation. The float32 path's blocks equal float32 rows bitwise."""
 
 import json
 from pathlib import Path
@@ -28,6 +29,16 @@ def model(pulled_default):
     from kolibri_cli.store.models import open_model
 
     return open_model(str(pulled_default.path))
+
+
+def default_path() -> str:
+    from kolibri_cli.engine import simd8
+
+    return "int16" if simd8.AVX2 and simd8.F16C else "float32"
+
+
+def test_the_default_path_is_int16_where_it_runs(model):
+    assert model.numerics == default_path()
 
 
 def test_goldens_were_recorded_from_this_model(model):
@@ -79,7 +90,7 @@ def test_generate_json_on_the_default_model(pulled_default, monkeypatch):
     assert doc["output_ids"] == FRANCE_IDS
     assert doc["text"] == "The capital of France is Paris."
     assert doc["mode"] == "plain" and doc["stats"]["new_tokens"] == len(FRANCE_IDS)
-    assert doc["numerics"] == "float32"  # the numeric path that ran
+    assert doc["numerics"] == default_path()  # the numeric path that ran
     assert doc["stats"]["forward_passes"] == len(FRANCE_IDS)
 
 
@@ -123,29 +134,40 @@ def test_measured_probe_counts_equal_simulation_on_smoke_goldens(pulled_default,
 
 
 @pytest.fixture(scope="session")
-def float32_twin(model):
+def float32_model(pulled_default):
+    from kolibri_cli.store.models import open_model
+
+    return open_model(str(pulled_default.path), numerics="float32")
+
+
+@pytest.fixture(scope="session")
+def float32_twin(float32_model):
     """The default model on the float32 path: its Q4_1/Q8_0 blocks decoded once (the floats
     gguf's dequantize gives), stored as float32 rows."""
     from kolibri_cli.engine import blockfile
     from kolibri_cli.engine.kernel import Transformer
     from kolibri_cli.engine.weights import layout
 
+    model = float32_model
     tensors = blockfile.float_tensors(model.path / blockfile.NAME)
     return Transformer(model.config, layout(model.config, tensors))
 
 
-def test_runs_from_its_gguf_blocks(model):
-    assert model.weights.storage() == {"Q4_1": 120, "Q8_0": 1}
-    assert model.weights.nbytes_per_token() < 120e6  # 538 MB as float32
+def test_runs_from_its_gguf_blocks(float32_model, model):
+    assert float32_model.weights.storage() == {"Q4_1": 120, "Q8_0": 1}
+    assert float32_model.weights.nbytes_per_token() < 120e6  # 538 MB as float32
+    if model.numerics == "int16":  # the GGUF's blocks repacked, no more bytes read
+        assert model.weights.storage() == {"Q4_1x16": 120, "Q8_0x16": 1}
+        assert model.weights.nbytes_per_token() <= float32_model.weights.nbytes_per_token()
 
 
-def test_blocks_equal_the_float32_path(model, float32_twin):
+def test_blocks_equal_the_float32_path(float32_model, float32_twin):
     """Every L 1..16 after a prefix, and a 300-token prompt cut at random points: bitwise."""
     import numpy as np
 
+    model, blocks = float32_model, float32_model.transformer
     rng = np.random.default_rng(0)
     ids = rng.integers(0, model.config.vocab_size, 300)
-    blocks = model.transformer
     want = float32_twin.forward(ids, 0, float32_twin.new_cache(300))
     cache = blocks.new_cache(300)
     assert np.array_equal(blocks.forward(ids, 0, cache), want)

@@ -178,3 +178,39 @@ def test_spec_bench_question_file():
     assert len(summaries) == 10 and {p.category for p in summaries} == {"summarization"}
     both = read_prompts(SPEC_BENCH, category="translation,summarization", per_category=10)
     assert [p.category for p in both].count("translation") == 10 and len(both) == 20
+
+
+def test_the_float32_reference_checks_on_every_numeric_path_kolibri_chains_on_their_own():
+    """The transformers float32 reference's chains are what every numeric path is held to:
+    checked on the default (int16) path without --allow-model-mismatch; chains kolibri recorded
+    on one numeric path are refused on another (unless allowed), naming the --quantize that
+    matches."""
+    from types import SimpleNamespace
+
+    from kolibri_cli.engine.model import Identity
+    from kolibri_cli.goldens.record import check_model_matches
+
+    model = SimpleNamespace(name="m", numerics="int16", vocab_size=50_000, context=8192,
+                            identity=Identity(model_sha256="b179" + "0" * 60), weights=[])
+    reference = Golden(**golden_dict())
+    check_model_matches(model, [reference], allow_mismatch=False)
+    kolibri = {"engine": "kolibri", "engine_version": "kolibri 0.1.0"}
+    own = Golden(**golden_dict(id="own", reference=kolibri | {"dtype": "int16"}))
+    check_model_matches(model, [reference, own], allow_mismatch=False)
+    other = Golden(**golden_dict(id="f32", reference=kolibri | {"dtype": "float32"}))
+    with pytest.raises(KolibriError, match=r"recorded by kolibri on the float32 numeric path, "
+                       r"the model runs int16 \(--quantize float32 matches it\)"):
+        check_model_matches(model, [reference, other], allow_mismatch=False)
+    check_model_matches(model, [other], allow_mismatch=True)
+    check_model_matches(replace_numerics(model, "float32"), [reference, other], False)
+    served = SimpleNamespace(**(vars(model) | {"weights": None}))  # run by a server
+    check_model_matches(served, [reference, own, other], allow_mismatch=False)
+    bf16 = Golden(**golden_dict(id="bf16", reference={"engine": "transformers", "dtype": "bf16"}))
+    with pytest.raises(KolibriError, match="by transformers on the bf16 numeric path"):
+        check_model_matches(model, [bf16], allow_mismatch=False)
+
+
+def replace_numerics(model, numerics: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**(vars(model) | {"numerics": numerics}))

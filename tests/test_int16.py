@@ -4,7 +4,8 @@ values, summed as exact integers, each block's scale applied once to its integer
 It is not bit-identical to the float32 path, so its laws are its own: each result is the exact
 integer dot finished in a fixed float order, within the activation-rounding bound of the float32
 path's, batch-invariant for every L and split, tree rows equal to chain rows, speculative output
-equal to plain (greedy and sampled); a CPU without F16C is refused in one line."""
+equal to plain (greedy and sampled); a CPU without F16C is refused in one line. It is the
+default path of a model of Q4_1/Q8_0 blocks on a CPU with AVX2 and F16C."""
 
 import os
 import subprocess
@@ -119,7 +120,7 @@ def test_int16_models_are_batch_invariant(kolibri_home, tmp_path, block_type):
     for _ in range(3):
         cuts = sorted(rng.choice(np.arange(1, 90), 5, replace=False).tolist())
         assert np.array_equal(split_logits(tf, ids, cuts), want), cuts
-    ref = split_logits(load_model(folder, name).transformer, ids, [])
+    ref = split_logits(load_model(folder, name, numerics="float32").transformer, ids, [])
     # 16-bit activations: the logits stay within a thousandth of their spread of the float32
     # path's (the int8 path's test allows a fifth)
     assert np.abs(want - ref).max() < 1e-3 * ref.std(), np.abs(want - ref).max() / ref.std()
@@ -159,6 +160,7 @@ from kolibri_cli.engine import simd8
 from kolibri_cli.engine.model import load_model
 from kolibri_cli.errors import KolibriError
 assert not simd8.AVX2 and not simd8.F16C
+print(load_model(Path(sys.argv[1]), 'tiny', weights=False).numerics)  # the default here
 try:
     load_model(Path(sys.argv[1]), 'tiny', numerics='int16')
 except KolibriError as e:
@@ -178,7 +180,47 @@ def test_a_cpu_without_f16c_is_refused_in_one_line(kolibri_home, tmp_path):
     proc = subprocess.run([sys.executable, "-c", _NO_F16C, str(folder)], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.startswith("--quantize int16 needs a CPU with F16C"), proc.stdout
+    default, refused = proc.stdout.split("\n", 1)
+    assert default == "float32"  # without AVX2 and F16C int16 is not the default
+    assert refused.startswith("--quantize int16 needs a CPU with F16C"), proc.stdout
+
+
+@pytest.mark.parametrize("avx2, f16c", [(True, True), (False, True), (True, False)])
+def test_the_default_path_is_int16_on_q4_1_q8_0_blocks_with_avx2_and_f16c(
+        kolibri_home, tmp_path, monkeypatch, tiny_llama_folder, avx2, f16c):
+    """A cache model of Q4_1/Q8_0 blocks runs int16 without --quantize where the CPU has AVX2
+    and F16C, float32 elsewhere; other block types, and float tensors, stay float32."""
+    from kolibri_cli.engine import simd8
+    from kolibri_cli.store.models import default_numerics_of, open_model
+
+    monkeypatch.setattr(simd8, "AVX2", avx2)
+    monkeypatch.setattr(simd8, "F16C", f16c)
+    want = "int16" if avx2 and f16c else "float32"
+    path = tmp_path / "tiny.gguf"
+    tiny_gguf(path, lambda kind, layer, n: "Q8_0" if kind == "token_embd" else "Q4_1")
+    name, _ = cache.import_gguf(path)
+    assert open_model(name, weights=False).numerics == want
+    assert default_numerics_of(name) == want
+    assert default_numerics_of(None) == want  # the registry's model, known before its pull
+    tiny_gguf(tmp_path / "q4_0.gguf", "Q4_0")
+    other, _ = cache.import_gguf(tmp_path / "q4_0.gguf")
+    assert open_model(other, weights=False).numerics == "float32"
+    assert open_model(str(tiny_llama_folder()), weights=False).numerics == "float32"
+    assert open_model(name, weights=False, numerics="float32").numerics == "float32"
+
+
+def test_the_default_model_runs_int16_weights(kolibri_home, tmp_path):
+    """On this CPU's flags: the default of a Q4_1/Q8_0 model is what load_model repacks."""
+    from kolibri_cli.engine import simd8
+
+    path = tmp_path / "tiny.gguf"
+    tiny_gguf(path, lambda kind, layer, n: "Q8_0" if kind == "token_embd" else "Q4_1")
+    name, folder = cache.import_gguf(path)
+    model = load_model(folder, name, kernels=("lean",))
+    if not (simd8.AVX2 and simd8.F16C):
+        assert model.numerics == "float32"
+        return
+    assert model.numerics == "int16" and set(model.weights.storage()) == {"Q4_1x16"}
 
 
 @pytest.mark.bitwise

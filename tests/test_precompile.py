@@ -46,6 +46,35 @@ def test_compiled_ahead_is_what_the_model_loads(kolibri_home, tmp_path, monkeypa
     assert json.loads(out) == []  # the decode and prefill paths: all from the cache
 
 
+def test_the_pull_compiles_ahead_what_the_default_path_runs(kolibri_home, tmp_path, monkeypatch):
+    """A registry model of Q8_0 embedding and Q4_1 layers (the default model's types), compiled
+    ahead as a pull does (store/models.py): its default path (int16 on a CPU with AVX2 and F16C)
+    then loads and runs with nothing compiled in the foreground."""
+    from kolibri_cli.engine.kernel import _specs
+    from kolibri_cli.engine.model import folder_numerics, load_weights
+    from kolibri_cli.engine.weights import kernel_types
+    from kolibri_cli.store import models
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))  # empty: all compiles here
+    path = tmp_path / "tiny.gguf"
+    tiny_gguf(path, lambda kind, layer, n: "Q8_0" if kind == "token_embd" else "Q4_1")
+    name, folder = cache.import_gguf(path)
+    types = ("Q8_0", "Q4_1")  # the embedding's first
+    numerics = folder_numerics(folder)
+    m = models.open_model(name, weights=False)
+    tiny = precompile.tiny_model(kernel_types(types, numerics))[1]
+    assert _specs(tiny) == _specs(load_weights(folder, m.config, numerics))
+    source = cache.WheelSource("x==1", "x.gguf", "0" * 64, kernel_types=types)
+    monkeypatch.setitem(cache.REGISTRY, "not-pulled", source)
+    ahead = models._compile_ahead("not-pulled", None, None)
+    assert ahead is not None
+    ahead.wait()
+    assert [p.returncode for p in ahead.procs] == [0] * len(ahead.procs)
+    out = subprocess.run([sys.executable, "-c", CHECK, name], capture_output=True, text=True,
+                         env=os.environ, check=True).stdout
+    assert json.loads(out) == []  # the default path's decode and prefill: all from the cache
+
+
 TOP = {"kernel._layer", "kernel._forward", "kernel._attend_for.chain", "matmul.n_rows", ""}
 
 

@@ -23,9 +23,11 @@ GOLDENS = load_goldens(SAMPLED)
 
 @pytest.fixture(scope="module")
 def model(pulled_default):
+    """The float32 path the goldens were recorded on (kolibri's own chains of one path; the
+    default path's sampled spec == plain: test_generate_compare_sampled)."""
     from kolibri_cli.store.models import open_model
 
-    return open_model(str(pulled_default.path))
+    return open_model(str(pulled_default.path), numerics="float32")
 
 
 def test_the_file_is_three_seeds_at_t07():

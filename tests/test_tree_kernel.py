@@ -71,8 +71,8 @@ def test_tree_rows_are_bitwise_chain_rows(config):
 
 @pytest.mark.bitwise
 def test_tree_rows_are_bitwise_chain_rows_on_gguf_blocks(kolibri_home, tmp_path):
-    """The same law on the block kernel (the default model's Q4_1 blocks, decoded in
-    registers)."""
+    """The same law on the block kernel's float32 path (the default model's Q4_1 blocks,
+    decoded in registers; the int16 path's: test_int16)."""
     pytest.importorskip("gguf")
     from test_block_models import tiny_gguf
 
@@ -81,7 +81,7 @@ def test_tree_rows_are_bitwise_chain_rows_on_gguf_blocks(kolibri_home, tmp_path)
 
     tiny_gguf(tmp_path / "tiny.gguf", "Q4_1")
     name, folder = cache.import_gguf(tmp_path / "tiny.gguf")
-    model = load_model(folder, name)
+    model = load_model(folder, name, numerics="float32")
     assert set(model.weights.storage()) == {"Q4_1"}
     tree_vs_chains(model.config, np.array_equal, trials=6, model=model.transformer)
 

@@ -158,7 +158,8 @@ def _fidelity(m, spec: str | None, threads: int | None, path: Path | None,
     from kolibri_cli.cli import render
 
     goldens = file_goldens(m, path) if path else shipped_goldens(m)
-    reference = m if m.numerics == "float32" else opt.load_model(spec, threads)
+    reference = m if m.numerics == "float32" else opt.load_model(spec, threads,
+                                                                 quantize="float32")
     render.err.print(f"replaying {len(goldens)} goldens of {m.name} on the {m.numerics} path ...")
     with render.progress_bar() as bars:
         result = measure_fidelity(m, reference, goldens, str(path) if path else "shipped",

@@ -50,10 +50,12 @@ StaticCacheOpt = Annotated[Path | None, typer.Option(
 DynamicCacheOpt = Annotated[Path | None, typer.Option(
     "--lookup-cache-dynamic", help="llamacpp-cache: a llama.cpp dynamic n-gram cache file.")]
 QuantizeOpt = Annotated[str | None, typer.Option(
-    "--quantize", help="q8_0: run the model's float32 weights quantized to Q8_0 blocks (made at "
-    "load); int8: its Q4_1/Q8_0 blocks times activations quantized to int8 per 32 values, "
-    "integer dot products as llama.cpp computes them; int16: the same with activations "
-    "quantized to int16 per 16 values. Each a numeric path of its own, with its own goldens.")]
+    "--quantize", help="float32: float32 arithmetic on the stored weights (the reference's "
+    "numbers); q8_0: the float32 weights quantized to Q8_0 blocks (made at load); int8: the "
+    "Q4_1/Q8_0 blocks times activations quantized to int8 per 32 values, integer dot products "
+    "as llama.cpp computes them; int16: the same with activations quantized to int16 per 16 "
+    "values. [default: int16 for a model of Q4_1/Q8_0 blocks on a CPU with AVX2 and F16C, "
+    "else float32]")]
 PROPOSER_HELP = f"Draft rule: {', '.join(PROPOSERS)}. See docs/proposers.md."
 # None when not given (a run that drafts nothing refuses it); the command fills in the default
 ProposerOpt = Annotated[str | None, typer.Option(
@@ -88,23 +90,23 @@ def print_json(obj, indent: int | None = 2) -> None:
 def load_model(spec: str | None, threads: int | None = None, *, weights: bool = True,
                quantize: str | None = None, drafter=False):
     """The model named or found at `spec`, pulled on first use, with progress on stderr;
-    `weights=False` when only its tokenizer is needed (a server runs the model); `quantize`
-    "q8_0", "int8" or "int16": that numeric path (`engine.weights.STORAGE`). The kernel is
+    `weights=False` when only its tokenizer is needed (a server runs the model); `quantize`:
+    that numeric path (`engine.weights.STORAGE`), None = the model's default. The kernel is
     compiled (or loaded) for what the command will run: plain decoding (drafter None), with a
     chain or a tree drafter, or (default) everything."""
     from kolibri_cli.cli import render
     from kolibri_cli.engine.weights import STORAGE
     from kolibri_cli.store.models import open_model
 
-    if quantize is not None and quantize not in STORAGE[1:]:
-        raise KolibriError(f"--quantize must be {', '.join(STORAGE[1:])} (got {quantize!r})")
+    if quantize is not None and quantize not in STORAGE:
+        raise KolibriError(f"--quantize must be {', '.join(STORAGE)} (got {quantize!r})")
     if threads:
         from kolibri_cli.engine.jit import set_threads
 
         set_threads(threads)
     with render.progress_bar() as bar:
         return open_model(spec, notify=render.note, progress=bar, weights=weights,
-                          numerics=quantize or "float32", compiling=bar.compiling,
+                          numerics=quantize, compiling=bar.compiling,
                           kernels=_kernels(drafter))
 
 

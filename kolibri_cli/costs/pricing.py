@@ -20,7 +20,6 @@ from kolibri_cli.costs.store import BenchCosts
 from kolibri_cli.errors import KolibriError
 
 MEASURE_HINT = "`--costs measure` times this host once (tens of seconds) and keeps it"
-PROBE_NUMERICS = "float32"  # the numeric path the probe's --measure loads models with
 
 
 @dataclass(frozen=True)
@@ -147,8 +146,10 @@ def for_model(name: str, sha256: str, numerics: str, threads: int | None) -> Pri
         return guess("the stored bench costs are unreadable", f": ignoring them: {e}")
     found = benchcosts.find(entries, sha256, numerics, threads)
     if found is None:
+        from kolibri_cli.store.models import default_numerics_of
+
         with_threads = "" if threads is None else f" --threads {threads}"
-        quantize = "" if numerics == "float32" else f" --quantize {numerics}"
+        quantize = "" if numerics == default_numerics_of(name) else f" --quantize {numerics}"
         return guess(f"no kolibri bench of {name}{quantize}{with_threads} stored",
                      f": `kolibri bench -m {name}{quantize}{with_threads}` measures this host")
     return Pricing("bench", found.costs, bench=found, note=_stale(found, name))
@@ -191,5 +192,7 @@ def for_goldens(given: dict[int, float] | None, models: set[tuple[str, str]],
     if len(models) != 1:
         return guess("the goldens come from several models" if models else "no goldens read", "")
     name, sha256 = next(iter(models))
-    chosen = for_model(name, sha256, PROBE_NUMERICS, threads)
+    from kolibri_cli.store.models import default_numerics_of
+
+    chosen = for_model(name, sha256, default_numerics_of(name), threads)  # what --measure runs
     return replace(chosen, hint=MEASURE_HINT) if chosen.source == "guess" else chosen

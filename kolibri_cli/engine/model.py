@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kolibri_cli.callbacks import Compiling
-from kolibri_cli.engine import blockfile, loader, simd8
+from kolibri_cli.engine import blockfile, blocks, loader, simd8
 from kolibri_cli.engine.config import (
     ModelConfig,
     eos_token_ids,
@@ -19,7 +19,13 @@ from kolibri_cli.engine.config import (
 )
 from kolibri_cli.engine.jit import compile_events
 from kolibri_cli.engine.tokenizer import Tokenizer, Tokenizes
-from kolibri_cli.engine.weights import INTEGER_PATHS, STORAGE, Weights, layout
+from kolibri_cli.engine.weights import (
+    INTEGER_PATHS,
+    STORAGE,
+    Weights,
+    default_numerics,
+    layout,
+)
 from kolibri_cli.errors import KolibriError
 
 
@@ -61,7 +67,8 @@ class Model:
     numerics: str = "float32"  # "float32": the float32 path on the stored values (GGUF blocks
     # decode to them exactly); "q8_0": the float32 weights quantized to Q8_0 at load; "int8":
     # Q4_1/Q8_0 blocks times int8-quantized activations, integer dots (weights.int8_weights);
-    # "int16": the same with int16-quantized activations (weights.int16_weights)
+    # "int16": the same with int16-quantized activations (weights.int16_weights), the default
+    # where it runs (weights.default_numerics)
     digest: Callable[[list[Path]], str] = field(default=loader.sha256_files, repr=False)
     # sha256 over weight files; the store gives one that remembers digests (store/digests.py)
 
@@ -97,41 +104,52 @@ class Model:
         return Transformer(self.config, self.weights)
 
 
-def load_weights(path: Path, config: ModelConfig, numerics: str = "float32") -> Weights:
+def folder_numerics(path: Path) -> str:
+    """The numeric path the model folder runs when none is asked for (`weights.default_numerics`
+    of its block file's matrices; a folder of float tensors: float32), from the index alone."""
+    index = Path(path) / blockfile.NAME
+    if not index.is_file():
+        return "float32"
+    matrices = [e for e in blockfile.read_index(index).values() if e.code is not None]
+    return default_numerics({blocks.TYPES[e.code].name for e in matrices})
+
+
+def load_weights(path: Path, config: ModelConfig, numerics: str) -> Weights:
     """A cache folder's block file, memory-mapped; else the folder's safetensors as float32 rows.
     numerics "q8_0": the float32 weights (a block file's decoded) quantized to Q8_0 instead;
     "int8"/"int16": the block file's Q4_1/Q8_0 matrices (float32 weights: quantized to Q8_0
     first) repacked for that integer path."""
     if numerics not in STORAGE:
         raise KolibriError(f"unknown numeric path {numerics!r} ({', '.join(STORAGE)})")
-    blocks = path / blockfile.NAME
+    index = path / blockfile.NAME
     if numerics == "int16" and not simd8.F16C:
         raise KolibriError("--quantize int16 needs a CPU with F16C (numba's target lacks it): "
-                           "use --quantize int8 or the default float32 path")
+                           "use --quantize int8 or --quantize float32")
     if numerics in INTEGER_PATHS:
         return INTEGER_PATHS[numerics](
-            blockfile.load_weights(blocks, config) if blocks.is_file()
+            blockfile.load_weights(index, config) if index.is_file()
             else layout(config, loader.load_tensors(path, config), "q8_0"))
-    if not blocks.is_file():
+    if not index.is_file():
         return layout(config, loader.load_tensors(path, config), numerics)
     if numerics == "float32":
-        return blockfile.load_weights(blocks, config)
-    return layout(config, blockfile.float_tensors(blocks), numerics)
+        return blockfile.load_weights(index, config)
+    return layout(config, blockfile.float_tensors(index), numerics)
 
 
 def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
-               weights: bool = True, numerics: str = "float32",
+               weights: bool = True, numerics: str | None = None,
                compiling: Compiling | None = None, kernels=None) -> Model:
     """The model in a model folder, its kernel compiled (or loaded) and warm; `weights=False`:
-    config and tokenizer only (what a remote engine's client needs). `kernels`: the kernel's
-    specializations to warm (Transformer.warm_up; default all), the others compile when first
-    used. `compiling` is told of each function numba compiles for the warm-up (none when its
-    cache has them)."""
+    config and tokenizer only (what a remote engine's client needs). `numerics`: one of STORAGE,
+    None = the folder's default (`folder_numerics`). `kernels`: the kernel's specializations to
+    warm (Transformer.warm_up; default all), the others compile when first used. `compiling` is
+    told of each function numba compiles for the warm-up (none when its cache has them)."""
     if weights and Path(path).is_dir() and not has_weights(path) \
             and (Path(path) / "tokenizer.json").is_file():
         raise loader.no_weights(path)  # a tokenizer-only folder: say so before its config
     path = loader.check_folder(path)
     config = generation_eos(path, ModelConfig.from_file(path / "config.json"))
+    numerics = numerics or folder_numerics(path)
     model = Model(name=name, path=path, config=config, tokenizer=Tokenizer(path),
                   weights=load_weights(path, config, numerics) if weights else None,
                   source_sha256=source_sha256, numerics=numerics)

@@ -151,6 +151,32 @@ def _each_matrix(w: "Weights", matrix) -> "Weights":
 
 
 INTEGER_PATHS = {"int8": int8_weights, "int16": int16_weights}  # numeric path -> its repacking
+REPACKED = {"int8": "x8", "int16": "x16"}  # integer path -> suffix of its repacked types' names
+DEFAULT_TYPES = ("Q4_1", "Q8_0")  # block types the integer paths repack (int8_matrix, int16_matrix)
+
+
+def default_numerics(types) -> str:
+    """The numeric path a model runs when none is asked for: "int16" (the fastest path that
+    reproduces the float32 reference's chains, docs/bench.md) when every matrix of the model,
+    the embedding included, is Q4_1 or Q8_0 blocks (a cache model from such a GGUF) and the CPU
+    has AVX2 and F16C (without them int16's code is slower than float32's); else "float32"
+    (float weights too: int16 would quantize them first). `types`: the matrices' block type
+    names."""
+    from kolibri_cli.engine import simd8
+
+    fast = simd8.AVX2 and simd8.F16C
+    return "int16" if fast and types and set(types) <= set(DEFAULT_TYPES) else "float32"
+
+
+def kernel_types(types: tuple[str, ...], numerics: str) -> tuple[str, ...]:
+    """The block types the kernel meets on `numerics` for a model whose matrices are of `types`,
+    the embedding's first (its lookup keeps the stored blocks): each Q4_1/Q8_0 repacked on an
+    integer path. What store/precompile compiles for, before the model is there."""
+    suffix = REPACKED.get(numerics)
+    if suffix is None:
+        return types
+    repacked = (t + suffix if t in DEFAULT_TYPES else t for t in types)
+    return tuple(dict.fromkeys((types[0], *repacked)))
 
 
 def stacked(code: int, k: int, rows: list[np.ndarray]) -> Matrix:

@@ -45,11 +45,8 @@ def _engine(model, engine: str):
     if engine == "transformers":
         from kolibri_cli.goldens import reference
 
-        if model.numerics != "float32":
-            raise KolibriError(f"the transformers reference runs float32 weights only; record "
-                               f"{model.numerics} goldens with --engine kolibri")
-
-        ref = reference.load(model.path)
+        ref = reference.load(model.path)  # float32 on the folder's weights, whatever path
+        # `model` runs: its chains are the reference every path is held to
 
         def run(ids, n, sampling):
             chain = reference.generate(ref, ids, n, model.eos_ids, sampling)
@@ -161,17 +158,22 @@ def check_one(model, golden: Golden) -> CheckResult:
 def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> None:
     """The goldens were recorded from this model — the same weights, or where those are not known
     the same tokenizer, served model and fingerprint, each compared where both sides know it —
-    and on its numeric path (float32 vs q8_0) when kolibri runs it, unless allowed otherwise; and
-    every one fits it whatever: ids inside its vocabulary, prompt + output inside its context."""
-    other = [g for g in goldens if model.numerics is not None
+    and, when kolibri recorded them, on the numeric path kolibri runs the model on (a model
+    opened without weights runs elsewhere: a server's numerics are its own), unless allowed
+    otherwise; and every one fits it whatever: ids inside its vocabulary, prompt + output inside
+    its context. The transformers float32 reference's chains are the reference of every numeric
+    path (the fidelity law, docs/bench.md): they are checked on any."""
+    runs_here = model.numerics is not None and model.weights is not None  # not a server's
+    other = [g for g in goldens if runs_here and not is_reference(g)
              and g.reference.get("engine", "kolibri") in ENGINES
              and g.reference.get("dtype", "float32") != model.numerics]  # servers: their own
     if other and not allow_mismatch:
-        dtype = other[0].reference.get("dtype", "float32")
+        dtype, engine = (other[0].reference.get(k, v) for k, v in (("dtype", "float32"),
+                                                                    ("engine", "kolibri")))
         raise KolibriError(
-            f"golden {other[0].id!r} was recorded on the {dtype} numeric path, the model runs "
-            f"{model.numerics} ({'--quantize ' + dtype if dtype != 'float32' else 'no --quantize'}"
-            " matches it); pass --allow-model-mismatch to proceed anyway")
+            f"golden {other[0].id!r} was recorded by {engine} on the {dtype} numeric path, the "
+            f"model runs {model.numerics} (--quantize {dtype} matches it); pass "
+            "--allow-model-mismatch to proceed anyway")
     if not allow_mismatch and any(g.model_sha256 or g.identity for g in goldens):
         ours = model.identity  # a folder's weights are read for it: only when there is a match
         for g in goldens:
@@ -180,6 +182,12 @@ def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> N
                                              getattr(ours, key)))
     for g in goldens:
         check_fits(model, g)
+
+
+def is_reference(golden: Golden) -> bool:
+    """A chain of the transformers float32 reference: what every numeric path is held to."""
+    ref = golden.reference
+    return ref.get("engine") == "transformers" and ref.get("dtype", "float32") == "float32"
 
 
 def _mismatch(golden: Golden, key: str, theirs: str, name: str, ours: str) -> str:

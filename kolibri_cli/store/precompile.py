@@ -8,7 +8,8 @@ on their stdout, one line each, which the parent sums and hands to its `Compilin
 progress line shows the children's work as its own.
 
 Run as `python -m kolibri_cli.store.precompile [--half matmul|rest] TYPE...` (block type names,
-e.g. Q4_1 Q8_0); "rest" waits for a line on stdin before it compiles the kernel.
+the embedding's first, e.g. Q8_0 Q4_1, or the int16 path's Q8_0 Q8_0x16 Q4_1x16); "rest" waits
+for a line on stdin before it compiles the kernel.
 """
 
 import os
@@ -104,8 +105,9 @@ def _cores() -> int:
 
 def tiny_model(types: tuple[str, ...]):
     """(config, weights): one layer per 4 types (at least two: the layer list's append compiles
-    too), every matrix zero blocks of one of `types`, each type in some matrix, the head tied to
-    the embedding, D = F = 256 (a K-quant super-block a row)."""
+    too), every matrix zero blocks of one of `types`, each type in some matrix, the embedding of
+    the first (engine.weights.kernel_types: an integer path's repacked types are never looked up)
+    and the head tied to it, D = F = 256 (a K-quant super-block a row)."""
     from kolibri_cli.engine import blocks
     from kolibri_cli.engine.config import ModelConfig
     from kolibri_cli.engine.weights import LayerWeights, Weights, stacked
@@ -116,17 +118,17 @@ def tiny_model(types: tuple[str, ...]):
                          num_hidden_layers=n_layers, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=64, tie_word_embeddings=True,
                          max_position_embeddings=64)
-    cycle = iter(codes * (4 * n_layers + 1))
+    cycle = iter(codes * 4 * n_layers)
 
-    def matrix(rows: int, k: int):
-        code = next(cycle)
+    def matrix(rows: int, k: int, code: int | None = None):
+        code = next(cycle) if code is None else code
         return stacked(code, k, [np.zeros((rows, blocks.TYPES[code].row_bytes(k)), np.uint8)])
 
     ones = np.ones(256, np.float32)
     layers = [LayerWeights(attn_norm=ones, wqkv=matrix(512, 256), wo=matrix(256, 256),
                            mlp_norm=ones, w_gate_up=matrix(512, 256), w_down=matrix(256, 256))
               for _ in range(n_layers)]
-    embed = matrix(32, 256)
+    embed = matrix(32, 256, codes[0])
     return config, Weights(embed=embed, layers=layers, norm=ones, head=embed)
 
 
