@@ -67,7 +67,7 @@ def test_bench_peer_runs_llama_bench_on_the_models_gguf(kolibri_home, tmp_path, 
                                       "--threads", "1", "--json"])
     assert result.exit_code == 0, result.output
     r = json.loads(result.stdout)
-    assert "Q4_1" in r["storage"]
+    assert ("Q4_1x16" if r["numerics"] == "int16" else "Q4_1") in r["storage"]  # default path
     assert r["bytes_per_token"] > 0 and r["prefill_tokens"] == 64 and r["identical"]
     peer = r["peer"]
     assert peer["gguf"] == str(gguf_path.resolve()) and peer["threads"] == 1

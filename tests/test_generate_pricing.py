@@ -152,6 +152,39 @@ def test_the_chooser_keys_on_numerics_and_threads(kolibri_home):
     assert "`kolibri bench -m m --quantize q8_0 --threads 1`" in missed.note
 
 
+def test_the_probe_prices_the_path_its_model_runs_by_default(kolibri_home, tmp_path,
+                                                             monkeypatch):
+    """The probe prices the goldens' model with the c(n) of the numeric path --measure would run
+    (int16 for a model of Q4_1/Q8_0 blocks on a CPU with AVX2 and F16C), never float32's in its
+    place; with none stored for that path, the guess, and the hint names the path."""
+    pytest.importorskip("gguf")
+    from test_block_models import tiny_gguf
+
+    from kolibri_cli.costs.pricing import for_goldens
+    from kolibri_cli.engine import simd8
+    from kolibri_cli.store import cache
+
+    monkeypatch.setattr(simd8, "AVX2", True)
+    monkeypatch.setattr(simd8, "F16C", True)
+    tiny_gguf(tmp_path / "t.gguf",
+              lambda kind, layer, n: "Q8_0" if kind == "token_embd" else "Q4_1")
+    name, folder = cache.import_gguf(tmp_path / "t.gguf", "tiny")
+    sha = cache.provenance(folder)["gguf_sha256"]
+    stored(sha, STEEP, threads=2, numerics="float32")
+    missed = for_goldens(None, {(name, sha)}, 2)
+    assert missed.source == "guess" and "no kolibri bench of tiny --threads 2" in missed.reason
+    stored(sha, FLAT, threads=2, numerics="int16")
+    found = for_goldens(None, {(name, sha)}, 2)
+    assert found.source == "bench" and found.costs == FLAT and found.bench.numerics == "int16"
+    assert "(int16, 2 threads" in found.source_text()
+    monkeypatch.setattr(simd8, "AVX2", False)  # without AVX2 the probe's model runs float32
+    assert for_goldens(None, {(name, sha)}, 2).costs == STEEP
+    assert "`kolibri bench -m tiny --threads 2`" in for_model(name, "b" * 64, "float32", 2).note
+    monkeypatch.setattr(simd8, "AVX2", True)  # the hint names a path that is not the default
+    assert "`kolibri bench -m tiny --quantize float32 --threads 2`" in for_model(
+        name, "b" * 64, "float32", 2).note
+
+
 def test_stored_costs_flip_the_adaptive_decision():
     """The two tables the CLI tests store do decide differently on the same statistics."""
     flat, steep = AdaptiveProposer(5, 1, 4, costs=FLAT), AdaptiveProposer(5, 1, 4, costs=STEEP)

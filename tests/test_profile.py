@@ -10,6 +10,7 @@ from tiny_models import tiny_model
 
 from kolibri_cli.bench import profile
 from kolibri_cli.engine import clock
+from kolibri_cli.store.models import default_numerics_of
 
 REGIONS_PER_LAYER = 5  # qkv, attention, o, gate/up, down (the head: one more per forward)
 
@@ -77,7 +78,8 @@ def test_bench_profile_json_and_table(tiny_gguf_model):
                             "--k", "3", "--threads", "1", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["numerics"] == "float32" and out["threads"] == 1 and out["cpu"]
+    assert out["numerics"] == default_numerics_of("tiny")  # int16 on a CPU with AVX2 and F16C
+    assert out["threads"] == 1 and out["cpu"]
     assert out["bandwidth_gb_s"] > 0 and out["peak_gmacs"] > 0
     assert [f["tokens"] for f in out["forwards"]] == [1, 4]
     for f in out["forwards"]:
