@@ -146,13 +146,19 @@ def for_model(name: str, sha256: str, numerics: str, threads: int | None) -> Pri
         return guess("the stored bench costs are unreadable", f": ignoring them: {e}")
     found = benchcosts.find(entries, sha256, numerics, threads)
     if found is None:
-        from kolibri_cli.store.models import default_numerics_of
-
-        with_threads = "" if threads is None else f" --threads {threads}"
-        quantize = "" if numerics == default_numerics_of(name) else f" --quantize {numerics}"
-        return guess(f"no kolibri bench of {name}{quantize}{with_threads} stored",
-                     f": `kolibri bench -m {name}{quantize}{with_threads}` measures this host")
+        run = _bench_args(name, numerics, threads)
+        return guess(f"no kolibri bench of {run} stored",
+                     f": `kolibri bench -m {run}` measures this host")
     return Pricing("bench", found.costs, bench=found, note=_stale(found, name))
+
+
+def _bench_args(name: str, numerics: str, threads: int | None = None) -> str:
+    """`name` and the options of the `kolibri bench` that times it on `numerics`: --quantize
+    only where that is not the model's default path."""
+    from kolibri_cli.store.models import default_numerics_of
+
+    quantize = "" if numerics == default_numerics_of(name) else f" --quantize {numerics}"
+    return f"{name}{quantize}{'' if threads is None else f' --threads {threads}'}"
 
 
 def _stale(found: BenchCosts, name: str) -> str:
@@ -162,7 +168,7 @@ def _stale(found: BenchCosts, name: str) -> str:
     if found.kolibri == __version__ and found.kernel == benchcosts.kernel_id():
         return ""
     return (f"note: c(n) from a bench of another kernel (kolibri {found.kolibri}, {found.date}): "
-            f"`kolibri bench -m {name}` measures this one")
+            f"`kolibri bench -m {_bench_args(name, found.numerics)}` measures this one")
 
 
 def guess(reason: str, hint: str, measure: str = "") -> Pricing:

@@ -113,7 +113,13 @@ def _rows_of_one_type(m: Matrix, types) -> tuple[int, np.ndarray] | None:
         return None
     width = blocks.TYPES[code].row_bytes(m.shape[1])
     at = np.concatenate([o + stride * np.arange(n) for _, n, _, o, stride in m.units])
-    return code, m.data[at[:, None] + np.arange(width)]
+    rows = np.empty((len(at), width), np.uint8)
+    for s in range(0, len(at), _GATHER):  # an index of 8 bytes per byte, a slice at a time
+        rows[s:s + _GATHER] = m.data[at[s:s + _GATHER, None] + np.arange(width)]
+    return code, rows
+
+
+_GATHER = 1024  # rows gathered per index array (the head's: 5 MB of indices, not 240)
 
 
 def int8_weights(w: "Weights") -> "Weights":
