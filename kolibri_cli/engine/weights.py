@@ -147,13 +147,36 @@ def int16_weights(w: "Weights") -> "Weights":
 
 
 def _each_matrix(w: "Weights", matrix) -> "Weights":
-    """w with matrix(m) for every layer matrix and the head"""
+    """w with matrix(m) for every layer matrix and the head; the pages of a memory-mapped
+    matrix released once it is repacked (one copy of the weights in memory, not two)"""
     from dataclasses import replace
 
-    layers = [replace(lw, wqkv=matrix(lw.wqkv), wo=matrix(lw.wo),
-                      w_gate_up=matrix(lw.w_gate_up), w_down=matrix(lw.w_down))
+    def repacked(m: Matrix) -> Matrix:
+        new = matrix(m)
+        if new is not m:
+            _release_pages(m)
+        return new
+
+    layers = [replace(lw, wqkv=repacked(lw.wqkv), wo=repacked(lw.wo),
+                      w_gate_up=repacked(lw.w_gate_up), w_down=repacked(lw.w_down))
               for lw in w.layers]
-    return replace(w, layers=layers, head=matrix(w.head))
+    return replace(w, layers=layers, head=repacked(w.head))
+
+
+def _release_pages(m: Matrix) -> None:
+    """Drop the pages of m's rows from memory where m reads a memory-mapped file (np.memmap at
+    offset 0, as blockfile maps them; never written: a later read, the embedding lookup's,
+    faults them in again from the file)."""
+    import mmap
+
+    if (not isinstance(m.data.base, mmap.mmap) or not len(m.units)
+            or not hasattr(mmap, "MADV_DONTNEED")):  # not Windows
+        return
+    k = m.shape[1]
+    start = int(m.units[:, 3].min()) // mmap.PAGESIZE * mmap.PAGESIZE
+    end = max(int(o + stride * (n - 1) + blocks.TYPES[int(t)].row_bytes(k))
+              for _, n, t, o, stride in m.units)
+    m.data.base.madvise(mmap.MADV_DONTNEED, start, min(end, len(m.data.base)) - start)
 
 
 INTEGER_PATHS = {"int8": int8_weights, "int16": int16_weights}  # numeric path -> its repacking
