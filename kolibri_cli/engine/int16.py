@@ -317,22 +317,20 @@ def _units_tokens(d, units, u0, u1, q4, x, t0, t4, out):
         offs = unit_offsets(units[u])
         for i in range(n):
             for j in range(t0, t4, 4):
-                last = min(j + 3, t4 - 1)
-                t = (j, min(j + 1, last), min(j + 2, last), last)
-                s = _tokens4(d, offs[i], q4, x, t)
-                for q in range(last - j + 1):
+                s = _tokens4(d, offs[i], q4, x, (j, j + 1, j + 2, j + 3))
+                for q in range(4):
                     out[j + q, r0 + i] = s[q]
 
 
 @njit(cache=True)
 def units_tokens(d, units, u0, u1, x, t0, t1, out):
     """out[t, r] = row r . token t for the rows of units u0..u1-1 (all of one block type),
-    t0 <= t < t1, in tiles of one row x 4 tokens (a short tile repeats its last token; extra
-    results discarded); a last lone token in the 4-row tile of one token"""
-    t4 = t1 - 1 if (t1 - t0) % 4 == 1 else t1
+    t0 <= t < t1, in tiles of one row x 4 tokens; the last (t1 - t0) % 4 tokens each in the 4-row
+    tile of one token (cheaper than a 4-token tile that repeats them)"""
+    t4 = t0 + (t1 - t0) // 4 * 4
     if units[u0, 2] == Q4_1W:
         _units_tokens(d, units, u0, u1, True, x, t0, t4, out)
     else:
         _units_tokens(d, units, u0, u1, False, x, t0, t4, out)
-    if t4 < t1:
-        units_one_token(d, units, u0, u1, x, t4, out)
+    for t in range(t4, t1):
+        units_one_token(d, units, u0, u1, x, t, out)
