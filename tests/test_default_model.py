@@ -32,9 +32,9 @@ def model(pulled_default):
 
 
 def default_path() -> str:
-    from kolibri_cli.engine import simd8
+    from kolibri_cli.engine.weights import default_numerics
 
-    return "int16" if simd8.AVX2 and simd8.F16C else "float32"
+    return default_numerics(("Q8_0", "Q4_1"))  # on this CPU
 
 
 def test_the_default_path_is_int16_where_it_runs(model):

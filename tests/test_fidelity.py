@@ -71,13 +71,13 @@ def test_default_path_reproduces_every_shipped_golden(pulled_default, monkeypatc
     """The default model on its default numeric path (int16 on a CPU with AVX2 and F16C): every
     shipped greedy golden, and logits within the law of the float32 path's (`kolibri bench
     --fidelity --json`)."""
-    from kolibri_cli.engine import simd8
+    from kolibri_cli.engine.weights import default_numerics
 
     monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
     r = CliRunner().invoke(app, ["bench", "--fidelity", "--json"])
     assert r.exit_code == 0, r.output
     f = json.loads(r.stdout)
-    assert f["numerics"] == ("int16" if simd8.AVX2 and simd8.F16C else "float32")
+    assert f["numerics"] == default_numerics(("Q8_0", "Q4_1"))  # int16 with AVX2 and F16C
     assert f["goldens"] == 18 and f["reproduced"] == 18
     assert f["max_logit_diff"] <= LOGIT_LAW
     assert (f["max_logit_diff"] > 0) == (f["numerics"] != "float32")  # measured, not assumed

@@ -199,14 +199,15 @@ def test_the_float32_reference_checks_on_every_numeric_path_kolibri_chains_on_th
     check_model_matches(model, [reference, own], allow_mismatch=False)
     other = Golden(**golden_dict(id="f32", reference=kolibri | {"dtype": "float32"}))
     with pytest.raises(KolibriError, match=r"recorded by kolibri on the float32 numeric path, "
-                       r"the model runs int16 \(--quantize float32 matches it\)"):
+                       r"the model runs int16 \(--quantize float32 matches it; pass "):
         check_model_matches(model, [reference, other], allow_mismatch=False)
     check_model_matches(model, [other], allow_mismatch=True)
     check_model_matches(replace_numerics(model, "float32"), [reference, other], False)
     served = SimpleNamespace(**(vars(model) | {"weights": None}))  # run by a server
     check_model_matches(served, [reference, own, other], allow_mismatch=False)
     bf16 = Golden(**golden_dict(id="bf16", reference={"engine": "transformers", "dtype": "bf16"}))
-    with pytest.raises(KolibriError, match="by transformers on the bf16 numeric path"):
+    with pytest.raises(KolibriError, match=r"by transformers on the bf16 numeric path, the model "
+                       r"runs int16 \(pass --allow-model-mismatch"):  # no --quantize bf16 to name
         check_model_matches(model, [bf16], allow_mismatch=False)
 
 
@@ -214,3 +215,13 @@ def replace_numerics(model, numerics: str):
     from types import SimpleNamespace
 
     return SimpleNamespace(**(vars(model) | {"numerics": numerics}))
+
+
+def test_the_transformers_reference_opens_the_model_as_stored():
+    """Recording the reference opens the model on float32 (no repacking for a path it never
+    runs); kolibri records on the path asked, None being the model's default."""
+    from kolibri_cli.goldens.record import numerics_for
+
+    assert numerics_for("transformers", None) == "float32"
+    assert numerics_for("kolibri", None) is None
+    assert numerics_for("kolibri", "int8") == "int8"

@@ -159,7 +159,7 @@ from pathlib import Path
 from kolibri_cli.engine import simd8
 from kolibri_cli.engine.model import load_model
 from kolibri_cli.errors import KolibriError
-assert not simd8.AVX2 and not simd8.F16C
+assert not simd8.AVX2 and not simd8.TARGET_AVX2 and not simd8.F16C
 print(load_model(Path(sys.argv[1]), 'tiny', weights=False).numerics)  # the default here
 try:
     load_model(Path(sys.argv[1]), 'tiny', numerics='int16')
@@ -193,8 +193,9 @@ def test_the_default_path_is_int16_on_q4_1_q8_0_blocks_with_avx2_and_f16c(
     from kolibri_cli.engine import simd8
     from kolibri_cli.store.models import default_numerics_of, open_model
 
-    monkeypatch.setattr(simd8, "AVX2", avx2)
+    monkeypatch.setattr(simd8, "TARGET_AVX2", avx2)
     monkeypatch.setattr(simd8, "F16C", f16c)
+    monkeypatch.setattr(simd8, "AVX2", False)  # KOLIBRI_SIMD=portable: other code, same path
     want = "int16" if avx2 and f16c else "float32"
     path = tmp_path / "tiny.gguf"
     tiny_gguf(path, lambda kind, layer, n: "Q8_0" if kind == "token_embd" else "Q4_1")
@@ -217,7 +218,7 @@ def test_the_default_model_runs_int16_weights(kolibri_home, tmp_path):
     tiny_gguf(path, "Q4_1")  # the types of test_int16_models_are_batch_invariant's: one compile
     name, folder = cache.import_gguf(path)
     model = load_model(folder, name, kernels=("lean",))
-    if not (simd8.AVX2 and simd8.F16C):
+    if not (simd8.TARGET_AVX2 and simd8.F16C):
         assert model.numerics == "float32"
         return
     assert model.numerics == "int16" and set(model.weights.storage()) == {"Q4_1x16"}

@@ -98,7 +98,7 @@ def record(
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
     _check_output(output, prompts, "prompts")
     m = load_tokenizer(model, engine, engine_api, timeout, served_model) if remote else \
-        load_model(model, threads, quantize=quantize)
+        load_model(model, threads, quantize=recorder.numerics_for(engine, quantize))
     chat = not raw and m.tokenizer.has_chat_template
     how = resolve_sampling(m, given)
     with _engine(engine, m, engine_api, gguf, threads, timeout, served_model) as runner:

@@ -104,6 +104,7 @@ def repack(q4: bool, rows: np.ndarray) -> tuple[int, np.ndarray]:
 SUB = 16  # activations per scale: runs of SUB // 8 of a block's 4 runs of 8 share one (the
 # tiles assume 16: two scales per block)
 GROUPS = 32 // SUB  # scales per block
+assert GROUPS == 2, "the tiles read two activation scales per block (_scales, _pair)"
 _CHUNK = (0, 2, 1, 3)  # the chunk of 16 codes of its pair (chunk c at 16c) that run r goes in
 
 

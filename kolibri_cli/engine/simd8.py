@@ -15,6 +15,9 @@ from numba.extending import intrinsic, models, register_model
 from kolibri_cli.engine.simd import _uses, target_features
 
 AVX2 = _uses("avx2")
+# the target runs AVX2 code, whatever KOLIBRI_SIMD forces: where int16 is the default path
+# (engine.weights.default_numerics), so a forced portable build runs the same numeric path
+TARGET_AVX2 = "avx2" in target_features()
 # float16 scales widen with one instruction (F16C); LLVM's fallback is a runtime-library call
 # numba's JIT does not link, so without F16C in the target the int16 path is refused
 F16C = "f16c" in target_features()

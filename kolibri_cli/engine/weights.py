@@ -188,12 +188,13 @@ def default_numerics(types) -> str:
     """The numeric path a model runs when none is asked for: "int16" (the fastest path that
     reproduces the float32 reference's chains, docs/bench.md) when every matrix of the model,
     the embedding included, is Q4_1 or Q8_0 blocks (a cache model from such a GGUF) and the CPU
-    has AVX2 and F16C (without them int16's code is slower than float32's); else "float32"
+    target has AVX2 and F16C (without them int16's code is slower than float32's; KOLIBRI_SIMD
+    forcing the portable code changes the code, not the path); else "float32"
     (float weights too: int16 would quantize them first). `types`: the matrices' block type
     names."""
     from kolibri_cli.engine import simd8
 
-    fast = simd8.AVX2 and simd8.F16C
+    fast = simd8.TARGET_AVX2 and simd8.F16C
     return "int16" if fast and types and set(types) <= set(DEFAULT_TYPES) else "float32"
 
 

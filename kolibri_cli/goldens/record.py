@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.decode.sampling import GREEDY, Sampling
+from kolibri_cli.engine.weights import STORAGE
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, PromptSpec, first_divergence
 from kolibri_cli.servers import LOCAL, ServerApi, is_server, server_identity
@@ -32,6 +33,14 @@ def check_engine(engine: str) -> bool:
 def capped(goldens: list[Golden], max_tokens: int) -> int:
     """How many chains the context capped below `max_tokens` (their reference records it)."""
     return sum(g.reference.get("max_tokens", max_tokens) < max_tokens for g in goldens)
+
+
+def numerics_for(engine: str, quantize: str | None) -> str | None:
+    """The numeric path the model is opened on to record with in-process `engine`: float32 for
+    the transformers reference, which reads the folder's weights itself (kolibri's, memory-mapped
+    as stored, serve the fit checks only; no repacking); kolibri runs `quantize` (None: the
+    model's default)."""
+    return "float32" if engine == "transformers" else quantize
 
 
 def _engine(model, engine: str):
@@ -170,10 +179,11 @@ def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> N
     if other and not allow_mismatch:
         dtype, engine = (other[0].reference.get(k, v) for k, v in (("dtype", "float32"),
                                                                     ("engine", "kolibri")))
+        matches = f"--quantize {dtype} matches it; " if dtype in STORAGE else ""
         raise KolibriError(
             f"golden {other[0].id!r} was recorded by {engine} on the {dtype} numeric path, the "
-            f"model runs {model.numerics} (--quantize {dtype} matches it); pass "
-            "--allow-model-mismatch to proceed anyway")
+            f"model runs {model.numerics} ({matches}pass --allow-model-mismatch to proceed "
+            "anyway)")
     if not allow_mismatch and any(g.model_sha256 or g.identity for g in goldens):
         ours = model.identity  # a folder's weights are read for it: only when there is a match
         for g in goldens:

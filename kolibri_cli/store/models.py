@@ -62,6 +62,7 @@ def _open(spec, notify, progress, weights: bool, numerics: str | None, warm: tup
 def _compile_ahead(spec, numerics: str | None, compiling):
     """A registry model about to be pulled: the lean kernel of the numeric path it will run
     (its default unless asked) compiled meanwhile, in child processes."""
+    from kolibri_cli.engine import simd8
     from kolibri_cli.engine.weights import INTEGER_PATHS, default_numerics, kernel_types
     from kolibri_cli.store import precompile
 
@@ -72,6 +73,8 @@ def _compile_ahead(spec, numerics: str | None, compiling):
     numerics = numerics or default_numerics(source.kernel_types)
     if numerics != "float32" and numerics not in INTEGER_PATHS:
         return None  # q8_0's types are made at load: its kernel compiles in the foreground
+    if numerics == "int16" and not simd8.F16C:
+        return None  # refused at load (engine.model.load_weights): nothing to compile
     return precompile.start(kernel_types(source.kernel_types, numerics), compiling)
 
 
