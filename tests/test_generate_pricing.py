@@ -161,10 +161,11 @@ def test_the_probe_prices_the_path_its_model_runs_by_default(kolibri_home, tmp_p
     from test_block_models import tiny_gguf
 
     from kolibri_cli.costs.pricing import for_goldens
-    from kolibri_cli.engine import simd8
+    from kolibri_cli.engine import simd8, weights
     from kolibri_cli.store import cache
 
-    monkeypatch.setattr(simd8, "AVX2", True)
+    monkeypatch.setattr(weights, "INT16_BY_DEFAULT", True)
+    monkeypatch.setattr(simd8, "TARGET_AVX2", True)
     monkeypatch.setattr(simd8, "F16C", True)
     tiny_gguf(tmp_path / "t.gguf",
               lambda kind, layer, n: "Q8_0" if kind == "token_embd" else "Q4_1")
@@ -177,10 +178,10 @@ def test_the_probe_prices_the_path_its_model_runs_by_default(kolibri_home, tmp_p
     found = for_goldens(None, {(name, sha)}, 2)
     assert found.source == "bench" and found.costs == FLAT and found.bench.numerics == "int16"
     assert "(int16, 2 threads" in found.source_text()
-    monkeypatch.setattr(simd8, "AVX2", False)  # without AVX2 the probe's model runs float32
+    monkeypatch.setattr(simd8, "TARGET_AVX2", False)  # without AVX2 the probe's model: float32
     assert for_goldens(None, {(name, sha)}, 2).costs == STEEP
     assert "`kolibri bench -m tiny --threads 2`" in for_model(name, "b" * 64, "float32", 2).note
-    monkeypatch.setattr(simd8, "AVX2", True)  # the hint names a path that is not the default
+    monkeypatch.setattr(simd8, "TARGET_AVX2", True)  # the hint names a path not the default
     assert "`kolibri bench -m tiny --quantize float32 --threads 2`" in for_model(
         name, "b" * 64, "float32", 2).note
 
