@@ -127,11 +127,17 @@ def test_every_compiled_function_caches_under_kolibri_home(tmp_path, module):
     assert paths and all(p.parent == tmp_path / "numba" for p in paths), out.stdout
 
 
-def test_numba_cache_dir_set_by_the_user_wins(tmp_path):
+def test_numba_cache_dir_set_by_the_user_wins_and_is_keyed_by_the_sources(tmp_path):
+    """NUMBA_CACHE_DIR moves the cache, not its keying: numba's own index there checks a function
+    against its own file only, and served matmul with the int16 tiles inlined from an older
+    int16.py (logits off by 30)."""
     code = "from kolibri_cli.engine import kernel; print(kernel._forward._cache.cache_path)"
     out = run_python(code, env={"KOLIBRI_HOME": str(tmp_path / "home"),
                                 "NUMBA_CACHE_DIR": str(tmp_path / "numba")})
-    assert Path(out.stdout.strip()).is_relative_to(tmp_path / "numba")
+    home = run_python(code, env={"KOLIBRI_HOME": str(tmp_path / "home"), "NUMBA_CACHE_DIR": ""})
+    moved, native = Path(out.stdout.strip()), Path(home.stdout.strip())
+    assert moved.parent == tmp_path / "numba" and native.parent == tmp_path / "home" / "numba"
+    assert moved.name == native.name and moved.name.startswith("engine-")
 
 
 def test_bounds_checked_builds_get_their_own_folder(tmp_path):

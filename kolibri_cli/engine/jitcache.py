@@ -3,7 +3,8 @@ sources it was compiled from. Never the package folder (a read-only install must
 
 Import this module before defining any `@njit(cache=True)` function of kolibri (engine/jit.py
 does; other packages with compiled code import it themselves): numba picks a function's cache
-folder when its decorator runs. `NUMBA_CACHE_DIR`, when set, wins. numba's own runtime
+folder when its decorator runs. `NUMBA_CACHE_DIR`, when set, replaces the kolibri cache root's
+`numba` folder; the folders under it are keyed by the sources all the same. numba's own runtime
 functions, which numba compiles afresh in every process, are cached there too.
 """
 
@@ -33,11 +34,17 @@ def cache_dir(source: Path) -> Path:
     keep serving the old attention inside the kernel. Keying the folder by every source of the
     package (and by numba, llvmlite, bounds checking and KOLIBRI_SIMD, which numba's index
     ignores too: a portable build must not serve an AVX-512 one) makes any change a fresh
-    folder. Compiled code may only call compiled code of its own package."""
+    folder. Compiled code may only call compiled code of its own package. `NUMBA_CACHE_DIR`, when
+    set, holds these folders: numba's own keying there served a stale int16 tile inside matmul
+    after int16.py changed, and those logits were wrong by 30."""
     package = Path(source).resolve().parent
     name = package.relative_to(PACKAGE).as_posix().replace("/", ".")
     key = _sources_key(package, numba.config.BOUNDSCHECK, os.environ.get("KOLIBRI_SIMD", ""))
-    return cache_root() / "numba" / f"{name}-{key}"
+    return _numba_root() / f"{name}-{key}"
+
+
+def _numba_root() -> Path:
+    return Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else cache_root() / "numba"
 
 
 @lru_cache
@@ -65,8 +72,8 @@ class _KolibriCacheLocator(caching._SourceFileBackedLocatorMixin, caching._Cache
     def from_function(cls, py_func, py_file):
         """Without making the folder (numba's locators make it at import): numba makes it when it
         saves a compile, so importing kolibri — a read-only command — writes nothing."""
-        if numba.config.CACHE_DIR or not Path(py_file).resolve().is_relative_to(PACKAGE):
-            return None  # NUMBA_CACHE_DIR set by the user wins; other code keeps numba's rules
+        if not Path(py_file).resolve().is_relative_to(PACKAGE):
+            return None  # other code keeps numba's rules
         self = cls(py_func, py_file)
         return self if _could_make(Path(self._cache_path)) else None
 
@@ -90,8 +97,7 @@ def _nrt_file(codegen, ir_module) -> Path:
     """The cached runtime's file: keyed by its IR, numba, llvmlite and the CPU it targets."""
     h = hashlib.sha256(repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple(),
                              numba.config.OPT)).encode() + str(ir_module).encode())
-    folder = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else cache_root() / "numba"
-    return folder / f"nrt-{h.hexdigest()[:16]}.pkl"
+    return _numba_root() / f"nrt-{h.hexdigest()[:16]}.pkl"
 
 
 def compile_nrt_functions(ctx):
