@@ -108,7 +108,7 @@ assert GROUPS == 2, "the tiles read two activation scales per block (_scales, _p
 _CHUNK = (0, 2, 1, 3)  # the chunk of 16 codes of its pair (chunk c at 16c) that run r goes in
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _scale(amax):
     """(d, 1/d) for values up to amax: d = amax / 32767; (0, 0) when the inverse would
     overflow (activations that small quantize to zeros)"""
@@ -119,7 +119,7 @@ def _scale(amax):
     return d, inv
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _amax(x, e, n):
     """max |x[e : e+n]| (exact: max is exact in any order)"""
     m = np.float32(0.0)
@@ -167,9 +167,12 @@ def quantize(x):
 # A row's group at byte o (n blocks): d at o, Q4_1's m at o + 2n, pair p's codes at
 # o + 2n (Q8_0) or o + 4n (Q4_1), 32 or 64 bytes each. Each function is specialized on q4 (a
 # constant where the unit loops call the tiles).
+# The helpers are `forceinline` (numba compiles each once per signature, LLVM inlines the code),
+# not numba's `inline="always"`, which copies and re-types a helper's IR at every call site of
+# the unrolled tiles: ~22 s of numba per entry point, ~46 s of the int16 kernel's first compile.
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _weights(d, o, q4):
     """The 64 weights of a pair at byte o, as four 16 x int16 chunks in the activations' order"""
     if q4:
@@ -177,7 +180,7 @@ def _weights(d, o, q4):
     return wload_i8(d, o), wload_i8(d, o + 16), wload_i8(d, o + 32), wload_i8(d, o + 48)
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _scales(dw, x, t, g):
     """Group g's scale products of token t, one per run of SUB values: (weight scales dw of the
     group, `vdeal8`-ordered) * (activation scales) -> pair p's in lanes p and 4 + p"""
@@ -186,7 +189,7 @@ def _scales(dw, x, t, g):
     return vmul8(dw, fload(xsg, f)), vmul8(dw, fload(xsg, f + 8))
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _pair(w, s, p, xq, e, acc):
     """acc after pair p (a constant) of a group, its codes at flat element e of xq: each run of
     SUB values' integer dot (runs 0, 1 are chunks 0, 2; runs 2, 3 chunks 1, 3) times its
@@ -197,7 +200,7 @@ def _pair(w, s, p, xq, e, acc):
     return vfma8(vcvt8(i), vspread(s[1], p), acc)
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _minimums(d, o, n, q4, x, t, g, acc):
     """Q4_1: acc after the group's m * s_x lanes (Q8_0: acc)"""
     if not q4:
@@ -209,7 +212,7 @@ def _minimums(d, o, n, q4, x, t, g, acc):
 # ---------------------------------------------------------------- tiles
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _group_geometry(nb, g, q4):
     """(blocks n, byte offset, codes offset within the group) of group g of a row"""
     n = min(GROUP, nb - GROUP * g)
@@ -217,7 +220,7 @@ def _group_geometry(nb, g, q4):
     return n, GROUP * per * g, (4 if q4 else 2) * n
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _rows_pair(d, o, c, q4, s, p, xq, e, a):
     """4 rows' accumulators a after pair p (codes at byte c of each group at o) of one token"""
     return (_pair(_weights(d, o[0] + c, q4), s[0], p, xq, e, a[0]),
@@ -226,7 +229,7 @@ def _rows_pair(d, o, c, q4, s, p, xq, e, a):
             _pair(_weights(d, o[3] + c, q4), s[3], p, xq, e, a[3]))
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _rows4(d, o, q4, x, t):
     """(row at o[i] . token t for i < 4): one token, its activations loaded once for 4 rows"""
     nb, pb, xq = x[3], 32 if q4 else 64, x[0]
@@ -251,14 +254,14 @@ def _rows4(d, o, q4, x, t):
     return vsum8(a[0]), vsum8(a[1]), vsum8(a[2]), vsum8(a[3])
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _tokens_pair(w, s, p, xq, e, a):
     """4 tokens' accumulators a after pair p, its weights w unpacked once; e, s per token"""
     return (_pair(w, s[0], p, xq, e[0], a[0]), _pair(w, s[1], p, xq, e[1], a[1]),
             _pair(w, s[2], p, xq, e[2], a[2]), _pair(w, s[3], p, xq, e[3], a[3]))
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _tokens4(d, o, q4, x, t):
     """(row at o . token t[j] for j < 4): each pair's weights unpacked once for 4 tokens"""
     nb, pb, xq = x[3], 32 if q4 else 64, x[0]
@@ -288,7 +291,7 @@ def _tokens4(d, o, q4, x, t):
     return vsum8(a[0]), vsum8(a[1]), vsum8(a[2]), vsum8(a[3])
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _units_one_token(d, units, u0, u1, q4, x, t, out):
     for u in range(u0, u1):
         r0, n = units[u, 0], units[u, 1]
@@ -311,7 +314,7 @@ def units_one_token(d, units, u0, u1, x, t, out):
         _units_one_token(d, units, u0, u1, False, x, t, out)
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)
 def _units_tokens(d, units, u0, u1, q4, x, t0, t4, out):
     for u in range(u0, u1):
         r0, n = units[u, 0], units[u, 1]

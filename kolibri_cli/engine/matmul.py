@@ -646,7 +646,8 @@ def _int8_units(d, units, u0, u1, xs, t0, t1, out):
 @njit(inline="always", cache=True)
 def _int16_units(d, units, u0, u1, xs, t0, t1, out):
     if out.shape[0] == 1:
-        int16.units_one_token(d, units, u0, u1, xs, 0, out)
+        int16.units_one_token(d, units, u0, u1, xs, t0, out)  # t0 = 0: not the literal 0, a
+        # signature of its own (a second compile of the tile)
     else:
         int16.units_tokens(d, units, u0, u1, xs, t0, t1, out)
 
