@@ -98,28 +98,37 @@ _INT8 = {blocks.Q4_1: (blocks.int8.Q4_1X, blocks.int8.repack_q4_1),
 def int8_matrix(m: Matrix) -> Matrix:
     """m in the int8 path's layout (a copy) when all its rows are Q4_1 or all Q8_0; else m,
     which then stays on the float32 path."""
-    if (found := _rows_of_one_type(m, _INT8)) is None:
+    if (code := _one_type(m, _INT8)) is None:
         return m
-    code, rows = found
     new_code, repack = _INT8[code]
-    return stacked(new_code, m.shape[1], [repack(blocks.widen_scales(code, rows))])
+    return _repacked(m, code, lambda rows: (new_code, repack(blocks.widen_scales(code, rows))))
 
 
-def _rows_of_one_type(m: Matrix, types) -> tuple[int, np.ndarray] | None:
-    """(block type, rows [N, row bytes]) when every row of m is of one type in `types`, else
-    None"""
+def _one_type(m: Matrix, types) -> int | None:
+    """The block type of m's rows when they are all of one type in `types`, else None"""
     codes = {int(t) for t in m.units[:, 2]}
-    if len(codes) != 1 or (code := codes.pop()) not in types:
-        return None
+    return code if len(codes) == 1 and (code := codes.pop()) in types else None
+
+
+def _repacked(m: Matrix, code: int, repack) -> Matrix:
+    """m's rows (all of block type `code`) repacked into a new buffer a slice of rows at a time:
+    repack(rows [n, row bytes]) -> (new block type, rows [n, new row bytes]). Each slice's pages
+    are released once read where m reads a memory-mapped file, so that the file's pages and the
+    new rows are not both held (nor a whole-matrix gathered copy)."""
     width = blocks.TYPES[code].row_bytes(m.shape[1])
     at = np.concatenate([o + stride * np.arange(n) for _, n, _, o, stride in m.units])
-    rows = np.empty((len(at), width), np.uint8)
+    out = None
     for s in range(0, len(at), _GATHER):  # an index of 8 bytes per byte, a slice at a time
-        rows[s:s + _GATHER] = m.data[at[s:s + _GATHER, None] + np.arange(width)]
-    return code, rows
+        new_code, part = repack(m.data[at[s:s + _GATHER, None] + np.arange(width)])
+        if out is None:
+            out = np.empty((len(at), part.shape[1]), np.uint8)  # [N, new row bytes]
+        out[s:s + _GATHER] = part
+        _release_pages(m.data, at[s:s + _GATHER], width)
+    rows = Rows(new_code, out.shape[1] * np.arange(len(at), dtype=np.int64), m.shape[1])
+    return Matrix.of_rows(out.reshape(-1), [rows])
 
 
-_GATHER = 1024  # rows gathered per index array (the head's: 5 MB of indices, not 240)
+_GATHER = 1024  # rows repacked per slice (the head's: 5 MB of indices, 0.6 MB of rows)
 
 
 def int8_weights(w: "Weights") -> "Weights":
@@ -132,11 +141,9 @@ def int8_weights(w: "Weights") -> "Weights":
 def int16_matrix(m: Matrix) -> Matrix:
     """m in the int16 path's layout (a copy, the GGUF's bytes) when all its rows are Q4_1 or
     all Q8_0; else m, which then stays on the float32 path."""
-    if (found := _rows_of_one_type(m, (blocks.Q4_1, blocks.Q8_0))) is None:
+    if (code := _one_type(m, (blocks.Q4_1, blocks.Q8_0))) is None:
         return m
-    code, rows = found
-    new_code, repacked = blocks.int16.repack(code == blocks.Q4_1, rows)
-    return stacked(new_code, m.shape[1], [repacked])
+    return _repacked(m, code, lambda rows: blocks.int16.repack(code == blocks.Q4_1, rows))
 
 
 def int16_weights(w: "Weights") -> "Weights":
@@ -147,36 +154,28 @@ def int16_weights(w: "Weights") -> "Weights":
 
 
 def _each_matrix(w: "Weights", matrix) -> "Weights":
-    """w with matrix(m) for every layer matrix and the head; the pages of a memory-mapped
-    matrix released once it is repacked (one copy of the weights in memory, not two)"""
+    """w with matrix(m) for every layer matrix and the head (one copy of the weights in memory,
+    not two: see `_repacked`)"""
     from dataclasses import replace
 
-    def repacked(m: Matrix) -> Matrix:
-        new = matrix(m)
-        if new is not m:
-            _release_pages(m)
-        return new
-
-    layers = [replace(lw, wqkv=repacked(lw.wqkv), wo=repacked(lw.wo),
-                      w_gate_up=repacked(lw.w_gate_up), w_down=repacked(lw.w_down))
+    layers = [replace(lw, wqkv=matrix(lw.wqkv), wo=matrix(lw.wo),
+                      w_gate_up=matrix(lw.w_gate_up), w_down=matrix(lw.w_down))
               for lw in w.layers]
-    return replace(w, layers=layers, head=repacked(w.head))
+    return replace(w, layers=layers, head=matrix(w.head))
 
 
-def _release_pages(m: Matrix) -> None:
-    """Drop the pages of m's rows from memory where m reads a memory-mapped file (np.memmap at
-    offset 0, as blockfile maps them; never written: a later read, the embedding lookup's,
-    faults them in again from the file)."""
+def _release_pages(data: np.ndarray, at: np.ndarray, width: int) -> None:
+    """Drop the pages of the rows at byte addresses `at` (each `width` bytes) of `data` from
+    memory where data is a memory-mapped file (np.memmap at offset 0, as blockfile maps them;
+    never written: a later read, the embedding lookup's, faults them in again from the file)."""
     import mmap
 
-    if (not isinstance(m.data.base, mmap.mmap) or not len(m.units)
+    if (not isinstance(data.base, mmap.mmap) or not len(at)
             or not hasattr(mmap, "MADV_DONTNEED")):  # not Windows
         return
-    k = m.shape[1]
-    start = int(m.units[:, 3].min()) // mmap.PAGESIZE * mmap.PAGESIZE
-    end = max(int(o + stride * (n - 1) + blocks.TYPES[int(t)].row_bytes(k))
-              for _, n, t, o, stride in m.units)
-    m.data.base.madvise(mmap.MADV_DONTNEED, start, min(end, len(m.data.base)) - start)
+    start = int(at.min()) // mmap.PAGESIZE * mmap.PAGESIZE
+    end = min(int(at.max()) + width, len(data.base))
+    data.base.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 INTEGER_PATHS = {"int8": int8_weights, "int16": int16_weights}  # numeric path -> its repacking
