@@ -185,8 +185,7 @@ DEFAULT_TYPES = ("Q4_1", "Q8_0")  # block types the integer paths repack (int8_m
 
 INT16_BY_DEFAULT = False  # int16 meets the fidelity law and decodes faster, but is held back: its
 # kernel compiles in ~70 s of a first run (60 s budget: 96 s to text measured on an AMD EPYC, 2
-# cores) and `generate` peaks at ~340 MB (300 MB target). Until both are met, float32 is the
-# default; `--quantize int16` runs it.
+# cores). Until it is met, float32 is the default; `--quantize int16` runs it.
 
 
 def default_numerics(types) -> str:
