@@ -54,7 +54,8 @@ class BenchResult:
     sample_fraction: float  # median share of plain decode time spent choosing tokens
     prefill_tokens: int  # prompt length of the prefill timing (0: not measured)
     prefill_tokens_per_s: float
-    peak_rss_bytes: int  # of this process, the whole run
+    peak_rss_bytes: int  # of this process, up to the end of kolibri's runs (before the
+    # bandwidth measurement's buffer and the peer)
     peer: PeerResult | None = None
     rounds: DecodeRounds | None = None  # decode against the peer, alternating
     pricing: Pricing | None = None  # the c(n) the proposer drafted by; None: it takes none
@@ -104,7 +105,6 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
     `curve` > k + 1 also times c(n) on a grid up to that many tokens (for `kolibri probe
     --concurrency`)."""
     prompt = bench_prompt(model)
-    bandwidth = measure_read_bandwidth()
     k = new_proposer(None).k
     times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats,
                           sizes=curve_sizes(k + 1, max(curve, k + 1)))
@@ -119,6 +119,8 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         sample_s.append((plain.sample_s, plain.decode_s, plain.new_tokens - 1))
         identical &= spec.output_ids == plain.output_ids
     prefill_s = prefill_time(model.transformer, prefill, min(repeats, 3)) if prefill else 0.0
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the model's runs
+    bandwidth = measure_read_bandwidth()  # after: its 512 MiB array is not the model's memory
     stats, nbytes = spec.spec_stats(), model.weights.nbytes_per_token()
     p, s = statistics.median(plain_tps), statistics.median(spec_tps)
     versus, rounds = peer(k + 1, bandwidth) if peer else (None, None)
@@ -138,7 +140,7 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         prefill_tokens=prefill,
         prefill_tokens_per_s=prefill / prefill_s if prefill else 0.0,
         storage=model.weights.storage(),
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_rss_bytes=peak_rss,
         peer=versus, rounds=rounds,
         pricing=Pricing("run", measured) if proposer.costs is measured else None,
     )
