@@ -1,5 +1,5 @@
-"""The default model end to end, on its default numeric path (engine.weights.default_numerics;
-float32 today): kolibri's greedy chains equal the float32 transformers reference recorded in the
+"""The default model end to end, on its default numeric path (int16 on a CPU with AVX2 and F16C,
+else float32): kolibri's greedy chains equal the float32 transformers reference recorded in the
 shipped goldens, speculative output equals plain output on every golden, and the real spec runs'
 counts equal the probe's simulation. The float32 path's blocks equal float32 rows bitwise."""
 
@@ -37,7 +37,7 @@ def default_path() -> str:
     return default_numerics(("Q8_0", "Q4_1"))  # on this CPU
 
 
-def test_the_model_runs_its_default_path(model):
+def test_the_default_path_is_int16_where_it_runs(model):
     assert model.numerics == default_path()
 
 

@@ -161,10 +161,9 @@ def test_the_probe_prices_the_path_its_model_runs_by_default(kolibri_home, tmp_p
     from test_block_models import tiny_gguf
 
     from kolibri_cli.costs.pricing import for_goldens
-    from kolibri_cli.engine import simd8, weights
+    from kolibri_cli.engine import simd8
     from kolibri_cli.store import cache
 
-    monkeypatch.setattr(weights, "INT16_BY_DEFAULT", True)
     monkeypatch.setattr(simd8, "TARGET_AVX2", True)
     monkeypatch.setattr(simd8, "F16C", True)
     tiny_gguf(tmp_path / "t.gguf",

@@ -22,7 +22,7 @@ from tiny_models import TINY, _Tok
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import NgramProposer
 from kolibri_cli.decode.sampling import Sampling
-from kolibri_cli.engine import blocks, int16, weights
+from kolibri_cli.engine import blocks, int16
 from kolibri_cli.engine.kernel import Transformer
 from kolibri_cli.engine.matmul import ALL, matmul
 from kolibri_cli.engine.model import load_model
@@ -193,7 +193,6 @@ def test_the_default_path_is_int16_on_q4_1_q8_0_blocks_with_avx2_and_f16c(
     from kolibri_cli.engine import simd8
     from kolibri_cli.store.models import default_numerics_of, open_model
 
-    monkeypatch.setattr(weights, "INT16_BY_DEFAULT", True)  # the rule it applies when switched on
     monkeypatch.setattr(simd8, "TARGET_AVX2", avx2)
     monkeypatch.setattr(simd8, "F16C", f16c)
     monkeypatch.setattr(simd8, "AVX2", False)  # KOLIBRI_SIMD=portable: other code, same path
@@ -213,11 +212,13 @@ def test_the_default_path_is_int16_on_q4_1_q8_0_blocks_with_avx2_and_f16c(
 
 def test_the_default_model_runs_int16_weights(kolibri_home, tmp_path):
     """On this CPU's flags: the default of a Q4_1/Q8_0 model is what load_model repacks."""
+    from kolibri_cli.engine import simd8
+
     path = tmp_path / "tiny.gguf"
     tiny_gguf(path, "Q4_1")  # the types of test_int16_models_are_batch_invariant's: one compile
     name, folder = cache.import_gguf(path)
     model = load_model(folder, name, kernels=("lean",))
-    if weights.default_numerics(("Q4_1",)) == "float32":
+    if not (simd8.TARGET_AVX2 and simd8.F16C):
         assert model.numerics == "float32"
         return
     assert model.numerics == "int16" and set(model.weights.storage()) == {"Q4_1x16"}

@@ -183,22 +183,17 @@ REPACKED = {"int8": "x8", "int16": "x16"}  # integer path -> suffix of its repac
 DEFAULT_TYPES = ("Q4_1", "Q8_0")  # block types the integer paths repack (int8_matrix, int16_matrix)
 
 
-INT16_BY_DEFAULT = False  # int16 meets the fidelity law and decodes faster, but is held back: its
-# kernel compiles in ~70 s of a first run (60 s budget: 96 s to text measured on an AMD EPYC, 2
-# cores). Until it is met, float32 is the default; `--quantize int16` runs it.
-
-
 def default_numerics(types) -> str:
-    """The numeric path a model runs when none is asked for: with INT16_BY_DEFAULT, "int16" (the
-    fastest path that reproduces the float32 reference's chains, docs/bench.md) when every
-    matrix of the model, the embedding included, is Q4_1 or Q8_0 blocks (a cache model from such
-    a GGUF) and the CPU target has AVX2 and F16C (without them int16's code is slower than
-    float32's; KOLIBRI_SIMD forcing the portable code changes the code, not the path); else
-    "float32" (float weights too: int16 would quantize them first). `types`: the matrices'
-    block type names."""
+    """The numeric path a model runs when none is asked for: "int16" (the fastest path that
+    reproduces the float32 reference's chains, docs/bench.md) when every matrix of the model,
+    the embedding included, is Q4_1 or Q8_0 blocks (a cache model from such a GGUF) and the CPU
+    target has AVX2 and F16C (without them int16's code is slower than float32's; KOLIBRI_SIMD
+    forcing the portable code changes the code, not the path); else "float32"
+    (float weights too: int16 would quantize them first). `types`: the matrices' block type
+    names."""
     from kolibri_cli.engine import simd8
 
-    fast = INT16_BY_DEFAULT and simd8.TARGET_AVX2 and simd8.F16C
+    fast = simd8.TARGET_AVX2 and simd8.F16C
     return "int16" if fast and types and set(types) <= set(DEFAULT_TYPES) else "float32"
 
 
