@@ -38,7 +38,10 @@ def default_path() -> str:
 
 
 def test_the_default_path_is_int16_where_it_runs(model):
+    from kolibri_cli.engine import simd8
+
     assert model.numerics == default_path()
+    assert model.numerics == ("int16" if simd8.TARGET_AVX2 and simd8.F16C else "float32")
 
 
 def test_goldens_were_recorded_from_this_model(model):

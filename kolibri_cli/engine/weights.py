@@ -8,6 +8,7 @@ over the cache buffer, built by `store`). Optional parts (q/k/v biases, q/k norm
 zero-length arrays when the architecture lacks them: the kernel tests `.shape[0]`.
 """
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -175,7 +176,8 @@ def _release_pages(data: np.ndarray, at: np.ndarray, width: int) -> None:
         return
     start = int(at.min()) // mmap.PAGESIZE * mmap.PAGESIZE
     end = min(int(at.max()) + width, len(data.base))
-    data.base.madvise(mmap.MADV_DONTNEED, start, end - start)
+    with contextlib.suppress(OSError):  # e.g. locked pages (mlockall): only memory is lost
+        data.base.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 INTEGER_PATHS = {"int8": int8_weights, "int16": int16_weights}  # numeric path -> its repacking
