@@ -207,3 +207,14 @@ def test_bench_of_a_proposer_without_costs_says_so(kolibri_home, tiny_llama_fold
                                  "--threads", "1", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["pricing"] is None
+
+
+def test_peak_memory_is_bytes_whatever_unit_getrusage_gives(monkeypatch):
+    """getrusage's ru_maxrss is kilobytes on Linux and bytes on macOS"""
+    from kolibri_cli.bench import run
+
+    monkeypatch.setattr(run.resource, "getrusage", lambda who: SimpleNamespace(ru_maxrss=1000))
+    monkeypatch.setattr(run.sys, "platform", "linux")
+    assert run._peak_rss_bytes() == 1024000
+    monkeypatch.setattr(run.sys, "platform", "darwin")
+    assert run._peak_rss_bytes() == 1000

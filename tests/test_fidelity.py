@@ -13,7 +13,7 @@ from conftest import tiny_llama_tensors
 from tiny_models import TINY, _Tok
 from typer.testing import CliRunner
 
-from kolibri_cli.bench.fidelity import measure_fidelity, teacher_forced
+from kolibri_cli.bench.fidelity import float32_reference, measure_fidelity, teacher_forced
 from kolibri_cli.cli import app
 from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.engine.kernel import Transformer
@@ -38,6 +38,18 @@ def _goldens(model, n: int = 6) -> list[Golden]:
         ids = generate_plain(model, prompt, 24).output_ids
         out.append(Golden(i, "tiny", "", False, prompt, ids, "tiny", ""))
     return out
+
+
+def test_the_reference_is_the_float32_path_loaded_only_when_needed():
+    loads = []
+
+    def load():
+        loads.append(1)
+        return "float32 copy"
+
+    f32, i16 = SimpleNamespace(numerics="float32"), SimpleNamespace(numerics="int16")
+    assert float32_reference(f32, load) is f32 and loads == []
+    assert float32_reference(i16, load) == "float32 copy" and loads == [1]
 
 
 def test_the_float32_path_against_itself_is_exact():

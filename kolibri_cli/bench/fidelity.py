@@ -57,6 +57,12 @@ def measure_fidelity(model, reference, goldens: list[Golden], source: str = "shi
     return Fidelity(model.numerics, source, engines, len(greedy), reproduced, worst, at)
 
 
+def float32_reference(model, load_float32):
+    """The model to measure `model` against: itself on the float32 path, else the same model on
+    the float32 path, loaded by `load_float32()` (only then, since it is a second copy)."""
+    return model if model.numerics == "float32" else load_float32()
+
+
 def shipped_goldens(model) -> list[Golden]:
     """The greedy goldens shipped for this model (the float32 transformers reference)"""
     files = sorted((SHIPPED / model.name).glob("*.jsonl"))

@@ -4,6 +4,7 @@ same run (medians of repeats), a peer's (llama.cpp on the same GGUF) included.""
 
 import resource
 import statistics
+import sys
 from dataclasses import asdict, dataclass
 
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
@@ -119,7 +120,7 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         sample_s.append((plain.sample_s, plain.decode_s, plain.new_tokens - 1))
         identical &= spec.output_ids == plain.output_ids
     prefill_s = prefill_time(model.transformer, prefill, min(repeats, 3)) if prefill else 0.0
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the model's runs
+    peak_rss = _peak_rss_bytes()  # the model's runs
     bandwidth = measure_read_bandwidth()  # after: its 512 MiB array is not the model's memory
     stats, nbytes = spec.spec_stats(), model.weights.nbytes_per_token()
     p, s = statistics.median(plain_tps), statistics.median(spec_tps)
@@ -144,3 +145,9 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         peer=versus, rounds=rounds,
         pricing=Pricing("run", measured) if proposer.costs is measured else None,
     )
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident memory: getrusage gives kilobytes on Linux, bytes on macOS"""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

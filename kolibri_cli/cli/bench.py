@@ -154,12 +154,16 @@ def _profile(model, n: int, repeats: int, as_json: bool) -> None:
 
 def _fidelity(m, spec: str | None, threads: int | None, path: Path | None,
               as_json: bool) -> None:
-    from kolibri_cli.bench.fidelity import file_goldens, measure_fidelity, shipped_goldens
+    from kolibri_cli.bench.fidelity import (
+        file_goldens,
+        float32_reference,
+        measure_fidelity,
+        shipped_goldens,
+    )
     from kolibri_cli.cli import render
 
     goldens = file_goldens(m, path) if path else shipped_goldens(m)
-    reference = m if m.numerics == "float32" else opt.load_model(spec, threads,
-                                                                 quantize="float32")
+    reference = float32_reference(m, lambda: opt.load_model(spec, threads, quantize="float32"))
     render.err.print(f"replaying {len(goldens)} goldens of {m.name} on the {m.numerics} path ...")
     with render.progress_bar() as bars:
         result = measure_fidelity(m, reference, goldens, str(path) if path else "shipped",
