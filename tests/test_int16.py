@@ -7,6 +7,7 @@ path's, batch-invariant for every L and split, tree rows equal to chain rows, sp
 equal to plain (greedy and sampled); a CPU without F16C is refused in one line. It is the
 default path of a model of Q4_1/Q8_0 blocks on a CPU with AVX2 and F16C."""
 
+import mmap
 import os
 import subprocess
 import sys
@@ -22,11 +23,12 @@ from tiny_models import TINY, _Tok
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import NgramProposer
 from kolibri_cli.decode.sampling import Sampling
-from kolibri_cli.engine import blocks, int16
+from kolibri_cli.engine import blocks, int16, weights
+from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.engine.kernel import Transformer
 from kolibri_cli.engine.matmul import ALL, matmul
-from kolibri_cli.engine.model import load_model
-from kolibri_cli.engine.weights import int16_matrix, random_weights, stacked
+from kolibri_cli.engine.model import load_model, load_weights
+from kolibri_cli.engine.weights import int8_matrix, int16_matrix, random_weights, stacked
 from kolibri_cli.store import cache, synthetic
 
 pytest.importorskip("gguf")
@@ -100,6 +102,31 @@ def test_quantize_rounds_half_to_even_per_token_in_the_pairs_order():
     one = int16.quantize(x[:1])
     assert all(np.array_equal(a[0], b) for a, b in
                zip(one[:3], (xq[0], xsp[0], xs[0]), strict=True))
+
+
+@pytest.mark.parametrize("repack", [int16_matrix, int8_matrix], ids=["int16", "int8"])
+@pytest.mark.parametrize("block_type", list(INT16))
+def test_repacking_a_slice_at_a_time_gives_the_one_slice_bytes(kolibri_home, tmp_path,
+                                                                 monkeypatch, block_type, repack):
+    """The integer paths repack a memory-mapped matrix a slice of rows at a time, dropping each
+    slice's file pages once read: slices of 3 rows (a last one of 1 or 2 rows) give the bytes and
+    units of one slice of every row, and the file's rows are still read right afterwards."""
+    path = tmp_path / f"tiny-{block_type}.gguf"
+    tiny_gguf(path, block_type)
+    name, folder = cache.import_gguf(path)
+    w = load_weights(folder, ModelConfig.from_file(folder / "config.json"), "float32")
+    matrices = [w.head, *w.layers[0].matrices()]  # of 300, 512, 256, 1024 and 256 rows
+    assert all(isinstance(m.data.base, mmap.mmap) for m in matrices)  # pages to release
+    floats = [m.to_float32() for m in matrices]
+    whole = [repack(m) for m in matrices]  # _GATHER (1024) rows a slice: one slice each
+    monkeypatch.setattr(weights, "_GATHER", 3)
+    for m, one in zip(matrices, whole, strict=True):
+        sliced = repack(m)
+        assert sliced.types == one.types != m.types
+        assert np.array_equal(sliced.units, one.units)
+        assert np.array_equal(sliced.data, one.data)
+    assert {m.shape[0] % 3 for m in matrices} == {0, 1, 2}  # last slices of 3, 1 and 2 rows
+    assert all(np.array_equal(m.to_float32(), f) for m, f in zip(matrices, floats, strict=True))
 
 
 @pytest.mark.bitwise
