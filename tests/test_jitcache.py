@@ -196,3 +196,42 @@ def test_a_read_only_command_writes_nothing_in_a_new_home(tmp_path):
                        "print(ngram.longest_match._cache.cache_path)", env=env)
     assert saved.returncode == 0, saved.stderr[-2000:]
     assert list(Path(saved.stdout.strip()).glob("*.nbi"))
+
+
+# A small compiled function of kolibri compiled and run, then the kind of cache it got.
+PROPOSER = ("from kolibri_cli.decode.proposers import ngram; ngram.warm_up(); "
+            "print(type(ngram.longest_match._cache).__name__)")
+
+
+def _new_cache_files(tmp_path, before) -> set[Path]:
+    """Cache files numba wrote beside the sources (removed again) or anywhere under tmp_path."""
+    beside = set(PACKAGE.rglob("*.nb[ic]")) - before
+    for path in beside:
+        path.unlink()
+    return beside | set(tmp_path.rglob("*.nb[ic]"))
+
+
+def test_no_keyed_folder_compiles_in_memory(tmp_path):
+    """Where the cache root cannot be made (below a file here; read-only alike), kolibri's
+    functions compile in memory: numba's own folders (beside the sources, ~/.cache/numba) check a
+    function against its own file only, and served matmul with stale int16 tiles after an
+    upgrade; no folder in /tmp either (another user could plant compiled code there)."""
+    (tmp_path / "file").write_text("")
+    before = set(PACKAGE.rglob("*.nb[ic]"))
+    out = run_python(PROPOSER, env={"KOLIBRI_HOME": str(tmp_path / "file" / "home"),
+                                    "NUMBA_CACHE_DIR": "", "HOME": str(tmp_path / "user"),
+                                    "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    written = _new_cache_files(tmp_path, before)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["NullCache"] and not written, written
+
+
+def test_numba_cache_locator_classes_do_not_move_kolibris_cache(tmp_path):
+    """NUMBA_CACHE_LOCATOR_CLASSES set by a user picks numba's locators for other code; kolibri's
+    functions still cache in their keyed folder only."""
+    before = set(PACKAGE.rglob("*.nb[ic]"))
+    out = run_python(PROPOSER, env={"KOLIBRI_HOME": str(tmp_path / "home"), "NUMBA_CACHE_DIR": "",
+                                    "NUMBA_CACHE_LOCATOR_CLASSES": "InTreeCacheLocator"})
+    written = _new_cache_files(tmp_path, before)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert written and all(p.parent.parent == tmp_path / "home" / "numba" for p in written)

@@ -5,19 +5,24 @@ Import this module before defining any `@njit(cache=True)` function of kolibri (
 does; other packages with compiled code import it themselves): numba picks a function's cache
 folder when its decorator runs. `NUMBA_CACHE_DIR`, when set, replaces the kolibri cache root's
 `numba` folder; the folders under it are keyed by the sources all the same. numba's own runtime
-functions, which numba compiles afresh in every process, are cached there too.
+functions, which numba compiles afresh in every process, are cached there too. Where no keyed
+folder can be made, kolibri's functions compile in memory: never numba's other folders (beside
+the sources, ~/.cache/numba, NUMBA_CACHE_LOCATOR_CLASSES), which check a function against its own
+file only, nor a folder in /tmp (another user could plant compiled code there).
 """
 
 import contextlib
 import hashlib
+import inspect
 import os
 import pickle
+import sys
 from functools import lru_cache
 from pathlib import Path
 
 import llvmlite
 import numba
-from numba.core import caching
+from numba.core import caching, dispatcher
 from numba.core.runtime import nrtdynmod
 
 from kolibri_cli.home import cache_root
@@ -68,14 +73,35 @@ class _KolibriCacheLocator(caching._SourceFileBackedLocatorMixin, caching._Cache
     def get_cache_path(self):
         return self._cache_path
 
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        """Without making the folder (numba's locators make it at import): numba makes it when it
-        saves a compile, so importing kolibri — a read-only command — writes nothing."""
-        if not Path(py_file).resolve().is_relative_to(PACKAGE):
-            return None  # other code keeps numba's rules
-        self = cls(py_func, py_file)
-        return self if _could_make(Path(self._cache_path)) else None
+
+class _KolibriCacheImpl(caching.CompileResultCacheImpl):
+    """numba's cache of compiled functions with kolibri's locator as the only one: neither
+    numba's list of locators nor NUMBA_CACHE_LOCATOR_CLASSES is consulted."""
+
+    def __init__(self, py_func):
+        source = inspect.getfile(py_func)
+        self._lineno = py_func.__code__.co_firstlineno
+        self._locator = _KolibriCacheLocator(py_func, source)
+        fullname = f"{Path(source).stem}.{py_func.__qualname__}"
+        self._filename_base = self.get_filename_base(fullname, getattr(sys, "abiflags", ""))
+
+
+class _KolibriCache(caching.FunctionCache):
+    _impl_class = _KolibriCacheImpl
+
+
+_numba_enable_caching = dispatcher.Dispatcher.enable_caching
+
+
+def _enable_caching(self) -> None:
+    """`cache=True` for a kolibri function: its keyed folder, without making it (numba makes it
+    when it saves a compile, so importing kolibri — a read-only command — writes nothing); where
+    that folder cannot be made, numba's null cache (compiled in memory, every process)."""
+    source = Path(inspect.getfile(self.py_func)).resolve()
+    if not source.is_relative_to(PACKAGE):
+        _numba_enable_caching(self)  # other code keeps numba's rules
+    elif _could_make(cache_dir(source)):
+        self._cache = _KolibriCache(self.py_func)
 
 
 def _could_make(folder: Path) -> bool:
@@ -87,10 +113,7 @@ def _could_make(folder: Path) -> bool:
 
 
 def _use_kolibri_cache() -> None:
-    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
-    locators = getattr(impl, "_locator_classes", None)
-    if isinstance(locators, list) and _KolibriCacheLocator not in locators:
-        locators.insert(0, _KolibriCacheLocator)  # numba internals moved: keep numba's rules
+    dispatcher.Dispatcher.enable_caching = _enable_caching
 
 
 def _nrt_file(codegen, ir_module) -> Path:
