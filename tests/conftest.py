@@ -19,6 +19,12 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
     atexit.register(shutil.rmtree, _numba_dir, ignore_errors=True)
 
 
+# load_model(..., kernels=LEAN): warm the kernel every forward test runs (decode, prefill); the
+# verify and draft-tree specializations compile when a test first calls them. Warming all three
+# compiled, per model and block types, minutes a session of kernels no test called.
+LEAN = ("lean",)
+
+
 @pytest.fixture
 def kolibri_home(tmp_path, monkeypatch) -> Path:
     """An empty cache root in KOLIBRI_HOME; network allowed, debug tracebacks off."""

@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import LEAN
 
 from kolibri_cli.engine import blockfile
 from kolibri_cli.engine.kernel import Transformer
@@ -48,7 +49,7 @@ from kolibri_cli.engine.model import load_model
 assert cpu_target.target_context.codegen().magic_tuple()[1:] == ("haswell", "")
 assert not simd.LUT and not simd.VNNI and "avx512f" not in simd.target_features()
 folder, numerics, ids, cuts, out = sys.argv[1:]
-tf = load_model(Path(folder), "tiny", numerics=numerics).transformer
+tf = load_model(Path(folder), "tiny", numerics=numerics, kernels=("lean",)).transformer
 ids = np.load(ids)
 bounds = [0, *map(int, cuts.split(",")), len(ids)]
 cache = tf.new_cache(len(ids))
@@ -77,7 +78,7 @@ def test_blocks_equal_float32_path(kolibri_home, tmp_path, block_type):
     path = tmp_path / f"tiny-{block_type}.gguf"
     tiny_gguf(path, block_type, tied=block_type == "Q4_0")
     name, folder = cache.import_gguf(path)
-    model = load_model(folder, name, numerics="float32")  # Q4_1/Q8_0's default is int16
+    model = load_model(folder, name, numerics="float32", kernels=LEAN)  # not int16
     assert set(model.weights.storage()) == {block_type}
     blocks, floats = model.transformer, float32_twin(model)
     rng = np.random.default_rng(len(block_type))

@@ -8,6 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import LEAN
 from test_block_models import avx2_split_logits, split_logits, tiny_gguf
 
 from kolibri_cli.engine import blocks, int8, int16, simd
@@ -213,7 +214,7 @@ def test_avx2_build_gives_the_host_bits(kolibri_home, tmp_path):
     path = tmp_path / "mixed.gguf"
     tiny_gguf(path, mixed_types, n_layers=3, d=576, ff=1536, heads=9, kv_heads=3, vocab=301)
     name, folder = cache.import_gguf(path)
-    model = load_model(folder, name)
+    model = load_model(folder, name, kernels=LEAN)
     assert set(model.weights.storage()) == set(MIXED.values()) | set(K_QUANTS)
     ids = np.random.default_rng(5).integers(0, model.config.vocab_size, 60)
     want = split_logits(model.transformer, ids, AVX2_CUTS)

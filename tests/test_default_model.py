@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import LEAN
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
@@ -140,7 +141,7 @@ def test_measured_probe_counts_equal_simulation_on_smoke_goldens(pulled_default,
 def float32_model(pulled_default):
     from kolibri_cli.store.models import open_model
 
-    return open_model(str(pulled_default.path), numerics="float32")
+    return open_model(str(pulled_default.path), numerics="float32", kernels=LEAN)
 
 
 @pytest.fixture(scope="session")
@@ -190,7 +191,7 @@ Q8_0_GOLDENS = Path(__file__).parent / "data" / "chat.q8_0.jsonl"
 def q8_0_model(pulled_default):
     from kolibri_cli.store.models import open_model
 
-    return open_model(str(pulled_default.path), numerics="q8_0")
+    return open_model(str(pulled_default.path), numerics="q8_0", kernels=LEAN)
 
 
 def test_q8_0_path_equals_its_own_goldens(q8_0_model):

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import LEAN
 from test_block_models import split_logits, tiny_gguf
 from test_tree_kernel import tree_vs_chains
 from tiny_models import TINY, _Tok
@@ -135,7 +136,7 @@ def test_int16_models_are_batch_invariant(kolibri_home, tmp_path, block_type):
     path = tmp_path / f"tiny-{block_type}.gguf"
     tiny_gguf(path, block_type, tied=block_type == "Q8_0")
     name, folder = cache.import_gguf(path)
-    model = load_model(folder, name, numerics="int16")
+    model = load_model(folder, name, numerics="int16", kernels=LEAN)
     assert model.numerics == "int16" and set(model.weights.storage()) == {INT16[block_type]}
     tf = model.transformer
     rng = np.random.default_rng(7)
@@ -147,7 +148,8 @@ def test_int16_models_are_batch_invariant(kolibri_home, tmp_path, block_type):
     for _ in range(3):
         cuts = sorted(rng.choice(np.arange(1, 90), 5, replace=False).tolist())
         assert np.array_equal(split_logits(tf, ids, cuts), want), cuts
-    ref = split_logits(load_model(folder, name, numerics="float32").transformer, ids, [])
+    ref = split_logits(load_model(folder, name, numerics="float32", kernels=LEAN).transformer,
+                      ids, [])
     # 16-bit activations: the logits stay within a thousandth of their spread of the float32
     # path's (the int8 path's test allows a fifth)
     assert np.abs(want - ref).max() < 1e-3 * ref.std(), np.abs(want - ref).max() / ref.std()

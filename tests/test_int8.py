@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import LEAN
 from test_block_models import avx2_split_logits, split_logits, tiny_gguf
 from tiny_models import TINY, _Tok
 
@@ -103,7 +104,7 @@ def test_int8_models_are_batch_invariant(kolibri_home, tmp_path, block_type):
     path = tmp_path / f"tiny-{block_type}.gguf"
     tiny_gguf(path, block_type, tied=block_type == "Q8_0")
     name, folder = cache.import_gguf(path)
-    model = load_model(folder, name, numerics="int8")
+    model = load_model(folder, name, numerics="int8", kernels=LEAN)
     assert model.numerics == "int8" and set(model.weights.storage()) == {INT8[block_type]}
     tf = model.transformer
     rng = np.random.default_rng(7)
@@ -115,7 +116,7 @@ def test_int8_models_are_batch_invariant(kolibri_home, tmp_path, block_type):
     for _ in range(3):
         cuts = sorted(rng.choice(np.arange(1, 90), 5, replace=False).tolist())
         assert np.array_equal(split_logits(tf, ids, cuts), want), cuts
-    floats = load_model(folder, name, numerics="float32").transformer
+    floats = load_model(folder, name, numerics="float32", kernels=LEAN).transformer
     ref = split_logits(floats, ids, [])
     # close to the float32 path: rounding an activation to 8 bits per 32-block (step max|x|/127)
     # moves a matmul's output by ~0.5% of its spread; nine chained matmuls (2 layers x 4, the
@@ -147,7 +148,8 @@ import numpy as np
 from kolibri_cli.engine import simd
 from kolibri_cli.engine.model import load_model
 assert not simd.VNNI
-model = load_model(__import__('pathlib').Path(sys.argv[1]), 'tiny', numerics='int8')
+model = load_model(__import__('pathlib').Path(sys.argv[1]), 'tiny', numerics='int8',
+                   kernels=('lean',))
 ids = np.arange(40) % model.config.vocab_size
 np.save(sys.argv[2], model.transformer.forward(ids, 0, model.transformer.new_cache(40)))
 """
@@ -162,7 +164,7 @@ def test_portable_integer_dots_give_the_vnni_bits(kolibri_home, tmp_path):
     path = tmp_path / "tiny-Q4_1.gguf"
     tiny_gguf(path, "Q4_1", tied=True)
     name, folder = cache.import_gguf(path)
-    model = load_model(folder, name, numerics="int8")
+    model = load_model(folder, name, numerics="int8", kernels=LEAN)
     ids = np.arange(40) % model.config.vocab_size
     want = model.transformer.forward(ids, 0, model.transformer.new_cache(40))
     env = os.environ | {"KOLIBRI_SIMD": "portable", "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
@@ -194,7 +196,7 @@ def test_avx2_build_gives_the_host_integers(kolibri_home, tmp_path):
     # rows of 576 and 1504 weights: 4 and 11 super-blocks, then tails of 2 and 3 blocks
     tiny_gguf(path, _int8_types, d=576, ff=1504, heads=9, kv_heads=3, vocab=301)
     name, folder = cache.import_gguf(path)
-    model = load_model(folder, name, numerics="int8")
+    model = load_model(folder, name, numerics="int8", kernels=LEAN)
     assert set(model.weights.storage()) == {"Q4_1x8", "Q8_0x8"}
     ids = np.random.default_rng(6).integers(0, model.config.vocab_size, 60)
     cuts = [1, 2, 4, 7, 11, 16, 22]
@@ -213,7 +215,7 @@ def test_default_model_int8_path_equals_its_own_goldens_and_spec_equals_plain(pu
     record --engine kolibri --quantize int8 --greedy`), plain and speculative."""
     from kolibri_cli.store.models import open_model
 
-    model = open_model(str(pulled_default.path), numerics="int8")
+    model = open_model(str(pulled_default.path), numerics="int8", kernels=LEAN)
     assert model.weights.storage() == {"Q4_1x8": 120, "Q8_0x8": 1}
     goldens = load_goldens(INT8_GOLDENS)
     assert len(goldens) == 18 and {g.reference["dtype"] for g in goldens} == {"int8"}

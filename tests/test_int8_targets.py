@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import LEAN
 from numba.core.registry import cpu_target
 from test_block_models import split_logits, tiny_gguf
 
@@ -38,7 +39,7 @@ ids, cuts = (np.array(a.split(","), np.int64) for a in sys.argv[3:5])
 bounds = [0, *cuts, len(ids)]
 got = {}
 for numerics in ("float32", "int8", "int16"):
-    tf = load_model(folder, "tiny", numerics=numerics).transformer
+    tf = load_model(folder, "tiny", numerics=numerics, kernels=("lean",)).transformer
     c = tf.new_cache(len(ids))
     got[numerics] = np.concatenate([tf.forward(ids[a:b], a, c) for a, b in zip(bounds, bounds[1:])])
 np.savez(out, cpu=cpu_target.target_context.codegen()._get_host_cpu_name(), **got)
@@ -69,7 +70,8 @@ def test_logits_do_not_depend_on_the_cpu_compiled_for(kolibri_home, tmp_path, ta
     theirs = np.load(out)
     assert str(theirs["cpu"]) == target  # really compiled for the other CPU
     for numerics in ("float32", "int8", "int16"):
-        ours = split_logits(load_model(folder, name, numerics=numerics).transformer, ids, CUTS)
+        ours = split_logits(load_model(folder, name, numerics=numerics, kernels=LEAN).transformer,
+                            ids, CUTS)
         assert ours.std() > 0 and np.array_equal(theirs[numerics], ours), numerics
 
 
@@ -86,7 +88,7 @@ ids, cuts = (np.array(a.split(","), np.int64) for a in sys.argv[3:5])
 bounds = [0, *cuts, len(ids)]
 got = {}
 for numerics in ("float32", "int8", "int16"):
-    tf = load_model(folder, "tiny", numerics=numerics).transformer
+    tf = load_model(folder, "tiny", numerics=numerics, kernels=("lean",)).transformer
     c = tf.new_cache(len(ids))
     got[numerics] = np.concatenate([tf.forward(ids[a:b], a, c) for a, b in zip(bounds, bounds[1:])])
 np.savez(out, **got)
@@ -115,5 +117,6 @@ def test_logits_do_not_depend_on_numpys_cpu_dispatch(kolibri_home, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     theirs = np.load(out)
     for numerics in ("float32", "int8", "int16"):
-        ours = split_logits(load_model(folder, name, numerics=numerics).transformer, ids, CUTS)
+        ours = split_logits(load_model(folder, name, numerics=numerics, kernels=LEAN).transformer,
+                            ids, CUTS)
         assert ours.std() > 0 and np.array_equal(theirs[numerics], ours), numerics

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import LEAN
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
@@ -27,7 +28,7 @@ def model(pulled_default):
     default path's sampled spec == plain: test_generate_compare_sampled)."""
     from kolibri_cli.store.models import open_model
 
-    return open_model(str(pulled_default.path), numerics="float32")
+    return open_model(str(pulled_default.path), numerics="float32", kernels=LEAN)
 
 
 def test_the_file_is_three_seeds_at_t07():
