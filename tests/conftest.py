@@ -19,6 +19,36 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
     atexit.register(shutil.rmtree, _numba_dir, ignore_errors=True)
 
 
+# Tests that call matmul with `matmul.ALL` (every block type and path: minutes of compile, more
+# with bounds checks) run on one xdist worker, one after another, compiled once: spread over
+# two, both workers compiled the same specialization at once, neither from the other's cache.
+MATMUL_ALL = {
+    "test_kernel.py::test_matmul_matches_reference",
+    "test_kernel.py::test_matmul_add_and_gate_up_silu",
+    "test_kernel.py::test_matmul_rows_independent_of_call_size",
+    "test_blocks.py::test_matmul_equals_float32_path_for_every_l",
+    "test_blocks.py::test_verify_sized_calls_on_short_units_and_odd_widths",
+    "test_blocks.py::test_matmul_is_the_fixed_order_dot",
+    "test_blocks.py::test_units_follow_row_addresses",
+    "test_int16.py::test_int16_matmul_is_the_quantized_dot",
+    "test_int16.py::test_int16_tiles_give_the_first_tiles_bits",
+    "test_int8.py::test_int8_matmul_is_the_quantized_dot",
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (pyproject.toml) with the MATMUL_ALL tests as one group, named here:
+    pytest 9.2 ignores the nodeid suffix that xdist_group marks rely on (pytest-xdist#1386),
+    and xdist's scheduler sees node ids only."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Groups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            test = nodeid.split("[")[0].rsplit("/", 1)[-1]  # tests/a.py::t[1] -> a.py::t
+            return "matmul-all" if test in MATMUL_ALL else nodeid
+
+    return Groups(config, log) if config.getvalue("dist") == "loadgroup" else None
+
 # load_model(..., kernels=LEAN): warm the kernel every forward test runs (decode, prefill); the
 # verify and draft-tree specializations compile when a test first calls them. Warming all three
 # compiled, per model and block types, minutes a session of kernels no test called.
