@@ -36,6 +36,7 @@ MATMUL_ALL = {
 }
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) knows no such hook
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` (pyproject.toml) with the MATMUL_ALL tests as one group, named here:
     pytest 9.2 ignores the nodeid suffix that xdist_group marks rely on (pytest-xdist#1386),
