@@ -313,3 +313,17 @@ def vspread(typingctx, v, p):
         return builder.shuffle_vector(args[0], args[0], _const(_VI, [k] * 4 + [4 + k] * 4))
 
     return sig, codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, i):
+    """Ask for the cache line holding byte i of a uint8 array (a hint: no fault, no result)"""
+    sig = types.void(arr, types.intp)
+
+    def codegen(context, builder, signature, args):
+        p = _ptr(context, builder, arr, args[0], args[1], ir.IntType(8))
+        _call(builder, "llvm.prefetch.p0", ir.VoidType(),
+              [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
