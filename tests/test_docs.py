@@ -48,3 +48,12 @@ def test_the_patterns_catch_a_diary():
     assert DATED.search("the 09:27 and 09:59 chat runs")
     assert DATED.search("under this session's CPU lock")
     assert not DATED.search("c(6) 2.25-2.29 at commit 3692efc, 1-minute load average 1.8")
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """The README opens with two commands; CI runs the second, the tests, character for
+    character (a flag added in CI alone would test another command than the one users run)."""
+    fence = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = fence.strip().splitlines()
+    assert len(commands) == 2 and "kolibri generate" in commands[0] and "pytest" in commands[1]
+    assert commands[1] in (ROOT / ".ci" / "run").read_text().splitlines()
