@@ -235,3 +235,31 @@ def test_numba_cache_locator_classes_do_not_move_kolibris_cache(tmp_path):
     written = _new_cache_files(tmp_path, before)
     assert out.returncode == 0, out.stderr[-2000:]
     assert written and all(p.parent.parent == tmp_path / "home" / "numba" for p in written)
+
+
+# The cache root turns into a file after import (a full disk or another user's folder alike):
+# numba raises the failed save after its compile; the run goes on, compiled in memory.
+SAVE_FAILS = ("import os; from pathlib import Path; "
+              "from kolibri_cli.decode.proposers import ngram; "
+              "Path(os.environ['KOLIBRI_HOME']).write_text(''); ngram.warm_up(); "
+              "c = ngram.longest_match._cache; print(type(c).__name__, c._enabled)")
+
+
+def test_a_failed_cache_write_is_not_a_crash(tmp_path):
+    out = run_python(SAVE_FAILS, env={"KOLIBRI_HOME": str(tmp_path / "home"),
+                                      "NUMBA_CACHE_DIR": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["_KolibriCache", "False"]
+
+
+def test_a_kernel_compiled_in_memory_is_not_called_compiled(tmp_path):
+    """Where no cache folder can be made the kernel compiles on every run: load_model says so
+    instead of staying silent as if it were cached."""
+    (tmp_path / "file").write_text("")
+    code = ("from kolibri_cli.engine import kernel; "
+            "print(kernel.compiles_in_memory(), kernel.is_compiled())")
+    for home, says in ((tmp_path / "file" / "home", ["True", "False"]),
+                       (tmp_path / "home", ["False", "False"])):
+        out = run_python(code, env={"KOLIBRI_HOME": str(home), "NUMBA_CACHE_DIR": ""})
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == says

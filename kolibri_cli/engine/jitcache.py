@@ -45,10 +45,11 @@ def cache_dir(source: Path) -> Path:
     package = Path(source).resolve().parent
     name = package.relative_to(PACKAGE).as_posix().replace("/", ".")
     key = _sources_key(package, numba.config.BOUNDSCHECK, os.environ.get("KOLIBRI_SIMD", ""))
-    return _numba_root() / f"{name}-{key}"
+    return numba_root() / f"{name}-{key}"
 
 
-def _numba_root() -> Path:
+def numba_root() -> Path:
+    """The folder kolibri's compiled code is cached under (NUMBA_CACHE_DIR when set)"""
     return Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else cache_root() / "numba"
 
 
@@ -89,6 +90,28 @@ class _KolibriCacheImpl(caching.CompileResultCacheImpl):
 class _KolibriCache(caching.FunctionCache):
     _impl_class = _KolibriCacheImpl
 
+    # numba raises an unreadable or unwritable cache folder (a full disk, a path that became a
+    # file, a folder another user made) on POSIX: a load that fails is a miss, and a save that
+    # fails (the compiled code is in memory already) turns this function's cache off for the run.
+
+    def load_overload(self, sig, target_context):
+        try:
+            return super().load_overload(sig, target_context)
+        except OSError:
+            return None
+
+    def save_overload(self, sig, data):
+        try:
+            super().save_overload(sig, data)
+        except OSError:
+            self.disable()
+
+
+def in_memory(dispatcher) -> bool:
+    """Whether a kolibri function compiles in memory in every process: no cache folder of its
+    own could be made (see `_enable_caching`)."""
+    return isinstance(getattr(dispatcher, "_cache", None), caching.NullCache)
+
 
 _numba_enable_caching = dispatcher.Dispatcher.enable_caching
 
@@ -120,7 +143,7 @@ def _nrt_file(codegen, ir_module) -> Path:
     """The cached runtime's file: keyed by its IR, numba, llvmlite and the CPU it targets."""
     h = hashlib.sha256(repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple(),
                              numba.config.OPT)).encode() + str(ir_module).encode())
-    return _numba_root() / f"nrt-{h.hexdigest()[:16]}.pkl"
+    return numba_root() / f"nrt-{h.hexdigest()[:16]}.pkl"
 
 
 def compile_nrt_functions(ctx):

@@ -50,7 +50,7 @@ from numba import njit
 from numba.extending import overload
 from numba.typed import List
 
-from kolibri_cli.engine import clock, int8, int16
+from kolibri_cli.engine import clock, int8, int16, jitcache
 from kolibri_cli.engine.attention import (
     add_bias,
     attention,
@@ -79,8 +79,15 @@ from kolibri_cli.engine.weights import Weights
 from kolibri_cli.errors import KolibriError
 
 
+def compiles_in_memory() -> bool:
+    """Whether the forward kernel compiles in every process: no cache folder could be made."""
+    return jitcache.in_memory(_forward)
+
+
 def is_compiled() -> bool:
     """Whether numba's on-disk cache already holds the forward kernel (start-up is then fast)."""
+    if compiles_in_memory():
+        return False
     try:
         return os.path.isfile(_forward._cache._cache_file._index_path)
     except AttributeError:  # numba internals changed: assume compiled, say nothing
