@@ -57,8 +57,8 @@ from kolibri_cli.engine.simd8 import (
 Q4_1W, Q8_0W = 113, 118  # kernel storage codes of the int16 layouts (no GGML type uses them)
 GROUP = 8  # blocks per group
 AHEAD = 4096  # bytes: each row's stream asks for its lines this far ahead of its reads (the
-# hardware prefetcher alone left a 1-token forward's matmuls waiting on memory: the head read
-# at ~12 GB/s, with this at ~30-37 of ~40; see `_ahead`)
+# hardware prefetcher alone left a 1-token forward's matmuls waiting on memory: docs/bench.md,
+# "The int16 path"; see `_ahead`)
 
 
 # ---------------------------------------------------------------- weights: repacked at load
