@@ -4,6 +4,7 @@ moves a name, its test here fails saying what moved, where kolibri uses it and w
 instead of a user's install breaking with a less telling error (or, for the numba hooks, kolibri
 silently compiling into numba's folders again)."""
 
+import re
 from importlib.metadata import version
 
 
@@ -39,24 +40,27 @@ def test_typer_vendored_click_exceptions():
         "the click whose UsageError typer raises (typer._click)", "typer", where)
 
 
-def test_numba_cache_locator_hook():
-    """engine/jitcache.py puts its locator first in numba's private list of cache locators
-    (`caching.CacheImpl._locator_classes`), subclassing two private bases; when they move,
-    jitcache leaves numba's own rules in place, so only this test notices."""
-    from numba.core import caching
+def test_numba_cache_hook():
+    """engine/jitcache.py replaces numba's `Dispatcher.enable_caching` for kolibri's functions
+    with a `FunctionCache` whose implementation sets the three attributes numba's `CacheImpl`
+    sets (`_lineno`, `_locator`, `_filename_base`) with kolibri's locator, which subclasses two
+    private bases; a function whose folder cannot be made keeps numba's `NullCache`."""
+    import inspect
+
+    from numba.core import caching, dispatcher
 
     from kolibri_cli.engine import jitcache
 
     where = "kolibri_cli/engine/jitcache.py"
-    for name in ("_CacheLocator", "_SourceFileBackedLocatorMixin"):
+    for name in ("_CacheLocator", "_SourceFileBackedLocatorMixin", "CompileResultCacheImpl",
+                 "FunctionCache", "NullCache"):
         assert hasattr(caching, name), _moved(f"numba.core.caching.{name}", "numba", where)
+    assert dispatcher.Dispatcher.enable_caching is jitcache._enable_caching, _moved(
+        "numba.core.dispatcher.Dispatcher.enable_caching", "numba", where)
     impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
-    locators = getattr(impl, "_locator_classes", None)
-    assert isinstance(locators, list), _moved("numba.core.caching.CacheImpl._locator_classes",
-                                              "numba", where)
-    assert locators[0] is jitcache._KolibriCacheLocator, _moved(
-        "the first of CacheImpl._locator_classes (kolibri's locator was not put there)", "numba",
-        where)
+    set_ = set(re.findall(r"self\.(\w+)\s*=", inspect.getsource(impl.__init__)))
+    assert set_ == {"_lineno", "_locator", "_filename_base"}, _moved(
+        f"the attributes CacheImpl.__init__ sets ({sorted(set_)})", "numba", where)
 
 
 def test_numba_runtime_hook():
