@@ -107,10 +107,10 @@ class _KolibriCache(caching.FunctionCache):
             self.disable()
 
 
-def in_memory(dispatcher) -> bool:
+def in_memory(function) -> bool:
     """Whether a kolibri function compiles in memory in every process: no cache folder of its
     own could be made (see `_enable_caching`)."""
-    return isinstance(getattr(dispatcher, "_cache", None), caching.NullCache)
+    return isinstance(getattr(function, "_cache", None), caching.NullCache)
 
 
 _numba_enable_caching = dispatcher.Dispatcher.enable_caching
