@@ -66,6 +66,16 @@ def kolibri_home(tmp_path, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture
+def no_throughput_line(monkeypatch):
+    """The probe's simulation bar, and its throughput line on stderr, appear after a second of
+    wall clock: on a slow or busy host, in a test that pins stderr. Here they never appear."""
+    from kolibri_cli.cli.render import probe as render_probe
+
+    bar = render_probe.throughput_bar
+    monkeypatch.setattr(render_probe, "throughput_bar", lambda: bar(delay=float("inf")))
+
+
 @dataclass(frozen=True)
 class PulledModel:
     home: Path  # the KOLIBRI_HOME it was pulled into

@@ -3,6 +3,8 @@
 import json
 import re
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -92,7 +94,7 @@ def test_tables_by_default(goldens):
         assert text in result.stdout
 
 
-def test_gates(goldens, kolibri_home):
+def test_gates(goldens, kolibri_home, no_throughput_line):
     ok = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-ratio", "1.5", "--json")
     guess = "note: c(n) is a guess (the default model's on a 2-core AVX-512 host): no kolibri " \
         "bench of m stored: `kolibri bench -m m` measures this host\n"
@@ -260,6 +262,53 @@ def test_speedup_gate_reads_the_measured_run_of_a_sweep(goldens):
     assert _result(goldens, runs, measured, min_speedup=1.4).failures == [
         "measured speedup 1.300 < min-speedup 1.4 (vllm k=3 window=1-2)"
     ]
+
+
+SMOKE_GATES = ["spec_equals_plain == 1 & counts_match_simulation == 1",
+               "0.6 * expected <= measured <= 1.5 * expected"]
+
+
+@pytest.mark.parametrize(("same", "counts", "speedup", "expected", "failed"), [
+    (True, True, 0.8, 0.9, []),  # a loss, as predicted by this host's c(n): passes
+    (False, True, 1.3, 1.3, [0]),  # spec != plain
+    (True, False, 1.3, 1.3, [0]),  # the real counts != the simulation's
+    (True, True, 0.5, 0.9, [1]),  # far slower than its c(n) predict
+    (True, True, 1.5, 0.9, [1]),  # far faster: a plain path slowed, or c(n) mistimed
+])
+def test_smoke_gates_read_the_laws_and_this_hosts_prediction(goldens, same, counts, speedup,
+                                                             expected, failed):
+    """The gates probes/smoke.toml sets read what holds on any CPU: spec == plain, counts ==
+    simulation, and the measured speedup against the one c(n) timed in the same run predict."""
+    from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.replay.shards import simulate
+    from kolibri_cli.probe.report import Measured
+
+    run_ = simulate(load_goldens(goldens), 3, (1, 2))
+    m = Measured(20.0, 16.0, speedup, expected, {1: 1.0}, 0.0, same, counts)
+    result = _result(goldens, [run_], {("vllm", 3, (1, 2)): m}, gate=SMOKE_GATES)
+    assert [line.split(" is false")[0] for line in result.failures] == [
+        SMOKE_GATES[i] for i in failed]
+    laws = f"spec_equals_plain {float(same):.3f}, counts_match_simulation {float(counts):.3f}"
+    assert all(laws in line for line in result.failures if line.startswith(SMOKE_GATES[0]))
+
+
+def test_smoke_gates_fail_without_a_measured_run(goldens):
+    """Without --measure the laws and `expected` are n/a: the gates fail, they do not pass."""
+    from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.replay.shards import simulate
+
+    run_ = simulate(load_goldens(goldens), 3, (1, 2))
+    assert _result(goldens, [run_], {}, gate=SMOKE_GATES).failures == [
+        f"{SMOKE_GATES[0]} is false: spec_equals_plain n/a, counts_match_simulation n/a "
+        "(vllm k=3 window=1-2)",
+        f"{SMOKE_GATES[1]} is false: expected n/a, measured n/a (vllm k=3 window=1-2)"]
+
+
+def test_the_smoke_probe_sets_those_gates_and_no_absolute_speedup():
+    """CI's probe gates what the tests above prove can fail, and no speedup a CPU decides."""
+    cfg = tomllib.loads((Path(__file__).parents[1] / "probes" / "smoke.toml").read_text())
+    assert set(SMOKE_GATES) <= set(cfg["gate"]) and cfg["measure"] is True
+    assert "min_speedup" not in cfg and not any("speedup" in g for g in cfg["gate"])
 
 
 def test_measured_totals_with_one_token_goldens_predict_nothing():
