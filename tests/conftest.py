@@ -50,6 +50,71 @@ def pytest_xdist_make_scheduler(config, log):
 
     return Groups(config, log) if config.getvalue("dist") == "loadgroup" else None
 
+UNMARKED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    """A test that pulls the default model (the `pulled_default` fixture: a download on first
+    use) carries the `model` mark, so `-m "not model"` deselects it offline. One without it is
+    given the mark here (deselected offline all the same) and fails when it runs."""
+    for item in items:
+        if "pulled_default" in getattr(item, "fixturenames", ()) and \
+                item.get_closest_marker("model") is None:
+            item.add_marker(pytest.mark.model)
+            item.stash[UNMARKED] = True
+
+
+def pytest_runtest_setup(item):
+    if item.stash.get(UNMARKED, False):
+        pytest.fail("this test pulls the default model (pulled_default): mark it "
+                    "@pytest.mark.model so that -m 'not model' deselects it offline",
+                    pytrace=False)
+
+
+# The features of numba's target that choose kolibri's code (simd, simd8, int8): the run says
+# which it had, since the tests of the other variants skip without them.
+ISA = ("avx2", "f16c", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avxvnni",
+       "amx-int8")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which CPU and ISA the tests ran on, and how many tests each skip left out (a skip that
+    depends on the host is seen in CI's output, not only counted)."""
+    from collections import Counter
+
+    from numba.core.registry import cpu_target
+
+    from kolibri_cli.engine import simd
+
+    features = simd.target_features()
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo()
+                if line.startswith("model name")), "unknown CPU")
+    target = cpu_target.target_context.codegen().magic_tuple()[1]
+    isa = " ".join(f if f in features else f"-{f}" for f in ISA)
+    portable = os.environ.get("KOLIBRI_SIMD") == "portable"
+    reasons = Counter(_skip_reason(r) for r in terminalreporter.stats.get("skipped", []))
+    terminalreporter.write_sep("-", "host")
+    terminalreporter.write_line(f"{cpu}; numba target {target}: {isa}"
+                                f"{'; KOLIBRI_SIMD=portable' if portable else ''}")
+    for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        terminalreporter.write_line(f"skipped {n}: {reason}")
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _skip_reason(report) -> str:
+    """A skip's reason as written in the test (a report's longrepr: (file, line, "Skipped: ..."))"""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
 # load_model(..., kernels=LEAN): warm the kernel every forward test runs (decode, prefill); the
 # verify and draft-tree specializations compile when a test first calls them. Warming all three
 # compiled, per model and block types, minutes a session of kernels no test called.
@@ -64,6 +129,16 @@ def kolibri_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("KOLIBRI_OFFLINE", raising=False)
     monkeypatch.delenv("KOLIBRI_DEBUG", raising=False)
     return home
+
+
+@pytest.fixture
+def no_throughput_line(monkeypatch):
+    """The probe's simulation bar, and its throughput line on stderr, appear after a second of
+    wall clock: on a slow or busy host, in a test that pins stderr. Here they never appear."""
+    from kolibri_cli.cli.render import probe as render_probe
+
+    bar = render_probe.throughput_bar
+    monkeypatch.setattr(render_probe, "throughput_bar", lambda: bar(delay=float("inf")))
 
 
 @dataclass(frozen=True)

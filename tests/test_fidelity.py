@@ -80,6 +80,7 @@ def test_teacher_forced_rows_are_the_chains_own_logits():
     assert list(teacher_forced(f32, g).argmax(axis=1)) == g.output_ids
 
 
+@pytest.mark.model
 def test_default_path_reproduces_every_shipped_golden(pulled_default, monkeypatch):
     """The default model on its default numeric path (int16 on a CPU with AVX2 and F16C): every
     shipped greedy golden, and logits within the law of the float32 path's (`kolibri bench
@@ -96,6 +97,7 @@ def test_default_path_reproduces_every_shipped_golden(pulled_default, monkeypatc
     assert (f["max_logit_diff"] > 0) == (f["numerics"] != "float32")  # measured, not assumed
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("path", ["int16", "float32"])
 def test_the_other_path_reproduces_every_shipped_golden(pulled_default, monkeypatch, path):
     """int16 and float32 both reproduce every shipped golden, whichever is the default on this

@@ -3,6 +3,8 @@
 import json
 import re
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -34,8 +36,14 @@ def goldens(tmp_path):
     return path
 
 
+# c(1..4) given, so every speedup is fixed by hand: "mix" 7 steps in passes of 1 + [3, 0, 2]
+# rows, 7 / (1.3 + 1 + 1.2) = 2.0x; "rej" 2 steps in passes of 1 + [1, 0], 2 / 2.1 = 0.95x;
+# together 9 / 5.6 = 1.61x, the interval over resamples of the two from 0.95x to 2.0x.
+COSTS = "1,1.1,1.2,1.3"
+
+
 def test_json_schema_and_values(goldens):
-    result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json")
+    result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json", "--costs", COSTS)
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert set(doc) == {"schema_version", "verdict", "best", "ranking", "categories", "gates",
@@ -52,10 +60,11 @@ def test_json_schema_and_values(goldens):
         "speedup": speedup, "basis": "predicted", "predicted_speedup": speedup,
         "measured_speedup": None, "interval": doc["best"]["interval"], "goldens_faster":
         doc["best"]["goldens_faster"], "goldens": 2, "worst": doc["best"]["worst"], "ratio": 1.8}
-    low, high = doc["best"]["interval"]
-    assert low <= speedup <= high
+    assert speedup == pytest.approx(9 / 5.6)
+    assert doc["best"]["interval"] == pytest.approx([2 / 2.1, 2.0])
+    assert doc["best"]["worst"] == {"id": "rej", "speedup": pytest.approx(2 / 2.1)}
     assert doc["ranking"] == [doc["best"]] and doc["verdict"]["setting"] == doc["best"]
-    assert doc["verdict"]["answer"] in ("pays", "a wash", "does not pay")
+    assert doc["verdict"]["answer"] == "a wash"  # a gain, but the interval reaches below 1.0x
     assert doc["verdict"]["text"].startswith("n-gram speculation ")
     head = (r["proposer"], r["k"], r["window"], r["best"], r["measured"], r["chains"])
     assert head == ("vllm", 3, [1, 2], True, None, 2)
@@ -92,7 +101,7 @@ def test_tables_by_default(goldens):
         assert text in result.stdout
 
 
-def test_gates(goldens, kolibri_home):
+def test_gates(goldens, kolibri_home, no_throughput_line):
     ok = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-ratio", "1.5", "--json")
     guess = "note: c(n) is a guess (the default model's on a 2-core AVX-512 host): no kolibri " \
         "bench of m stored: `kolibri bench -m m` measures this host\n"
@@ -106,6 +115,17 @@ def test_gates(goldens, kolibri_home):
     low = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-acceptance", "0.7")
     assert low.exit_code == 1
     assert "acceptance rate 0.667 < min-acceptance 0.7 (vllm k=3 window=1-2)" in low.stderr
+
+
+def test_steep_costs_give_the_verdict_does_not_pay(goldens):
+    """c(n) = n: "mix" 7 / 8 = 0.875x, "rej" 2 / 3 = 0.67x, the whole interval below 1.0x."""
+    result = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--json", "--costs",
+                 "1,2,3,4")
+    assert result.exit_code == 0, result.stderr
+    best = json.loads(result.stdout)["best"]
+    assert best["speedup"] == pytest.approx(9 / 11)
+    assert best["interval"] == pytest.approx([2 / 3, 7 / 8])
+    assert json.loads(result.stdout)["verdict"]["answer"] == "does not pay"
 
 
 @pytest.mark.parametrize(
@@ -200,12 +220,38 @@ def test_plot_without_matplotlib(goldens, tmp_path, monkeypatch):
     assert not (tmp_path / "p.png").exists()
 
 
-def test_plot_written(goldens, tmp_path):
-    pytest.importorskip("matplotlib")
+@pytest.mark.parametrize(("load", "panels"), [([], 2), (["--concurrency", "1,2,4"], 3)])
+def test_plot_written(goldens, tmp_path, monkeypatch, load, panels):
+    """The PNG holds the figure drawn: 5.5 x 4 inches per panel at 120 dpi; the sweep's line per
+    window with the fastest setting starred, the acceptance per draft position, and with
+    --concurrency the speedup under load."""
+    pytest.importorskip("matplotlib")  # the plot extra, which .ci/run installs
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # the figure, kept to be read
     out, md = tmp_path / "img" / "p.png", tmp_path / "docs" / "r.md"
-    result = run("--goldens", goldens, "--k", "1,3", "--plot", out, "--markdown", md, "--json")
+    result = run("--goldens", goldens, "--k", "1,3", "--window", "1-2", "--costs", COSTS,
+                 "--plot", out, "--markdown", md, "--json", *load)
     assert result.exit_code == 0, result.stderr
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = out.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    size = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert size == (660 * panels, 480)
+    pixels = matplotlib.image.imread(out)  # it decodes, and is not one flat colour
+    assert pixels.shape[:2] == (480, 660 * panels) and pixels.std() > 0
+    (fig,) = drawn
+    sweep, positions, *rest = fig.axes
+    assert len(fig.axes) == panels
+    best = json.loads(result.stdout)["best"]
+    (line, one, star) = sweep.get_lines()
+    assert list(line.get_xdata()) == [1, 3] and list(one.get_ydata()) == [1.0, 1.0]
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([best["k"]], [best["speedup"]])
+    run_ = next(r for r in json.loads(result.stdout)["runs"] if r["best"])
+    assert [bar.get_height() for bar in positions.patches] == \
+        run_["total"]["accepted_per_position"]
+    assert [ax.get_title() for ax in rest] == ["under load"] * (panels - 2)
     assert "![predicted speedup over k, and per-position acceptance](../img/p.png)" in \
         md.read_text()
 
@@ -260,6 +306,53 @@ def test_speedup_gate_reads_the_measured_run_of_a_sweep(goldens):
     assert _result(goldens, runs, measured, min_speedup=1.4).failures == [
         "measured speedup 1.300 < min-speedup 1.4 (vllm k=3 window=1-2)"
     ]
+
+
+SMOKE_GATES = ["spec_equals_plain == 1 & counts_match_simulation == 1",
+               "0.6 * expected <= measured <= 1.5 * expected"]
+
+
+@pytest.mark.parametrize(("same", "counts", "speedup", "expected", "failed"), [
+    (True, True, 0.8, 0.9, []),  # a loss, as predicted by this host's c(n): passes
+    (False, True, 1.3, 1.3, [0]),  # spec != plain
+    (True, False, 1.3, 1.3, [0]),  # the real counts != the simulation's
+    (True, True, 0.5, 0.9, [1]),  # far slower than its c(n) predict
+    (True, True, 1.5, 0.9, [1]),  # far faster: a plain path slowed, or c(n) mistimed
+])
+def test_smoke_gates_read_the_laws_and_this_hosts_prediction(goldens, same, counts, speedup,
+                                                             expected, failed):
+    """The gates probes/smoke.toml sets read what holds on any CPU: spec == plain, counts ==
+    simulation, and the measured speedup against the one c(n) timed in the same run predict."""
+    from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.replay.shards import simulate
+    from kolibri_cli.probe.report import Measured
+
+    run_ = simulate(load_goldens(goldens), 3, (1, 2))
+    m = Measured(20.0, 16.0, speedup, expected, {1: 1.0}, 0.0, same, counts)
+    result = _result(goldens, [run_], {("vllm", 3, (1, 2)): m}, gate=SMOKE_GATES)
+    assert [line.split(" is false")[0] for line in result.failures] == [
+        SMOKE_GATES[i] for i in failed]
+    laws = f"spec_equals_plain {float(same):.3f}, counts_match_simulation {float(counts):.3f}"
+    assert all(laws in line for line in result.failures if line.startswith(SMOKE_GATES[0]))
+
+
+def test_smoke_gates_fail_without_a_measured_run(goldens):
+    """Without --measure the laws and `expected` are n/a: the gates fail, they do not pass."""
+    from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.replay.shards import simulate
+
+    run_ = simulate(load_goldens(goldens), 3, (1, 2))
+    assert _result(goldens, [run_], {}, gate=SMOKE_GATES).failures == [
+        f"{SMOKE_GATES[0]} is false: spec_equals_plain n/a, counts_match_simulation n/a "
+        "(vllm k=3 window=1-2)",
+        f"{SMOKE_GATES[1]} is false: expected n/a, measured n/a (vllm k=3 window=1-2)"]
+
+
+def test_the_smoke_probe_sets_those_gates_and_no_absolute_speedup():
+    """CI's probe gates what the tests above prove can fail, and no speedup a CPU decides."""
+    cfg = tomllib.loads((Path(__file__).parents[1] / "probes" / "smoke.toml").read_text())
+    assert set(SMOKE_GATES) <= set(cfg["gate"]) and cfg["measure"] is True
+    assert "min_speedup" not in cfg and not any("speedup" in g for g in cfg["gate"])
 
 
 def test_measured_totals_with_one_token_goldens_predict_nothing():

@@ -323,7 +323,7 @@ def test_cli_ray_without_ray_installed_is_one_line(traces, monkeypatch):
     assert result.stderr == "error: --ray needs Ray: pip install 'kolibri[ray]'\n"
 
 
-def test_cli_small_input_keeps_rows_and_one_process(kolibri_home):
+def test_cli_small_input_keeps_rows_and_one_process(kolibri_home, no_throughput_line):
     # the guess asked for: without it, pricing notes (on stderr) depend on what benches the
     # home holds
     result = probe("--json", "--costs", "default")

@@ -115,7 +115,8 @@ class ProbeConfig:
         help="Gate (repeatable): exit 1 unless EXPR holds for the fastest setting, e.g. "
         "'speedup >= 1.15 & worst >= 0.97'. Names: speedup, predicted, measured, low, "
         "high (its 95% interval), worst, faster (share of goldens), ratio, acceptance, "
-        "mean_len, goldens (docs/probe.md).")
+        "mean_len, goldens, crossover; with --measure expected (this host's c(n) predict), "
+        "spec_equals_plain, counts_match_simulation (1 or 0) (docs/probe.md).")
     min_speedup: float | None = opt(
         "--min-speedup", "float", REPORT, metavar="Z",
         help="Gate: exit 1 if the fastest setting's speedup (measured with --measure, else "

@@ -25,6 +25,11 @@ COLUMNS = {
                "predicted)",
     "predicted": "its predicted speedup (the cost model over the goldens)",
     "measured": "its measured speedup (needs --measure)",
+    "expected": "with --measure: the speedup that c(n) timed in that run on this host predict "
+                "(the measured table's predicted)",
+    "spec_equals_plain": "with --measure: 1 if spec ids == plain ids on every golden, else 0",
+    "counts_match_simulation": "with --measure: 1 if the real verify passes, drafts and "
+                               "acceptances == the simulation's on every golden, else 0",
     "low": "the lower end of the speedup's 95% interval",
     "high": "the upper end of the speedup's 95% interval",
     "worst": "the speedup of the golden it fares worst on",

@@ -11,6 +11,7 @@ from kolibri_cli.probe.answer import (
     category_verdicts,
     fastest_per_proposer,
     ranking,
+    run_key,
     verdict_of,
     with_interval,
 )
@@ -46,7 +47,12 @@ class ProbeResult:
         speed, counts = self.verdict.speed, self.best.total
         low, high = speed.interval or (None, None)
         worst = speed.worst
+        m = self.measured.get(run_key(self.best))
+        law = lambda name: None if m is None else float(getattr(m, name))  # noqa: E731
         return {"speedup": speed.value, "predicted": speed.predicted, "measured": speed.measured,
+                "expected": m and m.predicted_speedup,
+                "spec_equals_plain": law("spec_equals_plain"),
+                "counts_match_simulation": law("counts_match_simulation"),
                 "low": low, "high": high, "worst": worst and worst[1],
                 "faster": speed.faster / len(speed.per_golden) if speed.per_golden else None,
                 "ratio": counts.ratio, "acceptance": counts.acceptance_rate,
