@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.home import make_private
 
 # /dev/stdout, /dev/fd/1, /proc/self/fd/1: our own open descriptors, written through as they are
 _STREAMS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
@@ -179,7 +180,7 @@ def is_temp_of(entry: str, name: str, kinds: tuple[str, ...]) -> bool:
 
 
 def make_temp_dir(parent: Path, name: str, kind: str) -> Path:
-    parent.mkdir(parents=True, exist_ok=True)
+    make_private(parent)  # the cache root or a folder in it
     while True:
         path = parent / temp_name(name, kind)
         try:
