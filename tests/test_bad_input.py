@@ -309,9 +309,10 @@ def test_a_damaged_gguf_read_as_a_tokenizer_is_one_line(run, tmp_path, kolibri_h
         data[4:8], fragment = struct.pack("<I", 1), "GGUF version 1 is not supported"
     elif damage == "value type 99":
         data[at:at + 4], fragment = struct.pack("<I", 99), "value of unknown type 99"
-    else:  # the tokens array claims 2^60 strings: refused where the file ends
+    else:  # the tokens array claims 2^60 strings: refused by the vocabulary's limit
         tokens = data.find(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 8
         data[tokens:tokens + 8] = struct.pack("<Q", 1 << 60)
+        fragment = "(at most 4,194,304)"
     path = tmp_path / "x.gguf"
     path.write_bytes(bytes(data))
     one_error_line(run("goldens", "import", _traces(tmp_path), "-o", tmp_path / "g.jsonl", "-m",
@@ -688,3 +689,4 @@ def test_goldens_that_do_not_fit_the_model_name_the_file_and_golden(run, tiny_ll
         for args in (("goldens", "check", path), ("probe", "--goldens", path, "--measure")):
             one_error_line(run(*args, "--model", folder, "--allow-model-mismatch"),
                            "g.jsonl:2", f"golden '{line['id']}'", fragment)
+

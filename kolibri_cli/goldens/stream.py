@@ -183,6 +183,14 @@ def _numbered_lines(piece: Piece, with_offsets: bool = False):
             yield (line_no, line, end) if with_offsets else (line_no, line)
 
 
+def text_lines(f, path: Path):
+    """(line number from 1, line) for each non-blank line of the open binary file `f`, read in
+    blocks: at most KOLIBRI_MAX_LINE_MB a line, whatever the file's size."""
+    max_line = _limit(MAX_LINE_VAR, MAX_LINE_MB) << 20
+    for line_no, line, _ in _lines(_blocks(f, path, None), 0, None, max_line, path):
+        yield line_no, line
+
+
 def _lines(blocks, offset: int, stop: int | None, max_line: int, path: Path):
     """(line number from 1, line, text offset after it) for each non-blank line of the text in
     `blocks` (starting at text `offset`) that starts before `stop`."""

@@ -11,11 +11,13 @@ Non-goals: tool calls, images (their parts are refused, not dropped).
 """
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
-from kolibri_cli.text import read_text_file
+from kolibri_cli.goldens.stream import text_lines
 
 
 def import_traces(path: str | Path, model, category: str = "traces") -> list[Golden]:
@@ -24,19 +26,47 @@ def import_traces(path: str | Path, model, category: str = "traces") -> list[Gol
     if not model.tokenizer.has_chat_template:  # the tokenizer's own message advises --raw
         raise KolibriError(f"{model.name} has no chat template: traces are rendered with it; "
                            "import them with a chat model")
-    lines = read_text_file(path, "traces file").splitlines()  # /dev/zero: refused, not read
     goldens, seen = [], set()
-    for lineno, line in enumerate(lines, start=1):
-        if line.strip():
-            golden = _golden(_object(line, f"{path}:{lineno}"), model, category, lineno,
-                             f"{path}:{lineno}")
-            if golden.id in seen:
-                raise KolibriError(f"{path}:{lineno}: duplicate id {golden.id!r}")
-            seen.add(golden.id)
-            goldens.append(golden)
+    for lineno, line in _lines(path):
+        golden = _golden(_object(line, f"{path}:{lineno}"), model, category, lineno,
+                         f"{path}:{lineno}")
+        if golden.id in seen:
+            raise KolibriError(f"{path}:{lineno}: duplicate id {golden.id!r}")
+        seen.add(golden.id)
+        goldens.append(golden)
     if not goldens:
         raise KolibriError(f"{path}: no traces in the file (it is empty)")
     return goldens
+
+
+def _lines(path: Path):
+    """(line number, text) of each non-blank line, read a block at a time (a 1 GB file is never
+    held whole; a line is at most KOLIBRI_MAX_LINE_MB). A FIFO is read like a file; a device
+    (/dev/zero never ends) or a socket is refused."""
+    _check_kind(path)
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in text_lines(f, path):
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise KolibriError(f"{path}:{lineno}: not UTF-8 text (byte {e.start} of the "
+                                       "line); the traces file must be UTF-8") from None
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot read the traces file ({e.strerror})") from None
+
+
+def _check_kind(path: Path) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise KolibriError(f"{path}: traces file not found") from None
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot read the traces file ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise KolibriError(f"{path}: is a folder, expected a traces file")
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise KolibriError(f"{path}: is a device or socket, expected a traces file")
 
 
 def _object(line: str, where: str) -> dict:
