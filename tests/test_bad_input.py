@@ -690,3 +690,47 @@ def test_goldens_that_do_not_fit_the_model_name_the_file_and_golden(run, tiny_ll
             one_error_line(run(*args, "--model", folder, "--allow-model-mismatch"),
                            "g.jsonl:2", f"golden '{line['id']}'", fragment)
 
+
+# ---- internal errors that were left: each one line ----
+
+
+def test_a_long_costs_list_is_read_as_a_list_not_a_file_name(run):
+    """~60 numbers (a c(T) curve, the documented form) passed the longest file name: "internal
+    error (OSError: File name too long)"."""
+    costs = ",".join(f"1.{i:03d}" for i in range(60))
+    result = run("probe", "--costs", costs, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert len(json.loads(result.stdout)["config"]["costs"]) == 60
+
+
+@pytest.mark.parametrize("key", ["concurrency", "proposer", "k", "window", "costs", "goldens"])
+def test_an_empty_list_in_probe_toml_is_refused_by_name(run, tmp_path, key):
+    """`concurrency = []` was "internal error (ValueError: max() arg is an empty sequence)";
+    `proposer = []` silently meant the default."""
+    toml = tmp_path / "PROBE.toml"
+    toml.write_text(f"{key} = []\n")
+    one_error_line(run("probe", toml), f"{key} = []", "leave")
+
+
+def test_a_tokenizer_panic_is_one_line_without_rust_text(tmp_path, tiny_llama_folder):
+    """A pre-tokenizer regex that backtracks makes the tokenizers library panic: its Rust text
+    (and backtrace) went to stderr before kolibri's error line."""
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+
+    folder = tiny_llama_folder()
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex("(a+)+$"), "isolated"), tok.pre_tokenizer])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    traces = tmp_path / "t.jsonl"
+    traces.write_text(json.dumps({"messages": [{"role": "user", "content": "a" * 40 + "b"},
+                                               {"role": "assistant", "content": "hi"}]}) + "\n")
+    out = subprocess.run([sys.executable, "-m", "kolibri_cli", "goldens", "import", str(traces),
+                          "-o", str(tmp_path / "g.jsonl"), "-m", str(folder)],
+                         capture_output=True, text=True, timeout=300,
+                         env=os.environ | {"KOLIBRI_HOME": str(tmp_path / "home"),
+                                           "RUST_BACKTRACE": "1"})
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("error: ") and "retry-limit" in lines[0], lines[0]
