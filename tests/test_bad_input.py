@@ -734,3 +734,31 @@ def test_a_tokenizer_panic_is_one_line_without_rust_text(tmp_path, tiny_llama_fo
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
     assert lines[0].startswith("error: ") and "retry-limit" in lines[0], lines[0]
+
+
+# ---- limits on the work asked for ----
+
+
+def test_a_sweep_of_too_many_settings_is_refused_before_it_runs(run):
+    """100 k values x 820 windows printed nothing and grew 10 MB/s until stopped."""
+    ks = ",".join(str(k) for k in range(1, 101))
+    windows = ",".join(f"{lo}-{hi}" for lo in range(1, 11) for hi in range(lo, lo + 5))
+    one_error_line(run("probe", "--k", ks, "--window", windows), "5,000 settings", "4,096")
+
+
+def test_workers_are_capped_at_the_cores(monkeypatch):
+    """`--workers 48` started 49 processes (6.7 GB) on a machine of 2 cores: at most one worker
+    per core, said in a note."""
+    from kolibri_cli.probe import run as probe_run
+    from kolibri_cli.probe import workers
+    from kolibri_cli.probe.config import ProbeConfig
+    from kolibri_cli.probe.replay.shards import PARALLEL_MIN_BYTES
+
+    class Task:
+        nbytes = PARALLEL_MIN_BYTES
+
+    monkeypatch.setattr(workers, "cores", lambda: 2)
+    notes = []
+    executor = probe_run.executor_for(ProbeConfig(workers=48), [Task()] * 48, notes.append)
+    assert executor.workers == 2
+    assert len(notes) == 1 and "--workers 48" in notes[0] and "at most 2" in notes[0]
