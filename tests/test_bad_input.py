@@ -762,3 +762,54 @@ def test_workers_are_capped_at_the_cores(monkeypatch):
     executor = probe_run.executor_for(ProbeConfig(workers=48), [Task()] * 48, notes.append)
     assert executor.workers == 2
     assert len(notes) == 1 and "--workers 48" in notes[0] and "at most 2" in notes[0]
+
+
+# ---- small checks ----
+
+
+def test_golden_ids_1_and_string_1_are_one_id(run, tmp_path):
+    """Ids 1 and "1" in one file gave two rows named 1."""
+    # compiled first: a first replay's progress bar leaves a blank line before an error
+    assert run("probe", "--goldens", write_goldens(tmp_path / "ok.jsonl")).exit_code == 0
+    path = write_goldens(tmp_path / "g.jsonl", golden_line(id=1), golden_line(id="1"))
+    one_error_line(run("probe", "--goldens", path), "duplicate golden id")
+
+
+def test_a_goldens_file_of_two_models_is_refused(run, tmp_path):
+    """The probe prices a file by its first golden's model: a second model's goldens in it were
+    priced as the first's without a word."""
+    path = write_goldens(tmp_path / "g.jsonl", golden_line(id="a"),
+                         golden_line(id="b", model="other", model_sha256="1" * 64))
+    one_error_line(run("probe", "--goldens", path, "--json"), "g.jsonl:2", "'other'",
+                   "a file of their own")
+
+
+def _chat_folder(tiny_llama_folder):
+    folder = tiny_llama_folder()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    return folder
+
+
+@pytest.mark.parametrize("max_tokens", [-5, 1e30, 0, "8", True])
+def test_a_traces_max_tokens_out_of_range_is_refused(run, tmp_path, tiny_llama_folder,
+                                                     max_tokens):
+    """-5 and 1e30 were written into the golden's reference."""
+    traces = tmp_path / "t.jsonl"
+    traces.write_text(json.dumps({
+        "request": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens},
+        "response": {"choices": [{"message": {"content": "yo"}, "finish_reason": "stop"}]}})
+        + "\n")
+    one_error_line(run("goldens", "import", traces, "-o", tmp_path / "g.jsonl", "-m",
+                       _chat_folder(tiny_llama_folder)), "t.jsonl:1", "max_tokens")
+    assert not (tmp_path / "g.jsonl").exists()
+
+
+def test_a_lone_surrogate_in_a_trace_is_refused_without_suggesting_raw(run, tmp_path,
+                                                                       tiny_llama_folder):
+    """The message said "use --raw", which goldens import lacks."""
+    traces = tmp_path / "t.jsonl"
+    traces.write_text('{"messages": [{"role": "user", "content": "a\\ud800"}, '
+                      '{"role": "assistant", "content": "b"}]}\n')
+    line = one_error_line(run("goldens", "import", traces, "-o", tmp_path / "g.jsonl", "-m",
+                              _chat_folder(tiny_llama_folder)), "t.jsonl:1", "lone surrogate")
+    assert "--raw" not in line
