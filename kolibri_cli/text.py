@@ -62,3 +62,28 @@ def read_text_file(path, what: str = "file") -> str:
     except UnicodeDecodeError as e:
         raise KolibriError(f"{path}: not UTF-8 text (byte {e.start}); the {what} must be UTF-8"
                            ) from None
+
+
+def open_regular(path, what: str, limit: int | None = None):
+    """A user-named file opened for reading in binary, when it is a regular file (a FIFO would
+    block for ever, /dev/zero never ends) of at most `limit` bytes; else one KolibriError naming
+    the path. Opened without blocking, then checked on the open file (no race with a rename)."""
+    import stat
+
+    from kolibri_cli.errors import KolibriError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO"
+                if stat.S_ISFIFO(st.st_mode) else "a device or socket")
+        raise KolibriError(f"{path}: is {kind}, expected a {what} (a regular file)")
+    if limit is not None and st.st_size > limit:
+        os.close(fd)
+        raise KolibriError(f"{path}: {st.st_size:,} bytes, more than a {what} may hold "
+                           f"({limit:,})")
+    return os.fdopen(fd, "rb")

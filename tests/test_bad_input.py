@@ -309,9 +309,10 @@ def test_a_damaged_gguf_read_as_a_tokenizer_is_one_line(run, tmp_path, kolibri_h
         data[4:8], fragment = struct.pack("<I", 1), "GGUF version 1 is not supported"
     elif damage == "value type 99":
         data[at:at + 4], fragment = struct.pack("<I", 99), "value of unknown type 99"
-    else:  # the tokens array claims 2^60 strings: refused where the file ends
+    else:  # the tokens array claims 2^60 strings: refused by the vocabulary's limit
         tokens = data.find(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 8
         data[tokens:tokens + 8] = struct.pack("<Q", 1 << 60)
+        fragment = "(at most 4,194,304)"
     path = tmp_path / "x.gguf"
     path.write_bytes(bytes(data))
     one_error_line(run("goldens", "import", _traces(tmp_path), "-o", tmp_path / "g.jsonl", "-m",
@@ -688,3 +689,127 @@ def test_goldens_that_do_not_fit_the_model_name_the_file_and_golden(run, tiny_ll
         for args in (("goldens", "check", path), ("probe", "--goldens", path, "--measure")):
             one_error_line(run(*args, "--model", folder, "--allow-model-mismatch"),
                            "g.jsonl:2", f"golden '{line['id']}'", fragment)
+
+
+# ---- internal errors that were left: each one line ----
+
+
+def test_a_long_costs_list_is_read_as_a_list_not_a_file_name(run):
+    """~60 numbers (a c(T) curve, the documented form) passed the longest file name: "internal
+    error (OSError: File name too long)"."""
+    costs = ",".join(f"1.{i:03d}" for i in range(60))
+    result = run("probe", "--costs", costs, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert len(json.loads(result.stdout)["config"]["costs"]) == 60
+
+
+@pytest.mark.parametrize("key", ["concurrency", "proposer", "k", "window", "costs", "goldens"])
+def test_an_empty_list_in_probe_toml_is_refused_by_name(run, tmp_path, key):
+    """`concurrency = []` was "internal error (ValueError: max() arg is an empty sequence)";
+    `proposer = []` silently meant the default."""
+    toml = tmp_path / "PROBE.toml"
+    toml.write_text(f"{key} = []\n")
+    one_error_line(run("probe", toml), f"{key} = []", "leave")
+
+
+def test_a_tokenizer_panic_is_one_line_without_rust_text(tmp_path, tiny_llama_folder):
+    """A pre-tokenizer regex that backtracks makes the tokenizers library panic: its Rust text
+    (and backtrace) went to stderr before kolibri's error line."""
+    from tokenizers import Regex, Tokenizer, pre_tokenizers
+
+    folder = tiny_llama_folder()
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex("(a+)+$"), "isolated"), tok.pre_tokenizer])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    traces = tmp_path / "t.jsonl"
+    traces.write_text(json.dumps({"messages": [{"role": "user", "content": "a" * 40 + "b"},
+                                               {"role": "assistant", "content": "hi"}]}) + "\n")
+    out = subprocess.run([sys.executable, "-m", "kolibri_cli", "goldens", "import", str(traces),
+                          "-o", str(tmp_path / "g.jsonl"), "-m", str(folder)],
+                         capture_output=True, text=True, timeout=300,
+                         env=os.environ | {"KOLIBRI_HOME": str(tmp_path / "home"),
+                                           "RUST_BACKTRACE": "1"})
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("error: ") and "retry-limit" in lines[0], lines[0]
+
+
+# ---- limits on the work asked for ----
+
+
+def test_a_sweep_of_too_many_settings_is_refused_before_it_runs(run):
+    """100 k values x 820 windows printed nothing and grew 10 MB/s until stopped."""
+    ks = ",".join(str(k) for k in range(1, 101))
+    windows = ",".join(f"{lo}-{hi}" for lo in range(1, 11) for hi in range(lo, lo + 5))
+    one_error_line(run("probe", "--k", ks, "--window", windows), "5,000 settings", "4,096")
+
+
+def test_workers_are_capped_at_the_cores(monkeypatch):
+    """`--workers 48` started 49 processes (6.7 GB) on a machine of 2 cores: at most one worker
+    per core, said in a note."""
+    from kolibri_cli.probe import run as probe_run
+    from kolibri_cli.probe import workers
+    from kolibri_cli.probe.config import ProbeConfig
+    from kolibri_cli.probe.replay.shards import PARALLEL_MIN_BYTES
+
+    class Task:
+        nbytes = PARALLEL_MIN_BYTES
+
+    monkeypatch.setattr(workers, "cores", lambda: 2)
+    notes = []
+    executor = probe_run.executor_for(ProbeConfig(workers=48), [Task()] * 48, notes.append)
+    assert executor.workers == 2
+    assert len(notes) == 1 and "--workers 48" in notes[0] and "at most 2" in notes[0]
+
+
+# ---- small checks ----
+
+
+def test_golden_ids_1_and_string_1_are_one_id(run, tmp_path):
+    """Ids 1 and "1" in one file gave two rows named 1."""
+    # compiled first: a first replay's progress bar leaves a blank line before an error
+    assert run("probe", "--goldens", write_goldens(tmp_path / "ok.jsonl")).exit_code == 0
+    path = write_goldens(tmp_path / "g.jsonl", golden_line(id=1), golden_line(id="1"))
+    one_error_line(run("probe", "--goldens", path), "duplicate golden id")
+
+
+def test_a_goldens_file_of_two_models_is_refused(run, tmp_path):
+    """The probe prices a file by its first golden's model: a second model's goldens in it were
+    priced as the first's without a word."""
+    path = write_goldens(tmp_path / "g.jsonl", golden_line(id="a"),
+                         golden_line(id="b", model="other", model_sha256="1" * 64))
+    one_error_line(run("probe", "--goldens", path, "--json"), "g.jsonl:2", "'other'",
+                   "a file of their own")
+
+
+def _chat_folder(tiny_llama_folder):
+    folder = tiny_llama_folder()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    return folder
+
+
+@pytest.mark.parametrize("max_tokens", [-5, 1e30, 0, "8", True])
+def test_a_traces_max_tokens_out_of_range_is_refused(run, tmp_path, tiny_llama_folder,
+                                                     max_tokens):
+    """-5 and 1e30 were written into the golden's reference."""
+    traces = tmp_path / "t.jsonl"
+    traces.write_text(json.dumps({
+        "request": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens},
+        "response": {"choices": [{"message": {"content": "yo"}, "finish_reason": "stop"}]}})
+        + "\n")
+    one_error_line(run("goldens", "import", traces, "-o", tmp_path / "g.jsonl", "-m",
+                       _chat_folder(tiny_llama_folder)), "t.jsonl:1", "max_tokens")
+    assert not (tmp_path / "g.jsonl").exists()
+
+
+def test_a_lone_surrogate_in_a_trace_is_refused_without_suggesting_raw(run, tmp_path,
+                                                                       tiny_llama_folder):
+    """The message said "use --raw", which goldens import lacks."""
+    traces = tmp_path / "t.jsonl"
+    traces.write_text('{"messages": [{"role": "user", "content": "a\\ud800"}, '
+                      '{"role": "assistant", "content": "b"}]}\n')
+    line = one_error_line(run("goldens", "import", traces, "-o", tmp_path / "g.jsonl", "-m",
+                              _chat_folder(tiny_llama_folder)), "t.jsonl:1", "lone surrogate")
+    assert "--raw" not in line

@@ -195,3 +195,99 @@ def test_a_million_id_chain_is_simulated_in_little_memory(env):
                                    "vllm,hf,llamacpp-simple", "--json"], env / "home")
     assert code == 0, err
     assert long_mb < normal_mb + 200, (long_mb, normal_mb)
+
+
+# ---- readers bounded: regular files only, counts against the bytes present ------------------
+
+
+def _run_cli(args: list[str], env_home, timeout: float = 120) -> subprocess.CompletedProcess:
+    """kolibri in a child process: a reader that waits on a FIFO fails the test by its timeout
+    instead of hanging the session."""
+    return subprocess.run([sys.executable, "-m", "kolibri_cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=os.environ | {"KOLIBRI_HOME": str(env_home),
+                                            "KOLIBRI_OFFLINE": "1"})
+
+
+def _one_line(out: subprocess.CompletedProcess, *fragments: str) -> str:
+    lines = [line for line in out.stderr.splitlines()
+             if line.strip() and not line.startswith(COMPILING)]
+    assert out.returncode == 1 and len(lines) == 1, (out.returncode, out.stderr[-2000:])
+    assert lines[0].startswith("error: ") and "internal error" not in lines[0], lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder", "too big"])
+def test_an_ngram_cache_that_is_not_a_regular_file_is_one_line(env, kind):
+    """`--lookup-cache-static /dev/zero` grew to 24 GB; a FIFO there waited for ever; a sparse
+    3 GB file was read whole."""
+    goldens = write_goldens(env / "g.jsonl")
+    path, fragment = {"fifo": (env / "fifo", "is a FIFO"),
+                      "device": ("/dev/zero", "is a device"),
+                      "folder": (env, "is a folder"),
+                      "too big": (env / "big.bin", "more than a n-gram cache may hold")}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "too big":
+        with open(path, "wb") as f:
+            f.truncate(3 << 30)  # sparse: no disk
+    out = _run_cli(["probe", "--goldens", goldens, "--proposer", "llamacpp-cache",
+                    "--lookup-cache-static", path], env / "home", timeout=60)
+    _one_line(out, str(path), fragment)
+
+
+def _gguf_claiming(path, key: bytes, count: int, apparent: int):
+    """A GGUF header with one metadata array of `count` empty strings under `key`, the file
+    sparse to `apparent` bytes (its zeros read as empty strings): 4 KB on disk."""
+    import struct
+
+    head = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+            + struct.pack("<IIQ", 9, 8, count))
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(apparent)
+    return path
+
+
+@pytest.mark.parametrize("command", ["model import", "goldens import"])
+def test_a_gguf_claiming_a_huge_vocabulary_is_one_line(env, command):
+    """10^8 empty strings in a sparse file (every one present as 8 zero bytes) took 6.9 GB over
+    200 s in `model import`: no vocabulary is larger than 4M tokens."""
+    path = _gguf_claiming(env / "x.gguf", b"tokenizer.ggml.tokens", 10**8, 8 * 10**8 + 4096)
+    args = (["model", "import", path, "--name", "x"] if command == "model import" else
+            ["goldens", "import", _traces(env), "-o", env / "out.jsonl", "-m", path])
+    _one_line(_run_cli(args, env / "home"), "x.gguf", "100,000,000 entries", "4,194,304")
+
+
+def test_a_gguf_count_past_its_bytes_is_one_line(env):
+    """A count its file cannot hold is refused before the gguf library builds anything."""
+    path = _gguf_claiming(env / "x.gguf", b"general.some_array", 10**7, 4096)
+    _one_line(_run_cli(["model", "import", path, "--name", "x"], env / "home"), "x.gguf",
+              "10,000,000 entries", "remaining bytes")
+
+
+def _traces(folder):
+    path = folder / "traces.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hello"},
+                                             {"role": "assistant", "content": "hi"}]}) + "\n")
+    return path
+
+
+def test_a_large_trace_file_is_read_a_block_at_a_time(env, tiny_llama_folder):
+    """`goldens import` read a trace file whole (a 1 GB sparse file: 2.24 GB RSS): now a block at
+    a time, and its one endless line stops at the line limit, in a small peak."""
+    folder = tiny_llama_folder()
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    traces = _traces(env)
+    code, err, normal_mb = _peak_mb(["goldens", "import", str(traces), "-o",
+                                     str(env / "a.jsonl"), "-m", str(folder)], env / "home")
+    assert code == 0, err
+    with open(env / "big.jsonl", "wb") as f:
+        f.truncate(1 << 30)
+    code, err, big_mb = _peak_mb(["goldens", "import", str(env / "big.jsonl"), "-o",
+                                  str(env / "b.jsonl"), "-m", str(folder)], env / "home")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1 and "longer than 64 MB" in lines[0], err
+    assert big_mb < normal_mb + 200, (big_mb, normal_mb)

@@ -263,3 +263,106 @@ def test_a_kernel_compiled_in_memory_is_not_called_compiled(tmp_path):
         out = run_python(code, env={"KOLIBRI_HOME": str(home), "NUMBA_CACHE_DIR": ""})
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.split() == says
+
+
+# ---------------------------------------------------------------- roots trusted only when ours
+
+# A pickle that makes the folder named by argv[1] when unpickled: planted code that ran.
+PLANT = ("import os, pickle, sys\n"
+         "class Run:\n"
+         "    def __reduce__(self): return (os.mkdir, (sys.argv[1],))\n"
+         "sys.stdout.buffer.write(pickle.dumps(Run()))\n")
+OTHER_UID = 65534  # nobody: a file another user planted
+
+
+def _planted(tmp_path) -> bytes:
+    return subprocess.run([sys.executable, "-c", PLANT, str(tmp_path / "ran")],
+                          capture_output=True, check=True).stdout
+
+
+def _cached_home(tmp_path) -> tuple[Path, dict]:
+    """A home whose numba folder holds the proposer's compiled code and numba's runtime."""
+    home = tmp_path / "home"
+    env = {"KOLIBRI_HOME": str(home), "NUMBA_CACHE_DIR": ""}
+    out = run_python(PROPOSER, env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["_KolibriCache"], out.stderr[-2000:]
+    assert list((home / "numba").glob("nrt-*.pkl")) and list((home / "numba").rglob("*.nbi"))
+    return home, env
+
+
+def _plant(home: Path, payload: bytes, uid: int, runtime: bool = True) -> list[Path]:
+    files = [*(home / "numba").glob("nrt-*.pkl")] if runtime else []
+    files += (home / "numba").rglob("*.nb[ic]")
+    for path in files:
+        path.write_bytes(payload)
+        os.chown(path, uid, -1)
+    return files
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+@needs_root
+def test_a_file_another_user_planted_in_our_root_is_not_loaded(tmp_path):
+    """numba unpickles its index and data files and kolibri its runtime's file: a pickle of
+    another user's under the keyed names (the same in every root, so computable) ran as us."""
+    home, env = _cached_home(tmp_path)
+    files = _plant(home, _planted(tmp_path), OTHER_UID)
+    out = run_python(PROPOSER, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not (tmp_path / "ran").exists()
+    assert out.stdout.split() == ["_KolibriCache"]  # the root is ours: compiled, then replaced
+    assert all(p.stat().st_uid == os.geteuid() for p in files if p.exists())
+
+
+@needs_root
+@pytest.mark.parametrize("case", ["root of another user", "keyed folder of another user",
+                                  "root writable by others", "root a symbolic link",
+                                  "parent writable by others"])
+def test_compiled_code_is_not_loaded_from_a_root_that_is_not_ours(tmp_path, case):
+    """Where another user could have written the cache (their folder, a folder anyone may write,
+    a link they may point elsewhere), kolibri's functions compile in memory: even our own files
+    there are not loaded, and `distrusted` says why."""
+    home, env = _cached_home(tmp_path)
+    # numba's runtime lives in the root: ours there, and loaded, when only a keyed folder is not
+    _plant(home, _planted(tmp_path), os.geteuid(), runtime=case != "keyed folder of another user")
+    numba_dir = home / "numba"
+    if case == "root of another user":
+        os.chown(numba_dir, OTHER_UID, -1)
+    elif case == "keyed folder of another user":
+        for folder in numba_dir.iterdir():
+            os.chown(folder, OTHER_UID, -1) if folder.is_dir() else None
+    elif case == "root writable by others":
+        numba_dir.chmod(0o777)
+    elif case == "root a symbolic link":
+        numba_dir.rename(tmp_path / "elsewhere")
+        numba_dir.symlink_to(tmp_path / "elsewhere")
+    else:
+        home.chmod(0o777)
+    code = ("from kolibri_cli.engine import jitcache\n" + PROPOSER.replace("; ", "\n")
+            + "\nprint(jitcache.distrusted() is not None)")
+    out = run_python(code, str(tmp_path / "ran"), env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not (tmp_path / "ran").exists()
+    assert out.stdout.split()[0] == "NullCache"
+    if case != "keyed folder of another user":  # the root itself is fine there
+        assert out.stdout.split()[1] == "True"
+
+
+def test_a_private_temporary_root_is_trusted(tmp_path):
+    """CI's NUMBA_CACHE_DIR is `mktemp -d` (0700, ours, in the sticky /tmp): compiled code is
+    cached and loaded there."""
+    import tempfile
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    out = run_python(PROPOSER, env={"KOLIBRI_HOME": str(tmp_path / "home"),
+                                    "NUMBA_CACHE_DIR": str(root)})
+    assert out.returncode == 0 and out.stdout.split() == ["_KolibriCache"], out.stderr[-2000:]
+    assert list(root.rglob("*.nbi"))
+
+
+def test_folders_kolibri_makes_are_private(tmp_path):
+    home, _ = _cached_home(tmp_path)
+    folders = [home, home / "numba", *(p for p in (home / "numba").iterdir() if p.is_dir())]
+    assert len(folders) > 2 and {p.stat().st_mode & 0o777 for p in folders} == {0o700}
+    files = [*(home / "numba").glob("nrt-*.pkl"), *(home / "numba").rglob("*.nb[ic]")]
+    assert {p.stat().st_mode & 0o777 for p in files} == {0o600}

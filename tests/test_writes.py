@@ -173,3 +173,19 @@ def test_goldens_output_follows_the_same_rules(tmp_path, monkeypatch):
     reader.join(timeout=10)
     unblock(fifo)
     assert stat.S_ISFIFO(fifo.lstat().st_mode) and '"id": "g1"' in got[0]
+
+
+def test_a_fifo_no_process_reads_is_refused_before_the_work(tmp_path):
+    """`--markdown FIFO` with no reader blocked for ever after the run (in a child process here,
+    so that a regression fails by its timeout instead of hanging the session)."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    goldens = write_goldens(tmp_path / "g.jsonl")
+    out = subprocess.run([sys.executable, "-m", "kolibri_cli", "probe", "--goldens", str(goldens),
+                          "--rows", str(tmp_path / "rows.jsonl"), "--markdown", str(fifo)],
+                         capture_output=True, text=True, timeout=60,
+                         env=os.environ | {"KOLIBRI_HOME": str(tmp_path / "home")})
+    lines = out.stderr.splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert f"cannot write {fifo}: it is a FIFO that no process reads" in lines[0]
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and not (tmp_path / "rows.jsonl").exists()

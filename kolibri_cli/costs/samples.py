@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kolibri_cli.costs.store import cpu_model, kernel_id
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.home import cache_root
+from kolibri_cli.home import cache_root, make_private
 from kolibri_cli.store.atomic import write_text_atomic
 
 FILE = "guard-costs.json"
@@ -48,7 +48,7 @@ def save(key: str, cells: list) -> None:
     from filelock import FileLock
 
     try:
-        (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
+        make_private(cache_root() / "locks")
         with FileLock(str(cache_root() / "locks" / f"{FILE}.lock")):
             entries = _entries()
             entries.pop(key, None)

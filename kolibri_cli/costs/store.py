@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.home import cache_root
+from kolibri_cli.home import cache_root, make_private
 from kolibri_cli.store.atomic import write_text_atomic
 
 FILE = "bench-costs.json"
@@ -134,7 +134,7 @@ def save(entry: BenchCosts, notify=None) -> BenchCosts:
     held measurements bench can take again."""
     from filelock import FileLock
 
-    (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
+    make_private(cache_root() / "locks")
     with FileLock(str(cache_root() / "locks" / f"{FILE}.lock")):
         try:
             entries = load()

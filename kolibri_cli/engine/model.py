@@ -155,10 +155,13 @@ def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
                   source_sha256=source_sha256, numerics=numerics)
     if not weights:
         return model
-    from kolibri_cli.engine.jitcache import numba_root
+    from kolibri_cli.engine.jitcache import distrusted, numba_root
     from kolibri_cli.engine.kernel import compiles_in_memory, is_compiled
 
-    if notify and compiles_in_memory():
+    if notify and compiles_in_memory() and (why := distrusted()):
+        notify(f"compiling the forward kernel in memory, as on every run: compiled code is not "
+               f"loaded from {numba_root()}, another user could have written it ({why}) ...")
+    elif notify and compiles_in_memory():
         notify(f"compiling the forward kernel in memory, as on every run: no cache folder can "
                f"be made under {numba_root()} (KOLIBRI_HOME or NUMBA_CACHE_DIR names it) ...")
     elif notify and not is_compiled():

@@ -7,6 +7,11 @@ need of a tokenizer: this module's (files here) or a server's (servers/tokenizer
 Non-goals: tool calling.
 """
 
+import os
+import re
+import sys
+import tempfile
+import threading
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -25,13 +30,57 @@ _SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 def _rust_errors(what: str):
     """The tokenizers library raises bare Exceptions, and pyo3's PanicException — a
     BaseException that `except Exception` misses — when its Rust code panics: both are one
-    KolibriError; Ctrl-C and exits pass."""
+    KolibriError; Ctrl-C and exits pass. The panic's own text (Rust's hook writes it, with a
+    backtrace, to fd 2 before the exception) is held back (`_panic_text_held`)."""
     try:
-        yield
+        with _panic_text_held():
+            yield
     except (KeyboardInterrupt, SystemExit, GeneratorExit, KolibriError):
         raise
     except BaseException as e:
         raise KolibriError(f"{what} ({printable(str(e), 160)})") from None
+
+
+_PANIC = re.compile(rb"^thread '[^\n]*panicked at .*?(?:^note: [^\n]*\n|\Z)", re.M | re.S)
+_held = {"depth": 0, "saved": -1, "file": None}  # fd 2 while Rust code runs, for every thread
+_held_lock = threading.Lock()
+
+
+@contextmanager
+def _panic_text_held():
+    """fd 2 into a private file while tokenizers' Rust code runs; what was written there goes
+    on to the real stderr afterwards, a panic's text removed. Threads share the one redirection
+    (the last one out restores it): another thread's log line is delayed, not lost."""
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    with _held_lock:
+        if _held["depth"] == 0:
+            try:
+                _held["file"] = _held["file"] or tempfile.TemporaryFile()
+                _held["saved"] = os.dup(2)
+                os.dup2(_held["file"].fileno(), 2)
+            except (OSError, ValueError):  # no fd 2 (a daemon): nothing to hold back
+                _held["saved"] = -1
+        _held["depth"] += 1
+    try:
+        yield
+    finally:
+        with _held_lock:
+            _held["depth"] -= 1
+            if _held["depth"] == 0 and _held["saved"] >= 0:
+                os.dup2(_held["saved"], 2)
+                os.close(_held["saved"])
+                _held["saved"] = -1
+                _pass_on(_held["file"])
+
+
+def _pass_on(file) -> None:
+    file.seek(0)
+    text = _PANIC.sub(b"", file.read())
+    file.seek(0)
+    file.truncate()
+    if text:
+        os.write(2, text)
 
 
 class Tokenizes(Protocol):

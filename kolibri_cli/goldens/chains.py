@@ -87,12 +87,13 @@ def load_goldens(path: str | Path) -> list[Golden]:
     goldens, seen = [], {}
     for lineno, obj in _jsonl_objects(path):
         golden = golden_from(obj, f"{path}:{lineno}")
-        if golden.id in seen:
+        key = str(golden.id)  # 1 and "1": one row name in a report
+        if key in seen:
             raise KolibriError(
                 f"{path}:{lineno}: duplicate golden id {shown(golden.id)} "
-                f"(first on line {seen[golden.id]})"
+                f"(first on line {seen[key]})"
             )
-        seen[golden.id] = lineno
+        seen[key] = lineno
         goldens.append(golden)
     if not goldens:
         raise KolibriError(f"{path}: no goldens in the file (it is empty)")

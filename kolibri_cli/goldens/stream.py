@@ -100,9 +100,24 @@ def plan_pieces(files: list[Path], piece_bytes: int = PIECE_BYTES,
 
 
 def read_piece(piece: Piece) -> Iterator[Golden]:
-    """The piece's goldens, in file order; a bad line is a KolibriError naming file and line."""
+    """The piece's goldens, in file order; a bad line is a KolibriError naming file and line. A
+    file holds one model's chains (the probe prices a file by its first golden's model): a golden
+    of another model is a KolibriError too."""
+    model = None if not piece.start else _model(_golden(first_line(Path(piece.path)),
+                                                          Piece(piece.path), 1))
     for line_no, line in _numbered_lines(piece):
-        yield _golden(line, piece, line_no)
+        golden = _golden(line, piece, line_no)
+        model = model or _model(golden)
+        if _model(golden) != model:
+            raise KolibriError(
+                f"{golden.where}: a golden of {shown(golden.model)} in a file of "
+                f"{shown(model[0])}'s goldens (the first line's model prices the file); keep "
+                "each model's goldens in a file of their own")
+        yield golden
+
+
+def _model(golden: Golden) -> tuple[str, str]:
+    return golden.model, golden.model_sha256
 
 
 def iter_goldens(files: list[Path]) -> Iterator[Golden]:
@@ -181,6 +196,14 @@ def _numbered_lines(piece: Piece, with_offsets: bool = False):
         blocks = _blocks(f, path, _max_text(path))
         for line_no, line, end in _lines(blocks, piece.start, piece.stop, max_line, path):
             yield (line_no, line, end) if with_offsets else (line_no, line)
+
+
+def text_lines(f, path: Path):
+    """(line number from 1, line) for each non-blank line of the open binary file `f`, read in
+    blocks: at most KOLIBRI_MAX_LINE_MB a line, whatever the file's size."""
+    max_line = _limit(MAX_LINE_VAR, MAX_LINE_MB) << 20
+    for line_no, line, _ in _lines(_blocks(f, path, None), 0, None, max_line, path):
+        yield line_no, line
 
 
 def _lines(blocks, offset: int, stop: int | None, max_line: int, path: Path):

@@ -11,11 +11,15 @@ Non-goals: tool calls, images (their parts are refused, not dropped).
 """
 
 import json
+import os
+import stat
 from pathlib import Path
 
+from kolibri_cli.engine.template import ChatTemplateError
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
-from kolibri_cli.text import read_text_file
+from kolibri_cli.goldens.stream import text_lines
+from kolibri_cli.text import shown
 
 
 def import_traces(path: str | Path, model, category: str = "traces") -> list[Golden]:
@@ -24,19 +28,47 @@ def import_traces(path: str | Path, model, category: str = "traces") -> list[Gol
     if not model.tokenizer.has_chat_template:  # the tokenizer's own message advises --raw
         raise KolibriError(f"{model.name} has no chat template: traces are rendered with it; "
                            "import them with a chat model")
-    lines = read_text_file(path, "traces file").splitlines()  # /dev/zero: refused, not read
     goldens, seen = [], set()
-    for lineno, line in enumerate(lines, start=1):
-        if line.strip():
-            golden = _golden(_object(line, f"{path}:{lineno}"), model, category, lineno,
-                             f"{path}:{lineno}")
-            if golden.id in seen:
-                raise KolibriError(f"{path}:{lineno}: duplicate id {golden.id!r}")
-            seen.add(golden.id)
-            goldens.append(golden)
+    for lineno, line in _lines(path):
+        golden = _golden(_object(line, f"{path}:{lineno}"), model, category, lineno,
+                         f"{path}:{lineno}")
+        if str(golden.id) in seen:  # 1 and "1" are one row in a report
+            raise KolibriError(f"{path}:{lineno}: duplicate id {golden.id!r}")
+        seen.add(str(golden.id))
+        goldens.append(golden)
     if not goldens:
         raise KolibriError(f"{path}: no traces in the file (it is empty)")
     return goldens
+
+
+def _lines(path: Path):
+    """(line number, text) of each non-blank line, read a block at a time (a 1 GB file is never
+    held whole; a line is at most KOLIBRI_MAX_LINE_MB). A FIFO is read like a file; a device
+    (/dev/zero never ends) or a socket is refused."""
+    _check_kind(path)
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in text_lines(f, path):
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise KolibriError(f"{path}:{lineno}: not UTF-8 text (byte {e.start} of the "
+                                       "line); the traces file must be UTF-8") from None
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot read the traces file ({e.strerror})") from None
+
+
+def _check_kind(path: Path) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise KolibriError(f"{path}: traces file not found") from None
+    except OSError as e:
+        raise KolibriError(f"{path}: cannot read the traces file ({e.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise KolibriError(f"{path}: is a folder, expected a traces file")
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise KolibriError(f"{path}: is a device or socket, expected a traces file")
 
 
 def _object(line: str, where: str) -> dict:
@@ -57,7 +89,10 @@ def _object(line: str, where: str) -> dict:
 def _golden(obj: dict, model, category: str, lineno: int, where: str) -> Golden:
     messages, answer, finish, meta = _conversation(obj, where)
     tok = model.tokenizer
-    prompt_ids = tok.encode_messages(messages)
+    try:
+        prompt_ids = tok.encode_messages(messages)
+    except ChatTemplateError as e:  # its hint (generate's --raw) is no option of an import
+        raise KolibriError(f"{where}: {e.reason}") from None
     output_ids = tok.encode(answer, add_special_tokens=False)
     if finish == "stop" and model.eos_ids:
         output_ids.append(model.eos_ids[0])
@@ -83,12 +118,24 @@ def _conversation(obj: dict, where: str) -> tuple[list[dict], str, str, dict]:
             raise KolibriError(f"{where}: the response has no choices[0].message")
         answer = _text(choice["message"].get("content"), where)
         meta = {k: v for k, v in (("served_model", response.get("model")),
-                                  ("max_tokens", request.get("max_tokens"))) if v is not None}
+                                  ("max_tokens", _max_tokens(request, where))) if v is not None}
         return messages, answer, choice.get("finish_reason") or "stop", meta
     messages = _messages(obj.get("messages"), where)
     if len(messages) < 2 or messages[-1]["role"] != "assistant":
         raise KolibriError(f"{where}: 'messages' must end with the assistant's answer")
     return messages[:-1], messages[-1]["content"], "stop", {}
+
+
+def _max_tokens(request: dict, where: str) -> int | None:
+    """The request's max_tokens, kept in the golden's reference: a whole number 1..2^31-1 (a
+    server refuses anything else; -5 and 1e30 were written into goldens)."""
+    value = request.get("max_tokens")
+    if value is None:
+        return None
+    if type(value) is not int or not 1 <= value < 2**31:
+        raise KolibriError(f"{where}: request.max_tokens must be a whole number from 1 to "
+                           f"2^31-1, got {shown(value)}")
+    return value
 
 
 def _messages(value, where: str) -> list[dict]:
@@ -105,10 +152,20 @@ def _messages(value, where: str) -> list[dict]:
 def _text(content, where: str) -> str:
     """A message's text: a string, or the text parts of a content list."""
     if isinstance(content, str):
-        return content
+        return _valid(content, where)
     if isinstance(content, list) and all(isinstance(p, dict) for p in content):
         if any(p.get("type") != "text" for p in content):
             raise KolibriError(f"{where}: only text content is supported (found "
                                f"{sorted({str(p.get('type')) for p in content})})")
-        return "".join(str(p.get("text", "")) for p in content)
+        return _valid("".join(str(p.get("text", "")) for p in content), where)
     raise KolibriError(f"{where}: a message's 'content' must be text")
+
+
+def _valid(text: str, where: str) -> str:
+    """JSON can spell a lone surrogate (\\ud800), which no tokenizer or UTF-8 file can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise KolibriError(f"{where}: a message's text holds a lone surrogate (not valid "
+                           "Unicode); fix the trace") from None
+    return text

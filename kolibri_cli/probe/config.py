@@ -8,6 +8,7 @@ selecting the goldens the config asks for. Keys: docs/probe.md.
 import dataclasses
 import math
 import os
+import re
 import shlex
 import tomllib
 from dataclasses import dataclass
@@ -315,8 +316,14 @@ def _relative_to(raw: dict, folder: Path) -> dict:
     return raw
 
 
+# Keys whose empty list would silently mean their default (or crash): refused by name.
+NOT_EMPTY = ("goldens", "k", "window", "proposer", "costs", "concurrency", "category")
+
+
 def _parse(key: str, value):
     """One config value from TOML or the command line -> its ProbeConfig type."""
+    if key in NOT_EMPTY and isinstance(value, list) and not value:
+        raise KolibriError(f"{key} = [] names nothing; leave {key} out for its default")
     if key == "goldens":
         paths = _as_list(value, key, str | Path)
         if any(str(p) == "" for p in paths):  # Path("") is ".": every *.jsonl under here
@@ -402,11 +409,23 @@ def select_goldens(config: ProbeConfig, most: int | None = None) -> list[Golden]
 
 def _costs(value) -> dict[int, float]:
     """"1,1.05,1.1" or [1, 1.05, 1.1] -> {1: 1.0, 2: 1.05, 3: 1.1}: c(n) for n = 1, 2, ...; or
-    the path of a c(n) curve file (costs.pricing.read_costs_file)."""
-    if isinstance(value, str | Path) and Path(value).is_file():
+    the path of a c(n) curve file (costs.pricing.read_costs_file). A list of numbers is never
+    taken for a file name (60 of them passed the longest name the system allows)."""
+    if isinstance(value, str | Path) and not _number_list(str(value)) and _is_file(Path(value)):
         return read_costs_file(Path(value))
     items = value.split(",") if isinstance(value, str) else _as_list(value, "costs", int | float)
     return parse_costs(items, shown(value))
+
+
+def _number_list(text: str) -> bool:
+    return all(re.fullmatch(r"\s*[-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?\s*", p) for p in text.split(","))
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long, a loop of links: not a file to read
+        return False
 
 
 def _concurrency(value) -> list[int]:

@@ -70,6 +70,9 @@ def under_load(cfg: ProbeConfig, runs: list, measured: dict | None, goldens: lis
 # ---- checks -----------------------------------------------------------------------------------
 
 
+MAX_SETTINGS = 4096  # configurations a run replays: 82,000 printed nothing and grew 10 MB/s
+
+
 def check(cfg: ProbeConfig) -> None:
     """Options that cannot run together, or mean nothing in this run, and outputs that cannot be
     written: one error line each, before anything runs."""
@@ -87,6 +90,10 @@ def check(cfg: ProbeConfig) -> None:
         raise KolibriError("--baseline goes with --engine URL (a server you started)")
     if cfg.measure and cfg.ray is not None:
         raise KolibriError("--measure runs the model here, on a few goldens: drop --ray")
+    if (n := len(settings_of(cfg))) > MAX_SETTINGS:
+        raise KolibriError(f"{n:,} settings (proposers x --k x --window): at most "
+                           f"{MAX_SETTINGS:,} a run (each is replayed over every golden and "
+                           "kept in the report); sweep fewer at a time")
     check_unused(cfg)
     check_outputs(cfg)
 
@@ -225,7 +232,7 @@ def simulate(cfg: ProbeConfig, tasks: list, ui: Ui) -> tuple:
     from kolibri_cli.probe.replay.shards import ROWS_IN_REPORT, simulate_tasks
 
     in_memory = len(tasks) == 1 and tasks[0].piece is None
-    with executor_for(cfg, tasks) as executor, ui.simulating() as bar, \
+    with executor_for(cfg, tasks, ui.note) as executor, ui.simulating() as bar, \
             rows_sink(cfg.rows) as on_rows:
         runs, throughput = simulate_tasks(
             tasks, executor.run_all, bar.update, on_rows, executor.workers, executor.name,
@@ -252,16 +259,21 @@ def rows_sink(path: Path | None):
         yield f.write
 
 
-def executor_for(cfg: ProbeConfig, tasks: list):
+def executor_for(cfg: ProbeConfig, tasks: list, note=None):
     """Ray if asked; else local worker processes when there is more than one task to share
-    (and, unless --workers says how many, enough input to pay for starting them)."""
+    (and, unless --workers says how many, enough input to pay for starting them); never more
+    local processes than cores (each replays on one core and holds ~140 MB: `--workers 48`
+    started 49), said through `note`."""
     from kolibri_cli.probe.replay.shards import PARALLEL_MIN_BYTES
     from kolibri_cli.probe.workers import Here, Processes, RayCluster, cores
 
     if cfg.ray is not None:
         return RayCluster(cfg.ray, cfg.workers)
+    if cfg.workers and cfg.workers > cores() and note:
+        note(f"note: --workers {cfg.workers}: this machine runs {cores()} at once; starting "
+             f"at most {cores()} worker processes")
     small = sum(t.nbytes for t in tasks) < PARALLEL_MIN_BYTES
-    workers = min(cfg.workers or (1 if small else cores()), len(tasks))
+    workers = min(cfg.workers or (1 if small else cores()), cores(), len(tasks))
     return Processes(workers) if workers > 1 else Here()
 
 

@@ -9,6 +9,7 @@ Temporary names start with a dot (never taken for a model or a report). Non-goal
 across power loss for whole folders (no fsync of every file in `atomic_dir`; files are fsynced).
 """
 
+import errno
 import os
 import re
 import secrets
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.home import make_private
 
 # /dev/stdout, /dev/fd/1, /proc/self/fd/1: our own open descriptors, written through as they are
 _STREAMS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
@@ -62,7 +64,9 @@ def check_writable(path: str | os.PathLike) -> None:
     path = Path(path)
     if _stream_fd(path) is not None:
         return
-    _kind(path)
+    if _kind(path) == "special" and stat.S_ISFIFO(os.stat(path).st_mode):
+        _hold_fifo(path)
+        return
     folder = Path(os.path.realpath(path)).parent
     while not os.path.lexists(folder):  # atomic_path makes the missing folders
         folder = folder.parent
@@ -149,8 +153,41 @@ def _through(shown: Path, write):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# FIFO (its real path) -> the write end opened when it was checked, held until the result goes
+_HELD_FIFOS: dict[str, int] = {}
+
+
+def _hold_fifo(path: Path) -> None:
+    """A FIFO must have a reader before the work, not after it (with none, the write blocked for
+    ever): its write end is opened without waiting (no reader: ENXIO) and held until the result
+    is written, so the reader waits for it instead of seeing the end of the stream."""
+    real = os.path.realpath(path)
+    if real in _HELD_FIFOS:
+        return
+    try:
+        fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise KolibriError(f"cannot write {path}: it is a FIFO that no process reads; start "
+                               "its reader first, or name a file") from None
+        raise _fail(path, e) from None
+    os.set_blocking(fd, True)
+    _HELD_FIFOS[real] = fd
+
+
 def _write_special(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:  # O_TRUNC is ignored by FIFOs and devices
+    real = os.path.realpath(path)
+    if stat.S_ISFIFO(os.stat(real).st_mode):
+        _hold_fifo(path)  # unless checked before: now, never waiting for a reader
+        fd = _HELD_FIFOS.pop(real)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        return
+    with open(path, "wb") as f:  # O_TRUNC is ignored by devices
         f.write(data)
 
 
@@ -179,7 +216,7 @@ def is_temp_of(entry: str, name: str, kinds: tuple[str, ...]) -> bool:
 
 
 def make_temp_dir(parent: Path, name: str, kind: str) -> Path:
-    parent.mkdir(parents=True, exist_ok=True)
+    make_private(parent)  # the cache root or a folder in it
     while True:
         path = parent / temp_name(name, kind)
         try:

@@ -33,8 +33,8 @@ from kolibri_cli.callbacks import Notify, Progress
 from kolibri_cli.engine import blockfile
 from kolibri_cli.engine.loader import sha256_files
 from kolibri_cli.errors import KolibriError, OfflineError
-from kolibri_cli.home import YES_WORDS, cache_root
-from kolibri_cli.store import integrity
+from kolibri_cli.home import YES_WORDS, cache_root, make_private
+from kolibri_cli.store import gguf_scan, integrity
 from kolibri_cli.store.atomic import atomic_dir, is_temp_of, make_temp_dir, temp_name
 from kolibri_cli.store.digests import files_sha256
 from kolibri_cli.text import printable, shown
@@ -203,7 +203,7 @@ def _name_lock(name: str):
     """locks/NAME.lock: one pull or import of NAME at a time; its temporaries live under it."""
     from filelock import FileLock
 
-    (cache_root() / "locks").mkdir(parents=True, exist_ok=True)
+    make_private(cache_root() / "locks")
     with FileLock(str(cache_root() / "locks" / f"{name}.lock")):
         yield
 
@@ -622,6 +622,7 @@ def _open_gguf(path: Path):
             magic = f.read(4)
         if magic != b"GGUF":
             raise KolibriError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+        gguf_scan.check(path)  # counts within the file's bytes, before gguf builds them
         return gguf.GGUFReader(str(path))
     except FileNotFoundError:
         raise KolibriError(f"{path}: no such file") from None

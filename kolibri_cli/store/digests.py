@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kolibri_cli.engine import loader
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.home import cache_root
+from kolibri_cli.home import cache_root, make_private
 from kolibri_cli.store.atomic import write_text_atomic
 
 FILE = "digests.json"
@@ -68,7 +68,7 @@ def _load() -> dict:
 
 def _save(records: dict) -> None:
     try:
-        cache_root().mkdir(parents=True, exist_ok=True)
+        make_private(cache_root())
         write_text_atomic(cache_root() / FILE,
                           json.dumps({"format": FORMAT, "records": records}, indent=1) + "\n")
     except (OSError, KolibriError):

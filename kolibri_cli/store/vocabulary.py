@@ -18,6 +18,7 @@ from pathlib import Path
 from kolibri_cli.engine.model import Identity, TokenizerOnly
 from kolibri_cli.engine.tokenizer import Tokenizer
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.store.gguf_scan import MAX_ARRAY, MAX_VOCABULARY
 from kolibri_cli.text import printable
 
 # value type -> (struct format, size); 8 string and 9 array are read on their own
@@ -109,7 +110,7 @@ def read_metadata(path: Path) -> Metadata:
         fields = {}
         for _ in range(n_kv):
             start, key = cur.offset, _string(cur)
-            value = _value(cur, cur.unpack("<I", 4))
+            value = _value(cur, cur.unpack("<I", 4), key)
             digested = key.startswith("tokenizer.")
             fields[key] = Field(value, _span(f, start, cur.offset) if digested else b"")
     return Metadata(path, fields)
@@ -133,11 +134,15 @@ def _string(cur: _Cursor) -> str:
                            f"({printable(raw[:40].decode('utf-8', 'replace'))})") from None
 
 
-def _value(cur: _Cursor, kind: int):
+def _value(cur: _Cursor, kind: int, key: str):
     if kind == _STRING:
         return _string(cur)
     if kind == _ARRAY:
         item, count = cur.unpack("<I", 4), cur.unpack("<Q", 8)
+        limit = MAX_VOCABULARY if key == "tokenizer.ggml.tokens" else MAX_ARRAY
+        if count > limit:
+            raise KolibriError(f"{cur.path}: not a GGUF kolibri can read: {key} claims "
+                               f"{count:,} entries (at most {limit:,})")
         if item == _STRING:
             return [_string(cur) for _ in range(count)]
         if item not in _SCALARS:

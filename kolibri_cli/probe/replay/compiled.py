@@ -22,6 +22,7 @@ from numba import njit
 from kolibri_cli.decode.proposers.llamacpp.simple import _most_recent_start
 from kolibri_cli.decode.proposers.ngram import _first_match_start, longest_match
 from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
+from kolibri_cli.home import make_private
 
 VLLM, HF, LLAMACPP = 0, 1, 2  # the n-gram replay's rule
 SCALARS = ("plain_steps", "verify_passes", "drafts_proposed", "drafts_accepted",
@@ -534,7 +535,7 @@ def _refresh_cache() -> None:
     except OSError:
         pass
     try:
-        folder.mkdir(parents=True, exist_ok=True)  # numba makes it only when it saves
+        make_private(folder)  # numba makes it only when it saves
         for kernel in kernels:
             kernel._cache.flush()
         stamp.write_text(digest)

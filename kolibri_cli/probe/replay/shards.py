@@ -344,10 +344,10 @@ def _check_unique_ids(rows: list[GoldenSim]) -> None:
     every table that shows rows (checked where rows are kept, up to ROWS_IN_REPORT chains)."""
     seen: set = set()
     for row in rows:
-        if row.id in seen:
+        if str(row.id) in seen:  # 1 and "1" are one name in the report
             raise KolibriError(f"duplicate golden id {shown(row.id)}: ids name a golden's row in "
-                               "the report; make them unique")
-        seen.add(row.id)
+                               "the report (1 and \"1\" are one); make them unique")
+        seen.add(str(row.id))
 
 
 def simulate_tasks(tasks: list[Task], run_all: Callable | None = None,

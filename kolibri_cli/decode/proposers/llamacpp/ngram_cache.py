@@ -12,11 +12,14 @@ unordered_map (`std_order.StdCounts`). File format (llama.cpp's, little-endian):
 int32 tokens (-1 padded), int32 count of entries, then (int32 token, int32 count) pairs.
 """
 
+import mmap
+import os
 import struct
 from pathlib import Path
 
 from kolibri_cli.decode.proposers.llamacpp.std_order import StdCounts
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.text import open_regular
 
 NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2  # LLAMA_NGRAM_MIN / _MAX / _STATIC
 NULL = -1  # LLAMA_TOKEN_NULL
@@ -26,6 +29,7 @@ N_DRAFT = 8  # upstream's fixed draft length
 MIN_SAMPLES_LAX, MIN_PERCENT_LAX = (2, 2, 1, 1), (66, 50, 50, 50)
 MIN_SAMPLES_STRICT, MIN_PERCENT_STRICT = (4, 3, 2, 2), (75, 66, 66, 66)
 
+MAX_FILE_BYTES = 1 << 30  # a cache file: ~60 M (token, count) pairs, ~10 GB as Python objects
 NgramCache = dict[tuple[int, ...], StdCounts]  # 4-token n-gram (NULL padded) -> next-token counts
 
 
@@ -107,23 +111,25 @@ def _try_static(part) -> int:
 
 def load(path: str | Path) -> NgramCache:
     """`common_ngram_cache_load`: a cache file written by llama.cpp (llama-lookup-create,
-    llama-lookup-merge) or `to_bytes`; the first entry of a repeated n-gram wins, as upstream."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise KolibriError(f"{path}: cannot read the n-gram cache ({e.strerror})") from None
-    cache: NgramCache = {}
-    pos = 0
-    while pos < len(data):
-        pos, key, part = _read_entry(data, pos, path)
-        cache.setdefault(key, part)
-    return cache
+    llama-lookup-merge) or `to_bytes`; the first entry of a repeated n-gram wins, as upstream.
+    A regular file of at most MAX_FILE_BYTES, read memory-mapped (a sparse 3 GB file costs no
+    memory: its first entry is refused)."""
+    with open_regular(path, "n-gram cache", MAX_FILE_BYTES) as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return {}
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            cache: NgramCache = {}
+            pos = 0
+            while pos < len(data):
+                pos, key, part = _read_entry(data, pos, path)
+                cache.setdefault(key, part)
+            return cache
 
 
 def _read_entry(data: bytes, pos: int, path) -> tuple[int, tuple[int, ...], StdCounts]:
     try:
         *key, entries = struct.unpack_from("<5i", data, pos)
-        if entries <= 0:
+        if entries <= 0 or pos + 20 + 8 * entries > len(data):
             raise ValueError
         pairs = struct.unpack_from(f"<{2 * entries}i", data, pos + 20)
     except (struct.error, ValueError):
