@@ -30,9 +30,9 @@ def serve(
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, max=100_000, help="Requests that may wait behind the running one; "
         "more are refused with 503 at once.")] = 8,
-    max_tokens: Annotated[int, typer.Option(
-        "--max-tokens", min=1, max=10_000_000, help="Most new tokens a request may ask for "
-        "(a chat request's default).")] = 2048,
+    max_tokens: Annotated[int | None, typer.Option(
+        "--max-tokens", min=1, max=10_000_000, show_default=False, help="Most new tokens a "
+        "request may ask for (a chat request's default). [default: the model's context]")] = None,
     max_body: Annotated[int, typer.Option(
         "--max-body", min=1024, max=1 << 30, help="Most bytes of a request body.")] = 1 << 20,
     served_model_name: Annotated[str | None, typer.Option(

@@ -160,12 +160,36 @@ def resolve(model, given: dict, note) -> Sampling:
     return chosen
 
 
-class Sampler:
-    """Chooses tokens for one generation and adds up the seconds it spends doing so."""
+class Logprobs:
+    """What the model gave each chosen token: its log-probability and the `top` most likely
+    tokens' (log-softmax of the position's raw logits — before penalties, temperature and
+    filters, as vLLM reports them by default), by absolute position, filled as tokens are
+    picked. A position's logits are bitwise the same in plain and speculative decoding, so
+    its row here is too."""
 
-    def __init__(self, sampling: Sampling = GREEDY):
+    def __init__(self, top: int = 0):
+        self.top = top
+        self.at: dict[int, tuple[int, float, list[tuple[int, float]]]] = {}  # pos -> (token,
+        # its logprob, [(id, logprob)] of the `top` most likely, most likely first)
+
+    def add(self, logits: np.ndarray, pos: int, token: int) -> None:
+        x = logits.astype(np.float64)  # [V]
+        m = x.max()
+        x -= m + np.log(np.exp(x - m).sum())  # log-softmax
+        top = np.argpartition(-x, self.top - 1)[: self.top] if 0 < self.top < len(x) else \
+            np.arange(len(x) if self.top else 0)
+        top = top[np.lexsort((top, -x[top]))]  # most likely first, then the lower id
+        self.at[pos] = (token, float(x[token]), [(int(i), float(x[i])) for i in top])
+
+
+class Sampler:
+    """Chooses tokens for one generation and adds up the seconds it spends doing so; with
+    `logprobs`, records what the model gave each chosen token."""
+
+    def __init__(self, sampling: Sampling = GREEDY, logprobs: Logprobs | None = None):
         self.sampling = sampling.check()
         self.seconds = 0.0
+        self.logprobs = logprobs
         if not self.sampling.greedy:
             _warm_up()  # not inside the first timed pick
 
@@ -174,6 +198,8 @@ class Sampler:
         positions 0..pos-1 (prompt and output)."""
         t0 = time.perf_counter()
         token = choose(logits, pos, before, self.sampling)
+        if self.logprobs is not None:
+            self.logprobs.add(logits, pos, token)
         self.seconds += time.perf_counter() - t0
         return token
 
