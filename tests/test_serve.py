@@ -364,6 +364,34 @@ def test_n_choices_each_with_its_own_seed(servers):
     assert [c.index for c in done.choices] == [0, 1]
 
 
+def test_presence_and_frequency_penalties_keep_spec_equal_to_plain(servers):
+    spec, plain = servers("spec").client(), servers("plain").client()
+    accepted = 0
+    for sampling in ({}, {"temperature": 0.8, "seed": 5}):
+        for penalties in ({"presence_penalty": 0.8, "frequency_penalty": 0.4},
+                          {"frequency_penalty": -0.5}):
+            a = _chat(spec, REPEATING, max_tokens=40, **sampling, **penalties)
+            b = _chat(plain, REPEATING, max_tokens=40, **sampling, **penalties)
+            assert _ids(a) == _ids(b)
+            accepted += a.usage.model_extra["accepted_tokens"]
+    assert accepted > 0  # verified by passes that accepted drafts
+    free = _ids(_chat(plain, REPEATING, max_tokens=40))
+    assert _ids(_chat(plain, REPEATING, max_tokens=40, frequency_penalty=2.0)) != free
+
+
+def test_penalties_are_openais_over_the_generated_ids():
+    """x_j - c_j * frequency - (c_j > 0) * presence, c_j counted over generated ids only."""
+    from kolibri_cli.decode.sampling import Sampling, choose
+
+    x = np.array([0.0, 3.0, 2.0, 2.9], np.float32)
+    before = np.array([3, 1, 1, 1])  # the prompt [3], then 1 generated three times
+    assert choose(x, 4, before, Sampling(frequency_penalty=0.05), prompt_len=1) == 3  # 2.85
+    assert choose(x, 4, before, Sampling(presence_penalty=0.05), prompt_len=1) == 1  # 2.95
+    assert choose(x, 4, before, Sampling(presence_penalty=0.2), prompt_len=1) == 3  # 2.8
+    assert choose(x, 4, before, Sampling(presence_penalty=0.2), prompt_len=0) == 1  # 3 too
+    assert choose(x, 4, before, Sampling(frequency_penalty=-1.0), prompt_len=4) == 1
+
+
 def test_models_retrieve_tokenize_and_detokenize(servers, models):
     from kolibri_cli.store.models import open_model
 
@@ -463,6 +491,8 @@ def test_32_concurrent_streams_are_answered_or_refused_none_lost(servers):
     (json.dumps({"prompt": "hi", "n": 1000}).encode(), 400, "n"),
     (json.dumps({"prompt": "hi", "logprobs": 21}).encode(), 400, "logprobs"),
     (json.dumps({"prompt": "hi", "best_of": 2}).encode(), 400, "best_of"),
+    (json.dumps({"prompt": "hi", "presence_penalty": 2.5}).encode(), 400, "presence_penalty"),
+    (json.dumps({"prompt": "hi", "frequency_penalty": "x"}).encode(), 400, "frequency_penalty"),
     (json.dumps({"prompt": [5, 10**6]}).encode(), 400, "prompt"),
     (json.dumps({"prompt": ""}).encode(), 400, "prompt"),
     (json.dumps({"prompt": "x" * 2000}).encode(), 400, "prompt"),  # longer than the context

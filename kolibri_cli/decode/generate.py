@@ -215,7 +215,7 @@ class _Run:
                  tree_rows: int = 0, logprobs: Logprobs | None = None):
         self.model, self.tf, self.kv = model, model.transformer, kv
         self.tree_rows = tree_rows  # cache rows past the end a tree's nodes may need
-        self.sampler = Sampler(sampling, logprobs)
+        self.sampler = Sampler(sampling, logprobs, len(prompt_ids))
         self.stops = Stops(model.eos_ids, stop, model.tokenizer)
         self.n, self.max_tokens = len(prompt_ids), max_tokens
         self.ids = np.empty(self.n + max_tokens, dtype=np.int64)  # prompt, then output

@@ -8,8 +8,8 @@ Layout: `requests` turns request bodies into what the generators need (every bad
 /tokenize and /detokenize, `app` is the ASGI app (Starlette), `connections` bounds idle
 connections, `run` puts it on uvicorn. The server stack is the optional `serve` extra, imported
 only here.
-Non-goals: batching several sequences (one at a time through one worker), tools, images,
-presence/frequency penalties, TLS (put a proxy in front).
+Non-goals: batching several sequences (one at a time through one worker), tools, images, TLS
+(put a proxy in front).
 """
 
 from importlib.util import find_spec

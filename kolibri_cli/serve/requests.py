@@ -4,11 +4,11 @@
 Read: `model`, `prompt` (completions: text, or token ids) or `messages` (chat: through the
 model's chat template), `max_tokens` (or `max_completion_tokens`), `temperature`, `top_p`,
 `top_k`, `min_p`, `repetition_penalty`, `seed`, `stop`, `stream`, `stream_options.include_usage`
-`n`, `logprobs` (chat: with `top_logprobs`) and vLLM's `return_token_ids`. Sampling fields left
-out take the model's generation_config.json, else greedy, as `kolibri generate` does. Fields
-that would change the answer in a way kolibri cannot honour (best_of, echo, suffix, tools,
-presence/frequency penalties, logit_bias, a JSON response_format) are refused; any other field
-is ignored.
+`presence_penalty`, `frequency_penalty`, `n`, `logprobs` (chat: with `top_logprobs`) and vLLM's
+`return_token_ids`. Sampling fields left out take the model's generation_config.json, else
+greedy, as `kolibri generate` does. Fields that would change the answer in a way kolibri cannot
+honour (best_of, echo, suffix, tools, logit_bias, a JSON response_format) are refused; any other
+field is ignored.
 """
 
 import math
@@ -162,8 +162,6 @@ def _check_model(body: dict, name: str) -> None:
 _UNSUPPORTED = {  # field -> (value that means "off", why it is refused)
     "best_of": (1, "no server-side best-of (ask n choices)"),
     "echo": (False, "the prompt is not echoed"), "suffix": ("", "no suffix (insertion) mode"),
-    "presence_penalty": (0, "no presence penalty (repetition_penalty is)"),
-    "frequency_penalty": (0, "no frequency penalty (repetition_penalty is)"),
     "logit_bias": ({}, "no logit bias"), "tools": ([], "no tool calls"),
     "functions": ([], "no function calls"),
 }
@@ -259,6 +257,8 @@ def _sampling(body: dict, defaults: dict) -> Sampling:
         ("temperature", _number(body, "temperature")), ("top_p", _number(body, "top_p")),
         ("min_p", _number(body, "min_p")),
         ("repetition_penalty", _number(body, "repetition_penalty")),
+        ("presence_penalty", _number(body, "presence_penalty")),
+        ("frequency_penalty", _number(body, "frequency_penalty")),
         ("top_k", _top_k(body)), ("seed", _integer(body, "seed"))) if value is not None}
     try:
         chosen = Sampling(**(defaults | given)).check(prefix="")
