@@ -22,8 +22,8 @@ def serve(
         "pays); the text is the same either way.")] = True,
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="KOLIBRI_API_KEY", show_default=False,
-        help="Bearer key every /v1/ request must send (prefer the variable: arguments show in "
-        "ps).")] = None,
+        help="Bearer key every /v1/, /tokenize and /detokenize request must send (prefer the "
+        "variable: arguments show in ps).")] = None,
     record: Annotated[Path | None, typer.Option(
         "--record", metavar="DIR", help="Append every finished request to a golden file in "
         "DIR (kolibri probe -g DIR answers on it).")] = None,
