@@ -77,11 +77,11 @@ def test_a_bug_after_the_generation_fails_that_request_and_the_worker_goes_on(st
     worker = start_worker(2)
     observe, calls = worker.metrics.observe, []
 
-    def broken_once(usage, result) -> None:
+    def broken_once(usage, results, times) -> None:
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("a bug in counting")
-        observe(usage, result)
+        observe(usage, results, times)
 
     worker.metrics.observe = broken_once
     first, first_events = _job("first")
@@ -90,5 +90,5 @@ def test_a_bug_after_the_generation_fails_that_request_and_the_worker_goes_on(st
     assert kind == "error" and error.status == 500 and "a bug in counting" in error.message
     second, second_events = _job("second")
     worker.submit(second)
-    kind, (result, usage) = _outcome(second_events)
+    kind, ([result], usage) = _outcome(second_events)
     assert kind == "done" and len(result.output_ids) == usage.completion_tokens == 4

@@ -22,17 +22,17 @@ def serve(
         "pays); the text is the same either way.")] = True,
     api_key: Annotated[str | None, typer.Option(
         "--api-key", envvar="KOLIBRI_API_KEY", show_default=False,
-        help="Bearer key every /v1/ request must send (prefer the variable: arguments show in "
-        "ps).")] = None,
+        help="Bearer key every /v1/, /tokenize and /detokenize request must send (prefer the "
+        "variable: arguments show in ps).")] = None,
     record: Annotated[Path | None, typer.Option(
         "--record", metavar="DIR", help="Append every finished request to a golden file in "
         "DIR (kolibri probe -g DIR answers on it).")] = None,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, max=100_000, help="Requests that may wait behind the running one; "
         "more are refused with 503 at once.")] = 8,
-    max_tokens: Annotated[int, typer.Option(
-        "--max-tokens", min=1, max=10_000_000, help="Most new tokens a request may ask for "
-        "(a chat request's default).")] = 2048,
+    max_tokens: Annotated[int | None, typer.Option(
+        "--max-tokens", min=1, max=10_000_000, show_default=False, help="Most new tokens a "
+        "request may ask for (a chat request's default). [default: the model's context]")] = None,
     max_body: Annotated[int, typer.Option(
         "--max-body", min=1024, max=1 << 30, help="Most bytes of a request body.")] = 1 << 20,
     served_model_name: Annotated[str | None, typer.Option(

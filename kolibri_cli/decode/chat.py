@@ -35,8 +35,7 @@ class Conversation:
     def prompt_ids(self, user_text: str) -> list[int]:
         system = [] if self.system is None else [{"role": "system", "content": self.system}]
         turns = [*system, *self.messages, {"role": "user", "content": user_text}]
-        tok = self.model.tokenizer
-        return tok.encode(tok.render_messages(turns), add_special_tokens=False)
+        return self.model.tokenizer.encode_messages(turns)
 
     def reply(self, user_text: str, max_tokens: int, proposer=None, sampling: Sampling = GREEDY,
               stop: Sequence[str] = (), on_tokens=None) -> GenerationResult:

@@ -20,7 +20,7 @@ from kolibri_cli.decode.proposers import (
     draft_tree,
     warm_up,
 )
-from kolibri_cli.decode.sampling import GREEDY, Sampler, Sampling
+from kolibri_cli.decode.sampling import GREEDY, Logprobs, Sampler, Sampling
 from kolibri_cli.decode.stops import Stops
 from kolibri_cli.errors import KolibriError
 
@@ -67,6 +67,7 @@ class GenerationResult:
     sample_s: float = 0.0  # of decode_s: time spent choosing tokens from logits
     step_s: list[float] = field(default_factory=list)  # decode_s by step: a plain step or a
     # verify pass with its drafting and choosing (sum == decode_s); the probe's timings use them
+    logprobs: list | None = None  # asked for: per output token, its Logprobs row
 
     @property
     def step_rows(self) -> list[int]:
@@ -162,8 +163,9 @@ def compare(model, prompt_ids: Sequence[int], max_tokens: int, proposer: Propose
 
 def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
                    on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
-                   stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
-    run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv)
+                   stop: Sequence[str] = (), kv: KVState | None = None,
+                   logprobs: Logprobs | None = None) -> GenerationResult:
+    run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv, logprobs=logprobs)
     run.commit([run.prefill()], on_tokens)
     marks = [time.perf_counter()]  # each decode step's end, after the start
     while not run.done:
@@ -175,11 +177,13 @@ def generate_plain(model, prompt_ids: Sequence[int], max_tokens: int,
 
 def generate_spec(model, prompt_ids: Sequence[int], max_tokens: int, proposer: Proposer,
                   on_tokens: OnTokens | None = None, *, sampling: Sampling = GREEDY,
-                  stop: Sequence[str] = (), kv: KVState | None = None) -> GenerationResult:
+                  stop: Sequence[str] = (), kv: KVState | None = None,
+                  logprobs: Logprobs | None = None) -> GenerationResult:
     warm_up()
     proposer.begin(prompt_ids)
     trees = proposer.trees
-    run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv, proposer.k if trees else 0)
+    run = _Run(model, prompt_ids, max_tokens, sampling, stop, kv, proposer.k if trees else 0,
+               logprobs)
     run.commit([run.prefill()], on_tokens)
     passes, proposer_s = [], 0.0
     # looked up once: each step runs right after a forward evicted the caches
@@ -208,10 +212,10 @@ class _Run:
     """What both generators share: the cache, the ids so far, choosing and committing tokens."""
 
     def __init__(self, model, prompt_ids, max_tokens: int, sampling: Sampling, stop, kv,
-                 tree_rows: int = 0):
+                 tree_rows: int = 0, logprobs: Logprobs | None = None):
         self.model, self.tf, self.kv = model, model.transformer, kv
         self.tree_rows = tree_rows  # cache rows past the end a tree's nodes may need
-        self.sampler = Sampler(sampling)
+        self.sampler = Sampler(sampling, logprobs, len(prompt_ids))
         self.stops = Stops(model.eos_ids, stop, model.tokenizer)
         self.n, self.max_tokens = len(prompt_ids), max_tokens
         self.ids = np.empty(self.n + max_tokens, dtype=np.int64)  # prompt, then output
@@ -322,7 +326,11 @@ class _Run:
             self.ids[: self.n].tolist(), self.out, self.stops.text(self.out), self.prefill_s,
             marks[-1] - marks[0], forward_passes, mode=mode, sampling=self.sampler.sampling,
             stop_reason=self.reason or "length", sample_s=self.sampler.seconds,
-            step_s=[b - a for a, b in pairwise(marks)])
+            step_s=[b - a for a, b in pairwise(marks)], logprobs=self._logprobs())
+
+    def _logprobs(self) -> list | None:
+        rows = self.sampler.logprobs
+        return None if rows is None else [rows.at[self.n + i] for i in range(len(self.out))]
 
 
 def _common_prefix(a: Sequence[int], b: np.ndarray, cap: int) -> int:

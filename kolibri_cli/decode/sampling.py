@@ -1,16 +1,19 @@
 """Choosing a token from one position's logits: greedy, or sampled with noise keyed by position.
 
-The token at absolute position t is a pure function of (logits_t, the ids before t, seed, t) —
-never of how many tokens shared the forward call or how many draws came before. Plain decoding
+The token at absolute position t is a pure function of (logits_t, the ids before t and where the
+prompt among them ends, seed, t) — never of how many tokens shared the forward call or how many
+draws came before. Plain decoding
 and a speculative verify pass therefore choose the same token at every position they both
 compute, at any temperature: speculative output equals plain output, bit for bit.
 
-The rule (docs/sampling.md): x = logits_t with transformers' repetition penalty on the ids before
-t; s = x / T (float32); drop tokens outside top-k, then top-p, then min-p of softmax(s) (the
-order and definitions of transformers' warpers); choose the argmax over kept tokens of
-float64(s_i) + g_i, where g_i = -log(-log(u_i)) is Gumbel noise, u_i = (w_i + 1/2) / 2^32 and
-w_i the Philox word of (seed, t, i). Gumbel-max makes the choice a sample of softmax(s) over the
-kept tokens. T = 0 is greedy: the argmax of x, no noise.
+The rule (docs/sampling.md): x = logits_t with transformers' repetition penalty on the ids
+before t, then OpenAI's presence and frequency penalties on the ids generated before t (x_j -=
+c_j * frequency + (c_j > 0) * presence, c_j: how often j was generated); s = x / T (float32);
+drop tokens outside top-k, then top-p, then min-p of softmax(s) (the order and definitions of
+transformers' warpers); choose the argmax over kept tokens of float64(s_i) + g_i, where g_i =
+-log(-log(u_i)) is Gumbel noise, u_i = (w_i + 1/2) / 2^32 and w_i the Philox word of (seed, t,
+i). Gumbel-max makes the choice a sample of softmax(s) over the kept tokens. T = 0 is greedy:
+the argmax of x, no noise.
 Non-goals: beam search, typical/eta/epsilon sampling, penalties that depend on anything but the
 ids before t.
 """
@@ -62,6 +65,14 @@ class Sampling:
     min_p: float = 0.0  # keep tokens with p >= min_p * p_max; 0 = off
     repetition_penalty: float = 1.0  # transformers' penalty on ids already seen; 1 = off
     seed: int = 0  # the Philox key (0 .. 2^64-1); unused when greedy
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from each id generated; 0 = off
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per time an id was generated; 0 = off
+
+    @property
+    def penalizes(self) -> bool:
+        """Any penalty on what came before (the scores are not the bare logits)."""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0
+                or self.frequency_penalty != 0)
 
     @property
     def greedy(self) -> bool:
@@ -80,6 +91,8 @@ class Sampling:
             (not lo <= self.repetition_penalty <= hi, "repetition-penalty",
              self.repetition_penalty, f"a finite number in [{lo:g}, {hi:g}] (1 = off)"),
             (not 0 <= self.seed < 2**64, "seed", self.seed, "in 0..2^64-1"),
+            *((not -2 <= getattr(self, key) <= 2, key.replace("_", "-"), getattr(self, key),
+               "in [-2, 2] (0 = off)") for key in OPENAI_PENALTIES),
         ]
         for wrong, name, value, want in bad:
             if wrong:
@@ -89,10 +102,11 @@ class Sampling:
     def to_dict(self) -> dict:
         """What goldens and --json record: {} for plain greedy, so files without sampling
         parameters read as greedy."""
+        penalties = {key: getattr(self, key) for key in OPENAI_PENALTIES if getattr(self, key)}
         if self.greedy:
-            return {} if self.repetition_penalty == 1 else {
-                "temperature": 0.0, "repetition_penalty": self.repetition_penalty}
-        return asdict(self)
+            return {} if not self.penalizes else {
+                "temperature": 0.0, "repetition_penalty": self.repetition_penalty} | penalties
+        return {k: v for k, v in asdict(self).items() if k not in OPENAI_PENALTIES} | penalties
 
     @classmethod
     def from_dict(cls, d: dict) -> "Sampling":
@@ -115,11 +129,14 @@ class Sampling:
         parts = ["greedy" if self.greedy else f"T={self.temperature:g}"]
         parts += [f"{name}={value:g}" for name, value, off in (
             ("top-k", self.top_k, 0), ("top-p", self.top_p, 1), ("min-p", self.min_p, 0),
-            ("repetition-penalty", self.repetition_penalty, 1)) if value != off]
+            ("repetition-penalty", self.repetition_penalty, 1),
+            ("presence-penalty", self.presence_penalty, 0),
+            ("frequency-penalty", self.frequency_penalty, 0)) if value != off]
         return " ".join(parts + ([] if self.greedy else [f"seed={self.seed}"]))
 
 
 GREEDY = Sampling()
+OPENAI_PENALTIES = ("presence_penalty", "frequency_penalty")  # recorded only when set
 
 
 def new_seed() -> int:
@@ -160,12 +177,38 @@ def resolve(model, given: dict, note) -> Sampling:
     return chosen
 
 
-class Sampler:
-    """Chooses tokens for one generation and adds up the seconds it spends doing so."""
+class Logprobs:
+    """What the model gave each chosen token: its log-probability and the `top` most likely
+    tokens' (log-softmax of the position's raw logits — before penalties, temperature and
+    filters, as vLLM reports them by default), by absolute position, filled as tokens are
+    picked. A position's logits are bitwise the same in plain and speculative decoding, so
+    its row here is too."""
 
-    def __init__(self, sampling: Sampling = GREEDY):
+    def __init__(self, top: int = 0):
+        self.top = top
+        self.at: dict[int, tuple[int, float, list[tuple[int, float]]]] = {}  # pos -> (token,
+        # its logprob, [(id, logprob)] of the `top` most likely, most likely first)
+
+    def add(self, logits: np.ndarray, pos: int, token: int) -> None:
+        x = logits.astype(np.float64)  # [V]
+        m = x.max()
+        x -= m + np.log(np.exp(x - m).sum())  # log-softmax
+        top = np.argpartition(-x, self.top - 1)[: self.top] if 0 < self.top < len(x) else \
+            np.arange(len(x) if self.top else 0)
+        top = top[np.lexsort((top, -x[top]))]  # most likely first, then the lower id
+        self.at[pos] = (token, float(x[token]), [(int(i), float(x[i])) for i in top])
+
+
+class Sampler:
+    """Chooses tokens for one generation and adds up the seconds it spends doing so; with
+    `logprobs`, records what the model gave each chosen token."""
+
+    def __init__(self, sampling: Sampling = GREEDY, logprobs: Logprobs | None = None,
+                 prompt_len: int = 0):
         self.sampling = sampling.check()
         self.seconds = 0.0
+        self.logprobs = logprobs
+        self.prompt_len = prompt_len  # ids before it are the prompt: not "generated"
         if not self.sampling.greedy:
             _warm_up()  # not inside the first timed pick
 
@@ -173,7 +216,9 @@ class Sampler:
         """The token at absolute position `pos` from its logits [V]; `before` = the ids at
         positions 0..pos-1 (prompt and output)."""
         t0 = time.perf_counter()
-        token = choose(logits, pos, before, self.sampling)
+        token = choose(logits, pos, before, self.sampling, self.prompt_len)
+        if self.logprobs is not None:
+            self.logprobs.add(logits, pos, token)
         self.seconds += time.perf_counter() - t0
         return token
 
@@ -185,10 +230,12 @@ def _warm_up() -> None:
     choose(np.zeros(8, np.float32), 1, np.zeros(1, np.int64), Sampling(temperature=1.0))
 
 
-def choose(logits: np.ndarray, pos: int, before, s: Sampling) -> int:
-    if s.greedy and s.repetition_penalty == 1:
+def choose(logits: np.ndarray, pos: int, before, s: Sampling, prompt_len: int = 0) -> int:
+    """The token at absolute position `pos`; `before` = the ids at 0..pos-1, of which those
+    from `prompt_len` on were generated."""
+    if s.greedy and not s.penalizes:
         return int(np.argmax(logits))  # [V] -> first index of the maximum, like torch
-    x = penalized(logits, before, s.repetition_penalty)
+    x = openai_penalized(penalized(logits, before, s.repetition_penalty), before[prompt_len:], s)
     if s.greedy:
         return int(np.argmax(x))
     scores, e = filtered(x / np.float32(s.temperature), s)
@@ -204,6 +251,18 @@ def penalized(logits: np.ndarray, before, penalty: float) -> np.ndarray:
     seen = np.unique(np.asarray(before, dtype=np.int64))
     v = x[seen]
     x[seen] = np.where(v < 0, v * np.float32(penalty), v / np.float32(penalty))
+    return x
+
+
+def openai_penalized(logits: np.ndarray, generated, s: Sampling) -> np.ndarray:
+    """OpenAI's presence and frequency penalties: x_j - c_j * frequency - (c_j > 0) * presence,
+    c_j the times id j was generated (float32)."""
+    if s.presence_penalty == 0 and s.frequency_penalty == 0 or len(generated) == 0:
+        return logits
+    ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+    x = logits.copy()  # [V] float32
+    x[ids] -= (np.float32(s.frequency_penalty) * counts.astype(np.float32)
+               + np.float32(s.presence_penalty))
     return x
 
 
@@ -284,10 +343,11 @@ def gumbel_noise(seed: int, pos: int, n: int) -> np.ndarray:
     return -np.log(-np.log(u))
 
 
-def perturbed(logits: np.ndarray, pos: int, before, s: Sampling) -> np.ndarray:
+def perturbed(logits: np.ndarray, pos: int, before, s: Sampling,
+              prompt_len: int = 0) -> np.ndarray:
     """[V] float64: what the sampled choice is the argmax of — float64(scores) + noise, -inf
     where filtered out — computed for every token, without shortcuts (the reference
     engine's margins, and the tests' check of the fast path)."""
-    scores, _ = filtered(penalized(logits, before, s.repetition_penalty) /
-                         np.float32(s.temperature), s)
+    x = openai_penalized(penalized(logits, before, s.repetition_penalty), before[prompt_len:], s)
+    scores, _ = filtered(x / np.float32(s.temperature), s)
     return scores.astype(np.float64) + gumbel_noise(s.seed, pos, scores.shape[0])

@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 from contextlib import contextmanager
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -164,6 +164,23 @@ class Tokenizer:
         with _rust_errors("the tokenizer cannot encode the text"):
             return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """`text`'s ids with special tokens' text read as text (never a control id)."""
+        with _rust_errors("the tokenizer cannot encode the text"):
+            return self._as_text.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes token `i` stands for: a byte-level piece may be part of a character."""
+        piece = self._tok.id_to_token(i)
+        if i in self._tok.get_added_tokens_decoder() or piece is None:
+            return self.decode([i], skip_special_tokens=False).encode("utf-8")
+        if type(self._tok.decoder).__name__ == "ByteLevel":
+            table = _byte_level_table()
+            return bytes(table[ch] for ch in piece if ch in table)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])  # sentencepiece's byte fallback
+        return self.decode([i], skip_special_tokens=False).encode("utf-8")
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         with _rust_errors("the tokenizer cannot decode the ids"):
             return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -205,11 +222,83 @@ class Tokenizer:
         )
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
-        """The rendered template carries its own special tokens, so none are added."""
-        return self.encode(self.render_messages(messages), add_special_tokens=False)
+        """The rendered template carries its own special tokens, so none are added. A special
+        token's text inside a message's content is text, never the control id: a user cannot
+        end their turn and open a system one. Content without such text is encoded as it always
+        was (the whole rendering at once); content with it is marked before rendering, and
+        the rendering encoded piece by piece, the template's own special tokens as ids and the
+        content's as text."""
+        contents = [m["content"] for m in messages if isinstance(m.get("content"), str)]
+        if not any(s in c for c in contents for s in self._special_strings):
+            return self.encode_nogil(self.render_messages(messages), add_special_tokens=False)
+        marks = _Marks(self._special_strings)
+        text = self.render_messages([m | {"content": marks.hide(m["content"])}
+                                     if isinstance(m.get("content"), str) else m
+                                     for m in messages])
+        return self._encode_marked(text, marks)
+
+    def _encode_marked(self, text: str, marks: "_Marks") -> list[int]:
+        """`text`'s ids: its special tokens as their ids, the marked ones as text."""
+        ids: list[int] = []
+        for i, piece in enumerate(marks.structural.split(text)):
+            if i % 2:  # a special token the template wrote
+                ids.append(self._tok.token_to_id(piece))
+            elif marks.hidden(piece):
+                with _rust_errors("the tokenizer cannot encode the text"):
+                    ids += self._as_text.encode(marks.show(piece), add_special_tokens=False).ids
+            elif piece:
+                ids += self.encode_nogil(piece, add_special_tokens=False)
+        return ids
+
+    @cached_property
+    def _special_strings(self) -> list[str]:
+        """The special tokens' text, longest first (the one a match prefers)."""
+        return sorted((t.content for t in self._tok.get_added_tokens_decoder().values()
+                       if t.special and t.content), key=len, reverse=True)
+
+    @cached_property
+    def _as_text(self):
+        """A copy of the tokenizer that reads special tokens' text as ordinary text."""
+        from tokenizers import Tokenizer as HFTokenizer
+
+        copy = HFTokenizer.from_str(self._tok.to_str())
+        copy.encode_special_tokens = True
+        return copy
 
     def encode_prompt(self, prompt: str, chat: bool, system: str | None = None) -> list[int]:
         return encode_prompt(self, prompt, chat, system)
+
+
+@cache
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+class _Marks:
+    """Special tokens' text in message content swapped for marks (private-use characters and a
+    random key, so no content can hold a mark) before rendering, and swapped back after."""
+
+    def __init__(self, specials: list[str]):
+        import re
+        import secrets
+
+        self.specials, key = specials, secrets.token_hex(8)
+        self._open, self._close = f"\ue000{key}:", "\ue001"
+        self.structural = re.compile("(" + "|".join(map(re.escape, specials)) + ")")
+        self._shown = re.compile(re.escape(self._open) + r"(\d+)" + re.escape(self._close))
+
+    def hide(self, content: str) -> str:
+        return self.structural.sub(lambda m: f"{self._open}{self.specials.index(m[0])}"
+                                   f"{self._close}", content)
+
+    def hidden(self, text: str) -> bool:
+        return self._open in text
+
+    def show(self, text: str) -> str:
+        return self._shown.sub(lambda m: self.specials[int(m[1])], text)
 
 
 def _read_config(path: Path) -> dict:

@@ -3,7 +3,8 @@
 
 Each chain is one `write` of its whole line to a file opened for appending: a reader, or a
 process killed between two chains, sees whole lines only. One file per writer (its name carries
-the start time and the process id), never shared, never rewritten.
+the start time and the process id), never shared, never rewritten, and made by the first
+chain: a run that recorded nothing (or was killed before) leaves no file.
 Non-goals: rotation, compression (shard the folder afterwards), more than one writer per file.
 """
 
@@ -16,7 +17,8 @@ from kolibri_cli.goldens.chains import Golden, golden_line
 
 
 class GoldenLog:
-    """`GoldenLog(folder)`: a new file in `folder` (created if missing); `add(golden)` appends."""
+    """`GoldenLog(folder)`: `folder` made if missing and checked writable; `add(golden)`
+    appends to a new file in it, created by the first call."""
 
     def __init__(self, folder: str | Path):
         folder = Path(folder)
@@ -24,15 +26,19 @@ class GoldenLog:
         self.path = folder / f"serve-{stamp}-{os.getpid()}.jsonl"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
-                               0o644)
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied")
         except OSError as e:
             raise KolibriError(f"{self.path}: cannot be created ({e.strerror}); pick another "
                                "folder") from None
+        self._fd = -1
         self.count = 0
 
     def add(self, golden: Golden) -> None:
         data = golden_line(golden).encode("utf-8")
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
+                               0o644)
         before = os.fstat(self._fd).st_size
         written = os.write(self._fd, data)
         if written != len(data):  # a full disk: cut the torn line off again

@@ -11,7 +11,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from kolibri_cli.decode.sampling import GREEDY, Sampling, penalized, perturbed
+from kolibri_cli.decode.sampling import GREEDY, Sampling, openai_penalized, penalized, perturbed
 from kolibri_cli.engine import blockfile
 from kolibri_cli.errors import KolibriError
 
@@ -74,7 +74,7 @@ def generate(model, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, 
     r = model(torch.tensor([prompt_ids]), use_cache=True)
     while True:
         row = r.logits[0, -1].float().numpy()  # [V]
-        scores = torch.from_numpy(_scores(row, prompt_ids + out, sampling))
+        scores = torch.from_numpy(_scores(row, prompt_ids + out, sampling, len(prompt_ids)))
         top2 = torch.topk(scores, 2)
         tok = int(top2.indices[0])
         out.append(tok)
@@ -86,14 +86,15 @@ def generate(model, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, 
     return ReferenceChain(out, margins, version)
 
 
-def _scores(row, before: list[int], sampling: Sampling):
+def _scores(row, before: list[int], sampling: Sampling, prompt_len: int):
     """[V] what the token is the argmax of (ties: torch.topk and numpy argmax both pick the
     first index for the top-1)."""
     import numpy as np
 
     if sampling.greedy:
-        return penalized(row, np.array(before), sampling.repetition_penalty)
-    return perturbed(row, len(before), np.array(before), sampling)
+        return openai_penalized(penalized(row, np.array(before), sampling.repetition_penalty),
+                                np.array(before[prompt_len:]), sampling)
+    return perturbed(row, len(before), np.array(before), sampling, prompt_len)
 
 
 def logits(model, ids: list[int]):

@@ -55,12 +55,12 @@ class Piece:
 def find_golden_files(paths: list[str | Path]) -> list[Path]:
     """Files as given; folders expand to every golden file under them (sorted): each file ending
     in one of SUFFIXES except prompt files (whose first object has no "output_ids"), so
-    data/prompts/ is skipped."""
+    data/prompts/ is skipped, and empty files (`empty_golden_files` names them)."""
     files = []
     for path in map(Path, paths):
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.name.endswith(SUFFIXES))
-            files.extend(p for p in found if p.is_file() and not _is_prompt_file(p))
+            files.extend(p for p in _candidates(path)
+                         if first_line(p) is not None and not _is_prompt_file(p))
         elif path.exists():
             files.append(_regular(path))
         else:
@@ -68,6 +68,17 @@ def find_golden_files(paths: list[str | Path]) -> list[Path]:
                                "or a folder of them (kolibri goldens record writes them); without "
                                "--goldens the probe reads the goldens shipped with kolibri")
     return files
+
+
+def empty_golden_files(paths: list[str | Path]) -> list[Path]:
+    """The empty files the folders among `paths` hold, which find_golden_files skips (a server
+    stopped before its first request left one, in older versions)."""
+    return [p for path in map(Path, paths) if path.is_dir() for p in _candidates(path)
+            if first_line(p) is None]
+
+
+def _candidates(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.name.endswith(SUFFIXES) and p.is_file())
 
 
 def _regular(path: Path) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kolibri_cli.costs.pricing import Pricing
 from kolibri_cli.errors import KolibriError, refuse_unused
-from kolibri_cli.goldens.stream import models_of
+from kolibri_cli.goldens.stream import empty_golden_files, models_of
 from kolibri_cli.probe.config import ProbeConfig
 from kolibri_cli.probe.result import ProbeResult, build_result
 
@@ -36,6 +36,7 @@ class Ui:
 def run(cfg: ProbeConfig, ui: Ui) -> ProbeResult:
     """Check, price, simulate (and measure): the result, gates applied."""
     check(cfg)
+    note_empty_files(cfg, ui)
     cfg.pricing = pricing(cfg, ui)
     model = (load_model(cfg, ui, weights=cfg.bench or in_process(cfg))
              if cfg.measure or cfg.bench else None)
@@ -51,6 +52,11 @@ def run(cfg: ProbeConfig, ui: Ui) -> ProbeResult:
     if cfg.concurrency:
         load = under_load(cfg, runs, measured, goldens, ui)
     return build_result(cfg, runs, cfg.pricing, measured, throughput, load)
+
+
+def note_empty_files(cfg: ProbeConfig, ui: Ui) -> None:
+    for path in empty_golden_files(cfg.goldens):
+        ui.note(f"note: {path} is empty: skipped")
 
 
 def under_load(cfg: ProbeConfig, runs: list, measured: dict | None, goldens: list, ui: Ui):

@@ -4,11 +4,12 @@ the same as `kolibri generate`.
 
 Layout: `requests` turns request bodies into what the generators need (every bad field a 4xx),
 `responses` builds the answers, `worker` runs generations one at a time behind a bounded queue,
-`metrics` counts them in Prometheus form (vLLM's spec-decode names beside kolibri's own), `app`
-is the ASGI app (Starlette), `run` puts it on uvicorn. The server stack is the optional `serve`
-extra, imported only here.
-Non-goals: batching several sequences (one at a time through one worker), tools, logprobs,
-images, TLS (put a proxy in front).
+`metrics` counts them in Prometheus form (vLLM's names beside kolibri's own), `tokens` answers
+/tokenize and /detokenize, `app` is the ASGI app (Starlette), `connections` bounds idle
+connections, `run` puts it on uvicorn. The server stack is the optional `serve` extra, imported
+only here.
+Non-goals: batching several sequences (one at a time through one worker), tools, images, TLS
+(put a proxy in front).
 """
 
 from importlib.util import find_spec

@@ -1,10 +1,12 @@
 """The ASGI app (Starlette): routes, the bearer key, the body limit, the access log.
 
-GET /health, /version, /metrics, /v1/models; POST /v1/completions and /v1/chat/completions,
-streamed (server-sent events) or not. A request is read and checked here (requests.py), queued
-for the worker (worker.py) — refused with 503 at once when the queue is full — and answered as
-its ids arrive; a client that disconnects cancels its generation. Every failure is a JSON error
-body in OpenAI's shape with a 4xx status (a kolibri bug: 500), and the server goes on.
+GET /health, /version, /metrics, /v1/models(/{id}); POST /tokenize, /detokenize (tokens.py),
+/v1/completions and /v1/chat/completions, streamed (server-sent events) or not. A request is
+read and checked here (requests.py), queued for the worker (worker.py) — refused with 503 at
+once when the queue is full — and answered as its ids arrive; a client that disconnects cancels
+its generation; at shutdown past the drain (`Api.abort`) the open ones end with an error. Every
+failure is a JSON error body in OpenAI's shape with a 4xx status (a kolibri bug: 500), and the
+server goes on.
 Non-goals: TLS, CORS, rate limits per client.
 """
 
@@ -22,12 +24,16 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from kolibri_cli.decode.stops import TextDeltas
-from kolibri_cli.serve import responses
+from kolibri_cli.serve import responses, tokens
 from kolibri_cli.serve.requests import ApiError, Served, chat_ask, completion_ask, parse_body
 from kolibri_cli.serve.worker import Busy, Job
 
 Log = Callable[[dict], None]
+BODY_S = 60.0  # a body a megabyte long takes milliseconds; a slow one holds a connection
 CLOSED = ApiError(499, "the client closed the request", kind="cancelled")  # nginx's 499
+SHUTDOWN = ApiError(503, "the server shut down before this request finished (past its "
+                    "--drain-timeout, or stopped twice)", code="server_shutdown",
+                    kind="server_error")
 
 
 class Api:
@@ -39,6 +45,14 @@ class Api:
         # tokenizing a body near --max-body takes a second or more: done on this one thread,
         # the event loop goes on streaming the running request and answering the others
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="kolibri-read")
+        self.live: set[asyncio.Queue] = set()  # the event queues of requests being answered
+
+    def abort(self) -> None:
+        """The drain is over: every request still open ends now, with an error (on the event
+        loop's thread)."""
+        for events in self.live:
+            events.put_nowait(("shutdown", None))
+        self.worker.cancel_all()
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -52,10 +66,41 @@ class Api:
         return Response(self.metrics.render(), media_type=_metrics_type())
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.served.name, "object": "model", "created": self.started,
-             "owned_by": "kolibri", "max_model_len":
-             self.served.model.config.max_position_embeddings}]})
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id}: the one model, or 404 (`client.models.retrieve`)."""
+        if request.path_params["model"] != self.served.name:
+            return error(ApiError(404, f"the model {request.path_params['model'][:100]!r} does "
+                                  f"not exist; this server runs {self.served.name!r}", "model",
+                                  "model_not_found", "not_found_error"))
+        return JSONResponse(self._model())
+
+    def _model(self) -> dict:
+        return {"id": self.served.name, "object": "model", "created": self.started,
+                "owned_by": "kolibri",
+                "max_model_len": self.served.model.config.max_position_embeddings}
+
+    async def tokenize(self, request: Request) -> Response:
+        """llama-server's POST /tokenize: {content, add_special, parse_special, with_pieces}."""
+        return await self._read(request, lambda body: tokens.tokenize(body, self.served.model))
+
+    async def detokenize(self, request: Request) -> Response:
+        """llama-server's POST /detokenize: {tokens} -> {content}."""
+        return await self._read(request, lambda body: tokens.detokenize(body, self.served.model))
+
+    async def _read(self, request: Request, answer) -> Response:
+        """A body read and answered on the reader thread (tokenizing a megabyte takes a
+        second): the answer's JSON, or the refusal."""
+        try:
+            raw = await _body(request, self.served.limits.max_body)
+            return JSONResponse(await asyncio.get_running_loop().run_in_executor(
+                self.reader, lambda: answer(parse_body(raw))))
+        except ApiError as e:
+            self.metrics.count("invalid")
+            return error(e, {"Connection": "close"} if e.status in (408, 413) else None)
+        except ClientDisconnect:
+            return error(CLOSED)
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, completion_ask, "cmpl")
@@ -70,7 +115,8 @@ class Api:
                 self.reader, lambda: parse(parse_body(raw), self.served))
         except ApiError as e:
             self.metrics.count("invalid")
-            return error(e)
+            # a body left unread (413) or late (408) leaves the connection in no state to reuse
+            return error(e, {"Connection": "close"} if e.status in (408, 413) else None)
         except ClientDisconnect:  # gone before its body was all sent: nobody reads an answer
             self.metrics.count("cancelled")
             return error(CLOSED)
@@ -86,14 +132,19 @@ class Api:
             return error(ApiError(503, f"the server is busy ({self.served.limits.max_queue} "
                                   "requests waiting); retry shortly", code="server_busy",
                                   kind="server_error"), {"Retry-After": "1"})
-        head = responses.Head(rid, int(time.time()), self.served.name, ask)
+        head = responses.Head(rid, int(time.time()), self.served.name, ask,
+                              self.served.model.tokenizer.token_bytes)
+        self.live.add(events)
         if ask.stream:
             tokenizer = self.served.model.tokenizer
-            return StreamingResponse(_stream(request, job, events, head, tokenizer),
+            return StreamingResponse(_stream(request, job, events, head, tokenizer, self.live),
                                      media_type="text/event-stream",
                                      headers={"X-Request-Id": rid, "Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
-        return await _whole(request, job, events, head)
+        try:
+            return await _whole(request, job, events, head)
+        finally:
+            self.live.discard(events)
 
 
 def _emitter(loop, events: asyncio.Queue, job: Job):
@@ -114,12 +165,15 @@ async def _whole(request: Request, job: Job, events: asyncio.Queue,
         while True:
             kind, value = await events.get()
             if kind == "done":
-                result, usage = value
-                _note_usage(request, result, usage)
-                return JSONResponse(responses.answer(head, result, usage),
+                results, usage = value
+                _note_usage(request, results, usage)
+                return JSONResponse(responses.answer(head, results, usage),
                                     headers={"X-Request-Id": job.id})
             if kind == "error":
                 return error(value)
+            if kind == "shutdown":
+                request.state.error = SHUTDOWN.code
+                return error(SHUTDOWN)
             if kind == "cancelled":
                 return error(CLOSED)
     finally:
@@ -134,52 +188,72 @@ async def _cancel_on_disconnect(request: Request, job: Job) -> None:
 
 
 async def _stream(request: Request, job: Job, events: asyncio.Queue, head: responses.Head,
-                  tokenizer):
-    """The stream's events; closed early (the client left), it cancels the generation."""
-    texts, first = TextDeltas(tokenizer, head.ask.stop), True
+                  tokenizer, live: set):
+    """The stream's events; closed early (the client left), it cancels the generation. A
+    stream that cannot finish (an error, the server shutting down) ends with an error event
+    and `[DONE]`, as vLLM's do, and the access log names the error."""
+    n = head.ask.n
+    texts = [TextDeltas(tokenizer, head.ask.stop) for _ in range(n)]
+    first = [True] * n  # choice i's first event not sent yet
     try:
         if head.chat:
-            yield responses.chunk(head, "", first=True)
-            first = False
+            for i in range(n):
+                yield responses.chunk(head, "", first=True, index=i)
+            first = [False] * n
         while True:
             kind, value = await events.get()
             if kind == "tokens":
-                text = texts.add(value)
-                if text or head.ask.return_token_ids or first:
-                    yield responses.chunk(head, text, value, first=first)
-                    first = False
+                i = value.index
+                text = texts[i].add(value.ids)
+                if text or head.ask.return_token_ids or first[i] or value.logprobs:
+                    yield responses.chunk(head, text, value.ids, first=first[i], index=i,
+                                          rows=value.logprobs)
+                    first[i] = False
             elif kind == "done":
-                result, usage = value
-                _note_usage(request, result, usage)
-                yield responses.chunk(head, texts.finish(), [], result.stop_reason, first)
+                results, usage = value
+                _note_usage(request, results, usage)
+                for i, result in enumerate(results):
+                    yield responses.chunk(head, texts[i].finish(), [], result.stop_reason,
+                                          first[i], index=i)
                 if head.ask.include_usage:
-                    yield responses.usage_chunk(head, result, usage)
+                    yield responses.usage_chunk(head, results, usage)
                 yield responses.DONE
                 return
-            else:  # an error (a cancelled job's client is gone: nothing reads this)
-                yield responses.event(value.body() if kind == "error" else {})
+            elif kind == "cancelled":  # its client is gone: nothing reads this
+                return
+            else:  # "error" or "shutdown"
+                failure = value if kind == "error" else SHUTDOWN
+                request.state.error = failure.code or failure.kind
+                yield responses.event(failure.body())
+                yield responses.DONE
                 return
     finally:
+        live.discard(events)
         job.cancel()
 
 
-def _note_usage(request: Request, result, usage) -> None:
-    """What the access log adds for a generation."""
-    request.state.usage = usage.to_dict() | {"finish_reason": result.stop_reason,
-                                             "mode": result.mode}
+def _note_usage(request: Request, results: list, usage) -> None:
+    """What the access log adds for a generation (its first choice's finish)."""
+    request.state.usage = usage.to_dict() | {"finish_reason": results[0].stop_reason,
+                                             "mode": results[0].mode}
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) past `limit` bytes before it is all read."""
+    """The body, refused (413) past `limit` bytes before it is all read, and (408) when it
+    takes more than BODY_S to arrive."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit}")
     chunks, size = [], 0
-    async for piece in request.stream():
-        size += len(piece)
-        if size > limit:
-            raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
-        chunks.append(piece)
+    try:
+        async with asyncio.timeout(BODY_S):
+            async for piece in request.stream():
+                size += len(piece)
+                if size > limit:
+                    raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
+                chunks.append(piece)
+    except TimeoutError:
+        raise ApiError(408, f"the request body took longer than {BODY_S:g} s to arrive") from None
     return b"".join(chunks)
 
 
@@ -209,6 +283,9 @@ def build(api: Api, key: str | None, log: Log) -> Starlette:
     routes = [
         Route("/health", api.health), Route("/version", api.version),
         Route("/metrics", api.metrics_text), Route("/v1/models", api.models),
+        Route("/v1/models/{model:path}", api.model),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
     ]
@@ -218,15 +295,16 @@ def build(api: Api, key: str | None, log: Log) -> Starlette:
 
 
 class BearerKey:
-    """With a key, /v1/ routes answer 401 unless `Authorization: Bearer KEY` (compared in
-    constant time); /health, /version and /metrics stay open, as vLLM's do."""
+    """With a key, /v1/ routes, /tokenize and /detokenize answer 401 unless `Authorization:
+    Bearer KEY` (compared in constant time); /health, /version and /metrics stay open, as
+    vLLM's do."""
 
     def __init__(self, app, key: str | None):
         self.app, self.expected = app, f"Bearer {key}".encode() if key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if (self.expected is not None and scope["type"] == "http"
-                and scope["path"].startswith("/v1/")):
+                and scope["path"].startswith(("/v1/", "/tokenize", "/detokenize"))):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self.expected):
                 response = error(ApiError(401, "a valid API key is needed: send Authorization: "
@@ -268,4 +346,6 @@ def _entry(scope, status: int, seconds: float) -> dict:
              "ms": round(seconds * 1e3, 1)}
     if "request_id" in state:
         entry["id"] = state["request_id"]
+    if "error" in state:  # a stream's status is sent before it ends: what ended it
+        entry["error"] = state["error"]
     return entry | state.get("usage", {})

@@ -1,18 +1,24 @@
-"""/metrics in Prometheus' text format: vLLM's spec-decode counters, under vLLM's names and
-labels (`model_name`, `engine`; `position` per draft position), beside kolibri's own.
+"""/metrics in Prometheus' text format: vLLM's metrics, under vLLM's names and labels
+(`model_name`, `engine`; `position` per draft position), beside kolibri's own.
 
 vLLM (vllm/v1/spec_decode/metrics.py) counts, per draft: `vllm:spec_decode_num_drafts`,
 `..._num_draft_tokens`, `..._num_accepted_tokens`, and `..._num_accepted_tokens_per_pos`
 {position=i} (drafts with more than i tokens accepted), so dashboards built for vLLM read
-kolibri as they are. Every counter is the sum of the finished requests' `usage` (worker.Usage).
-Non-goals: histograms of latency (the access log has each request's time).
+kolibri as they are; so are the request gauges, token counters and latency histograms (time
+to first token, end to end, in the queue; vllm/v1/metrics/loggers.py, its buckets). Every
+counter is the sum of the finished requests' `usage` (worker.Usage).
+Non-goals: histograms of per-token latency (the access log has each request's time).
 """
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 OUTCOMES = ("eos", "stop", "length", "cancelled", "error", "refused", "invalid")
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # vLLM's
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # vLLM's
 
 
 class Metrics:
@@ -46,16 +52,45 @@ class Metrics:
         self.tokens_per_s = Gauge("kolibri:decode_tokens_per_second", "Decode speed of the "
                                   "last finished request (tokens after the first per second).",
                                   labels, registry=r).labels(*values)
-        self.waiting = Gauge("kolibri:requests_waiting", "Requests in the queue.", labels,
-                             registry=r).labels(*values)
-        self.running = Gauge("kolibri:requests_running", "Requests generating (0 or 1).",
-                             labels, registry=r).labels(*values)
+        self.waiting = _Both(Gauge("kolibri:requests_waiting", "Requests in the queue.", labels,
+                                   registry=r).labels(*values),
+                             Gauge("vllm:num_requests_waiting", "Requests waiting.", labels,
+                                   registry=r).labels(*values))
+        self.running = _Both(Gauge("kolibri:requests_running", "Requests generating (0 or 1).",
+                                   labels, registry=r).labels(*values),
+                             Gauge("vllm:num_requests_running", "Requests running.", labels,
+                                   registry=r).labels(*values))
+        self.vllm_prompt = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.vllm_generation = counter("vllm:generation_tokens",
+                                       "Number of generation tokens processed.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          [*labels, "finished_reason"], registry=r)
+        self._success = {reason: success.labels(*values, reason) for reason in ("stop", "length")}
+
+        def histogram(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(*values)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.",
+                                    REQUEST_BUCKETS)
 
     def count(self, outcome: str) -> None:
         self._outcomes[outcome].inc()
 
-    def observe(self, usage, result) -> None:
-        """A finished request: its usage (worker.Usage) and GenerationResult."""
+    def observe(self, usage, results: list, times) -> None:
+        """A finished request: its usage (worker.Usage), a GenerationResult per choice, and
+        its worker.Times."""
+        result = results[0]  # its outcome; each choice's seconds are summed below
+        self.vllm_prompt.inc(usage.prompt_tokens)
+        self.vllm_generation.inc(usage.completion_tokens)
+        self._success["length" if result.stop_reason == "length" else "stop"].inc()
+        self.queue_time.observe(times.queue_s)
+        self.ttft.observe(times.first_token_s)
+        self.e2e.observe(times.total_s)
         self.drafts.inc(usage.drafts)
         self.draft_tokens.inc(usage.draft_tokens)
         self.accepted.inc(usage.accepted_tokens)
@@ -65,11 +100,22 @@ class Metrics:
         self.plain_steps.inc(usage.plain_steps)
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.generation_tokens.inc(usage.completion_tokens)
-        self.decode_seconds.inc(result.decode_s)
-        self.prefill_seconds.inc(result.prefill_s)
+        self.decode_seconds.inc(sum(r.decode_s for r in results))
+        self.prefill_seconds.inc(sum(r.prefill_s for r in results))
         if result.new_tokens > 1:
             self.tokens_per_s.set(result.decode_tokens_per_s)
         self.count(result.stop_reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Both:
+    """One gauge under two names (kolibri's and vLLM's)."""
+
+    def __init__(self, *gauges):
+        self.gauges = gauges
+
+    def set(self, value: float) -> None:
+        for gauge in self.gauges:
+            gauge.set(value)

@@ -4,10 +4,11 @@
 Read: `model`, `prompt` (completions: text, or token ids) or `messages` (chat: through the
 model's chat template), `max_tokens` (or `max_completion_tokens`), `temperature`, `top_p`,
 `top_k`, `min_p`, `repetition_penalty`, `seed`, `stop`, `stream`, `stream_options.include_usage`
-and vLLM's `return_token_ids`. Sampling fields left out take the model's generation_config.json,
-else greedy, as `kolibri generate` does. Fields that would change the answer in a way kolibri
-cannot honour (n > 1, logprobs, echo, suffix, tools, presence/frequency penalties, logit_bias, a
-JSON response_format) are refused; any other field is ignored.
+`presence_penalty`, `frequency_penalty`, `n`, `logprobs` (chat: with `top_logprobs`) and vLLM's
+`return_token_ids`. Sampling fields left out take the model's generation_config.json, else
+greedy, as `kolibri generate` does. Fields that would change the answer in a way kolibri cannot
+honour (best_of, echo, suffix, tools, logit_bias, a JSON response_format) are refused; any other
+field is ignored.
 """
 
 import math
@@ -22,6 +23,8 @@ from kolibri_cli.errors import KolibriError
 MAX_STOPS = 16  # stop strings per request
 MAX_STOP_CHARS = 1000  # characters of one stop string
 COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+MAX_CHOICES = 16  # n: choices of one request (run one after the other)
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 class ApiError(Exception):
@@ -40,7 +43,8 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Limits:
-    max_tokens: int = 2048  # most new tokens a request may ask for (a chat's default too)
+    max_tokens: int | None = None  # most new tokens a request may ask for (None: up to the
+    # context); a chat's default too, cut to the room the prompt leaves
     max_body: int = 1 << 20  # bytes of one request body
     max_queue: int = 8  # requests waiting behind the running one; more are refused (503)
 
@@ -67,6 +71,8 @@ class Ask:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage
     return_token_ids: bool = False
+    n: int = 1  # choices, each sampled with its own seed (the request's + its index)
+    logprobs: int | None = None  # None: none returned; k: each token's, and the k most likely
 
 
 def parse_body(raw: bytes) -> dict:
@@ -91,12 +97,13 @@ def chat_ask(body: dict, served: Served) -> Ask:
                        "messages")
     messages = _messages(body.get("messages"))
     try:
-        ids = tok.encode_nogil(tok.render_messages(messages), add_special_tokens=False)
+        ids = tok.encode_messages(messages)  # content's special-token text stays text
     except (ChatTemplateError, KolibriError) as e:
         raise ApiError(400, f"the chat template cannot render these messages: {e}",
                        "messages") from None
     user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-    return _ask("chat", body, served, ids, user, served.limits.max_tokens)
+    return _ask("chat", body, served, ids, user, served.limits.max_tokens or
+                served.model.config.max_position_embeddings)
 
 
 def _ask(kind: str, body: dict, served: Served, ids: list[int], text: str, default: int) -> Ask:
@@ -110,7 +117,36 @@ def _ask(kind: str, body: dict, served: Served, ids: list[int], text: str, defau
                                             "messages" if kind == "chat" else "prompt"),
                _sampling(body, served.defaults), _stops(body.get("stop")), stream,
                stream and _flag(options or {}, "include_usage"),
-               _flag(body, "return_token_ids"))
+               _flag(body, "return_token_ids"), _choices(body),
+               _chat_logprobs(body) if kind == "chat" else _completion_logprobs(body))
+
+
+def _choices(body: dict) -> int:
+    n = _integer(body, "n")
+    if n is not None and not 1 <= n <= MAX_CHOICES:
+        raise ApiError(400, f"n must be 1..{MAX_CHOICES}, got {n}", "n")
+    return n or 1
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat: `logprobs` true, with `top_logprobs` alternatives (0..20) per token."""
+    top = _integer(body, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"top_logprobs must be 0..{MAX_TOP_LOGPROBS}, got {top}",
+                       "top_logprobs")
+    if not _flag(body, "logprobs"):
+        if top:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return top or 0
+
+
+def _completion_logprobs(body: dict) -> int | None:
+    """Completions: `logprobs` k (0..20), the k most likely alternatives per token."""
+    k = _integer(body, "logprobs")
+    if k is not None and not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"logprobs must be 0..{MAX_TOP_LOGPROBS}, got {k}", "logprobs")
+    return k
 
 
 def _check_model(body: dict, name: str) -> None:
@@ -124,12 +160,8 @@ def _check_model(body: dict, name: str) -> None:
 
 
 _UNSUPPORTED = {  # field -> (value that means "off", why it is refused)
-    "n": (1, "one choice per request"), "best_of": (1, "one choice per request"),
-    "logprobs": (False, "logprobs are not returned"), "top_logprobs": (0, "logprobs are not "
-                                                                          "returned"),
+    "best_of": (1, "no server-side best-of (ask n choices)"),
     "echo": (False, "the prompt is not echoed"), "suffix": ("", "no suffix (insertion) mode"),
-    "presence_penalty": (0, "no presence penalty (repetition_penalty is)"),
-    "frequency_penalty": (0, "no frequency penalty (repetition_penalty is)"),
     "logit_bias": ({}, "no logit bias"), "tools": ([], "no tool calls"),
     "functions": ([], "no function calls"),
 }
@@ -200,7 +232,8 @@ def _content(content, i: int) -> str:
 def _max_tokens(body: dict, served: Served, prompt: int, default: int, param: str) -> int:
     """The request's cap on new tokens: asked (refused past the server's limit or the context),
     else `default` cut to the room the context leaves."""
-    context, limit = served.model.config.max_position_embeddings, served.limits.max_tokens
+    context = served.model.config.max_position_embeddings
+    limit = served.limits.max_tokens or context
     if prompt >= context:
         raise ApiError(400, f"the prompt is {prompt} tokens; the model's context is {context}",
                        param, "context_length_exceeded")
@@ -224,6 +257,8 @@ def _sampling(body: dict, defaults: dict) -> Sampling:
         ("temperature", _number(body, "temperature")), ("top_p", _number(body, "top_p")),
         ("min_p", _number(body, "min_p")),
         ("repetition_penalty", _number(body, "repetition_penalty")),
+        ("presence_penalty", _number(body, "presence_penalty")),
+        ("frequency_penalty", _number(body, "frequency_penalty")),
         ("top_k", _top_k(body)), ("seed", _integer(body, "seed"))) if value is not None}
     try:
         chosen = Sampling(**(defaults | given)).check(prefix="")

@@ -1,27 +1,35 @@
 """`serve(model, config, ...)`: bind, warm the worker up, run the app on uvicorn until SIGTERM or
 Ctrl-C, then drain: no new connections, every request in flight (and in the queue) answered,
-for at most `drain_s` seconds; the guard's timings are kept for the next run.
+for at most `drain_s` seconds; the guard's timings are kept for the next run. Past `drain_s`,
+or at a second SIGTERM or Ctrl-C, the requests still open end at once, each with an error (a
+stream: an error event and `[DONE]`), never cut mid-stream.
 
 The socket is bound before the warm-up (a port in use fails at once) and listened on only when
 the model is ready, so a client never reaches a server that cannot answer yet.
 """
 
+import asyncio
+import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import uvicorn
 
 from kolibri_cli.costs.model import keep_table
 from kolibri_cli.decode.proposers import default_settings
 from kolibri_cli.engine.config import generation_defaults
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.serve.app import Api, Log, build
+from kolibri_cli.serve.connections import bounded_protocol
 from kolibri_cli.serve.metrics import Metrics
 from kolibri_cli.serve.requests import Limits, Served
 from kolibri_cli.serve.worker import PROPOSER, Worker
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 CONNECTIONS = 256  # open connections (beyond those the queue holds) before uvicorn answers 503
+ENDING_S = 5.0  # past the drain, for the open requests to send their error and close
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,6 @@ def serve(model, cfg: ServeConfig, on_ready: Callable[[str], None], log: Log,
           note: Callable[[str], None]) -> None:
     """Serve until a signal; `on_ready(url)` once listening, `log(entry)` per request,
     `note(line)` for what an operator should see (a recording that stopped, a bug)."""
-    import uvicorn
-
     from kolibri_cli.goldens.log import GoldenLog
 
     sock, url = _bind(cfg.host, cfg.port)
@@ -61,11 +67,12 @@ def serve(model, cfg: ServeConfig, on_ready: Callable[[str], None], log: Log,
     try:
         worker.start()
         served = Served(model, name, generation_defaults(model.path), cfg.limits)
-        app = build(Api(served, worker, metrics, cfg.spec), cfg.api_key, log)
-        server = uvicorn.Server(uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", server_header=False,
-            timeout_graceful_shutdown=cfg.drain_s,
-            limit_concurrency=CONNECTIONS + cfg.limits.max_queue))
+        api = Api(served, worker, metrics, cfg.spec)
+        server = _Server(uvicorn.Config(
+            build(api, cfg.api_key, log), log_level="warning", access_log=False,
+            lifespan="off", server_header=False, http=bounded_protocol(),
+            timeout_graceful_shutdown=cfg.drain_s + ENDING_S,
+            limit_concurrency=CONNECTIONS + cfg.limits.max_queue), api.abort, cfg.drain_s)
         sock.listen(server.config.backlog)  # connections wait in the backlog from now on
         on_ready(url)
         server.run(sockets=[sock])
@@ -76,6 +83,49 @@ def serve(model, cfg: ServeConfig, on_ready: Callable[[str], None], log: Log,
         if record is not None:
             record.close()
         _keep_costs(worker, model, note)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, draining as kolibri does: a second signal (SIGTERM or Ctrl-C) ends
+    the drain, and at its end `abort()` ends every open request with an error before uvicorn
+    would cancel it (a traceback, a stream cut without its end)."""
+
+    def __init__(self, config, abort: Callable[[], None], drain_s: float):
+        super().__init__(config)
+        self.abort, self.drain_s = abort, drain_s
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.should_exit:
+            self.force_exit = True
+        super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets=None) -> None:
+        watch = asyncio.create_task(self._end_drain())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            watch.cancel()
+        await self._let_requests_end()
+
+    async def _end_drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_s
+        while not self.force_exit and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        self.abort()
+
+    async def _let_requests_end(self) -> None:
+        """After a forced end: the aborted requests' last events sent (a client that
+        does not read them is cut, quietly)."""
+        self.abort()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ENDING_S
+        while self.server_state.tasks and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.server_state.tasks:
+            logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
+            for task in self.server_state.tasks:
+                task.cancel()
 
 
 def _bind(host: str, port: int) -> tuple[socket.socket, str]:

@@ -8,9 +8,11 @@ core; a full queue refuses at once (`Busy`) instead of letting clients wait with
 Non-goals: batching, priorities, HTTP (app.py).
 """
 
+import dataclasses
 import os
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from kolibri_cli.decode.drafting import warm_costs
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
 from kolibri_cli.decode.proposers import DEFAULT_SPEC_PROPOSER, default_settings, make_proposer
-from kolibri_cli.decode.sampling import Sampler, Sampling
+from kolibri_cli.decode.sampling import Logprobs, Sampler, Sampling
 from kolibri_cli.engine.jit import get_threads, set_threads
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
@@ -51,6 +53,16 @@ class Usage:
     plain_steps: int = 0  # decode steps that ran one token (no draft)
 
     @classmethod
+    def of_all(cls, results: list[GenerationResult]) -> "Usage":
+        """A request's usage over its choices: the prompt once, the rest summed."""
+        each = [cls.of(r) for r in results]
+        width = max(len(u.accepted_per_pos) for u in each)
+        return cls(each[0].prompt_tokens, *(sum(getattr(u, f) for u in each) for f in (
+            "completion_tokens", "verify_passes", "drafts", "draft_tokens", "accepted_tokens")),
+            [sum(u.accepted_per_pos[i] for u in each if i < len(u.accepted_per_pos))
+             for i in range(width)], sum(u.plain_steps for u in each))
+
+    @classmethod
     def of(cls, r: GenerationResult) -> "Usage":
         if r.mode != "spec":
             return cls(len(r.prompt_ids), len(r.output_ids), plain_steps=len(r.step_s))
@@ -68,16 +80,37 @@ class Usage:
                 "plain_steps": self.plain_steps}
 
 
+@dataclass(frozen=True)
+class Times:
+    """A finished request's seconds from its arrival (read and queued) to: its generation's
+    start, its first token, its end — what vLLM's latency histograms observe."""
+
+    queue_s: float
+    first_token_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """The ids one decode step added to choice `index`, and with logprobs asked, each one's
+    (token, logprob, [(id, logprob)] of the top)."""
+
+    index: int
+    ids: list[int]
+    logprobs: list | None = None
+
+
 @dataclass
 class Job:
     """One request on its way through the queue. `emit(kind, value)` (thread-safe) receives
-    ("tokens", ids) per step, then ("done", (result, usage)), ("cancelled", None) or
-    ("error", ApiError)."""
+    ("tokens", Step) per step, then ("done", (results, usage)) — a GenerationResult per
+    choice — ("cancelled", None) or ("error", ApiError)."""
 
     id: str
     ask: Ask
     emit: Callable[[str, object], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    arrived: float = field(default_factory=time.perf_counter)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -159,7 +192,7 @@ class Worker:
             return job.emit("cancelled", None)
         self.metrics.running.set(1)
         try:
-            done = self._finish(job, self._generate(job))
+            done = self._finish(job, *self._generate(job))
         except Cancelled:
             self.metrics.count("cancelled")
             return job.emit("cancelled", None)
@@ -175,34 +208,58 @@ class Worker:
             self.metrics.running.set(0)
         job.emit("done", done)
 
-    def _finish(self, job: Job, result: GenerationResult) -> tuple[GenerationResult, Usage]:
-        """A finished generation counted and recorded (inside _serve's net: a bug here fails
+    def _finish(self, job: Job, results: list[GenerationResult], times: list[float]
+                ) -> tuple[list[GenerationResult], Usage]:
+        """A finished request counted and recorded (inside _serve's net: a bug here fails
         the request, not the worker): what its answer carries."""
-        usage = Usage.of(result)
-        self.metrics.observe(usage, result)
-        self._record(job, result)
-        return result, usage
+        usage = Usage.of_all(results)
+        now = time.perf_counter()
+        self.metrics.observe(usage, results, Times(times[0] - job.arrived,
+                                                   times[1] - job.arrived, now - job.arrived))
+        for index, result in enumerate(results):
+            self._record(job, result, index)
+        return results, usage
 
-    def _generate(self, job: Job) -> GenerationResult:
+    def _generate(self, job: Job) -> tuple[list[GenerationResult], list[float]]:
+        """Every choice's generation, one after the other; each sampled choice has its own
+        seed (the request's + its index). Also when it started and its first token came."""
+        a, times = job.ask, [time.perf_counter()]
+        results = []
+        for index in range(a.n):
+            sampling = a.sampling if a.sampling.greedy or not index else dataclasses.replace(
+                a.sampling, seed=(a.sampling.seed + index) % 2**64)
+            results.append(self._choice(job, index, sampling, times))
+        return results, times
+
+    def _choice(self, job: Job, index: int, sampling: Sampling, times: list[float]
+                ) -> GenerationResult:
+        a = job.ask
+        logprobs = None if a.logprobs is None else Logprobs(a.logprobs)
+        done = [0]  # output tokens emitted so far
+
         def on_tokens(ids: list[int]) -> None:
             if job.cancelled.is_set() or self._closing.is_set():
                 raise Cancelled
-            job.emit("tokens", ids)
+            if len(times) == 1:
+                times.append(time.perf_counter())
+            rows = None if logprobs is None else [
+                logprobs.at[len(a.prompt_ids) + done[0] + i] for i in range(len(ids))]
+            done[0] += len(ids)
+            job.emit("tokens", Step(index, ids, rows))
 
-        a = job.ask
-        how = {"sampling": a.sampling, "stop": list(a.stop)}
+        how = {"sampling": sampling, "stop": list(a.stop), "logprobs": logprobs}
         if not self.spec:
             return generate_plain(self.model, a.prompt_ids, a.max_tokens, on_tokens, **how)
         proposer = make_proposer(PROPOSER, *default_settings(PROPOSER), self.costs)
         return generate_spec(self.model, a.prompt_ids, a.max_tokens, proposer, on_tokens, **how)
 
-    def _record(self, job: Job, result: GenerationResult) -> None:
-        """Append the finished request as a golden chain (--record); a failed write is noted
+    def _record(self, job: Job, result: GenerationResult, index: int) -> None:
+        """Append a finished choice as a golden chain (--record); a failed write is noted
         and recording stops (the requests go on)."""
         if self.log is None:
             return
         try:
-            self.log.add(trace(job, result, self.model))
+            self.log.add(trace(job, result, self.model, index))
         except OSError as e:
             self.note(f"recording stopped: {self.log.path}: {e.strerror or e}")
             self.log = None
@@ -215,14 +272,16 @@ class Worker:
                       "a kolibri bug — KOLIBRI_DEBUG=1 logs the traceback")
 
 
-def trace(job: Job, result: GenerationResult, model) -> Golden:
-    """A finished request as a golden chain: what `kolibri probe -g` simulates over."""
+def trace(job: Job, result: GenerationResult, model, index: int = 0) -> Golden:
+    """A finished choice as a golden chain: what `kolibri probe -g` simulates over (the
+    request's id; with n > 1, `-index` after it)."""
     from kolibri_cli import __version__
 
     a = job.ask
     reference = {"engine": "kolibri", "engine_version": f"kolibri {__version__}",
                  "dtype": model.numerics, "max_tokens": a.max_tokens, "served": True,
                  "mode": result.mode, "stop_reason": result.stop_reason}
-    return Golden(job.id, a.kind, a.prompt, a.kind == "chat", result.prompt_ids,
+    name = job.id if a.n == 1 else f"{job.id}-{index}"
+    return Golden(name, a.kind, a.prompt, a.kind == "chat", result.prompt_ids,
                   result.output_ids, model.name, model.sha256, reference, list(model.eos_ids),
                   result.sampling.to_dict())
