@@ -45,9 +45,9 @@ def record(
         "question.jsonl (first turn), or plain text (one prompt a line).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Goldens JSONL to write.")],
     engine: Annotated[str, typer.Option(
-        help="kolibri; transformers (float32 reference, needs kolibri[reference]); llama-server "
-        "(started on the model's GGUF, needs kolibri[llamacpp]); or a server's base URL "
-        "(llama.cpp, vLLM, any OpenAI-compatible server).")] = "transformers",
+        help="kolibri; transformers (float32 reference, needs kolibri-cli[reference]); "
+        "llama-server (started on the model's GGUF, needs kolibri-cli[llamacpp]); or a server's "
+        "base URL (llama.cpp, vLLM, any OpenAI-compatible server).")] = "transformers",
     max_tokens: Annotated[int, typer.Option(
         "--max-tokens", "-n", help="Most new tokens per chain (capped to the context left after "
         "its prompt).")] = 128,

@@ -194,7 +194,7 @@ class ProbeConfig:
     ray: str | None = opt(
         "--ray/--no-ray", "switch", SCALE,
         help="Simulate on Ray: a new local Ray instance, or the cluster at --ray-address; "
-        "needs kolibri[ray].")
+        "needs kolibri-cli[ray].")
     ray_address: str | None = opt(
         "--ray-address", "text", SCALE, metavar="ADDRESS", toml=False,
         help="The Ray cluster for --ray (implies it): auto = the one this machine is in, "

@@ -252,7 +252,7 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise KolibriError(
-            "--plot needs matplotlib: pip install 'kolibri[plot]' (or pip install matplotlib)"
+            "--plot needs matplotlib: pip install 'kolibri-cli[plot]' (or pip install matplotlib)"
         ) from None
 
 
