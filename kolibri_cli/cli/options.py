@@ -61,7 +61,9 @@ PROPOSER_HELP = f"Draft rule: {', '.join(PROPOSERS)}. See docs/proposers.md."
 ProposerOpt = Annotated[str | None, typer.Option(
     "--proposer", metavar="<str>", help=f"{PROPOSER_HELP} [default: {DEFAULT_PROPOSER}]")]
 SpecProposerOpt = Annotated[str | None, typer.Option(
-    "--proposer", metavar="<str>", help=f"{PROPOSER_HELP} [default: {DEFAULT_SPEC_PROPOSER}]")]
+    "--proposer", metavar="<str>", help=f"{PROPOSER_HELP} [default: {DEFAULT_SPEC_PROPOSER}, "
+    "kolibri's cost-aware rule: each draft as long as pays, none where none would; `kolibri "
+    "probe` defaults to vllm, the fixed rule other engines run (docs/probe.md)]")]
 CostsOpt = Annotated[str | None, typer.Option(
     "--costs", metavar="C1,C2,...|default", help="Forward costs c(1),c(2),... adaptive and "
     "adaptive-tree draft by, as `kolibri probe --costs` takes them; default = the guess, "
