@@ -1,9 +1,11 @@
 """Outside text (file contents, names, the user's arguments): read as UTF-8 from what is really
 a file, and made safe to put in a one-line message or on a terminal (no escape sequences, no
-lone surrogates, bounded length); outside numbers read as finite floats."""
+lone surrogates, bounded length); outside numbers read as finite floats; a typed argument's
+backslash escapes read as llama.cpp reads them."""
 
 import math
 import os
+import re
 
 
 def shown(value, limit: int = 60) -> str:
@@ -87,3 +89,30 @@ def open_regular(path, what: str, limit: int | None = None):
         raise KolibriError(f"{path}: {st.st_size:,} bytes, more than a {what} may hold "
                            f"({limit:,})")
     return os.fdopen(fd, "rb")
+
+
+# what a backslash and the character after it stand for (llama.cpp's string_process_escapes)
+_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
+_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|.)", re.DOTALL)
+
+
+def process_escapes(text: str, what: str = "the text") -> str:
+    r"""`text` as llama.cpp's CLI reads an argument (its `-e`, on by default): \n \r \t \' \"
+    \\ stand for their characters and \xHH for a byte of the UTF-8 text (\xc3\xa9 is é); any
+    other backslash stays as typed. A shell passes "\n" as a backslash and an n."""
+    from kolibri_cli.errors import KolibriError
+
+    def one(m: re.Match) -> bytes:
+        code = m.group(1)
+        if len(code) == 3:
+            return bytes([int(code[1:], 16)])
+        return _ESCAPES.get(code, m.group(0))
+
+    data = _ESCAPE.sub(one, text.encode("utf-8", "surrogatepass"))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise KolibriError(f"{what} is not UTF-8 once its escapes are read (byte "
+                           f"0x{data[e.start]:02x} at offset {e.start}, from a \\x escape); "
+                           "write whole UTF-8 characters, or --no-escape to keep backslashes "
+                           "as typed") from None

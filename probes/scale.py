@@ -8,7 +8,7 @@
                                                and checking goldens, tables, replay (N chains)
     python probes/scale.py memory              peak RSS of `kolibri probe` at 2k and 200k chains
 
-Run from the repo root with kolibri installed (`throughput` needs kolibri[ray] for its Ray row).
+Run from the repo root with kolibri installed (`throughput` needs kolibri-cli[ray] for its Ray row).
 Speed figures are per CPU-second of the replaying process (time.process_time), so other work on
 a shared machine inflates them less than wall time; each is the median of interleaved repeats.
 Traces are written to build/ (never committed).
@@ -130,7 +130,7 @@ def throughput(n: int, repeats: int = 3, proposer: str = "vllm") -> None:
 
         setups["local Ray, 2 CPUs"] = ["--ray", "--workers", "2"]
     except ImportError:
-        print("ray not installed: no Ray row (pip install 'kolibri[ray]')", file=sys.stderr)
+        print("ray not installed: no Ray row (pip install 'kolibri-cli[ray]')", file=sys.stderr)
     runs = {name: [] for name in setups}
     load = []
     for _ in range(repeats):

@@ -6,8 +6,8 @@ in one run — the figures in docs/serve.md.
     python probes/serve_bench.py [--rounds 3] [--threads 2] [--clients 1] [--limit N] [--json]
 
 Servers: `kolibri serve` with speculation (the guard, its default) and `--no-spec`, and a
-llama-server (`kolibri[llamacpp]`) started as kolibri starts it (servers.launch: --no-repack, one
-slot, the same threads). Each round sends every prompt to each server in turn (the order rotates
+llama-server (`kolibri-cli[llamacpp]`) started as kolibri starts it (servers.launch: --no-repack,
+one slot, the same threads). Each round sends every prompt to each server in turn (the order rotates
 between rounds); a server's figures are over its rounds' summed wall time, as the client sees it
 (HTTP, prefill and decoding; tokens = the answers' completion_tokens, eos included). Each server
 generates its own chain (llama.cpp's numerics differ from kolibri's float32 kernel), so tokens/s

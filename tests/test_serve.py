@@ -742,7 +742,7 @@ def test_serve_without_the_extra_names_the_pip_command(monkeypatch):
     r = CliRunner().invoke(app, ["serve"])
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
-        "error: kolibri serve needs uvicorn: pip install 'kolibri[serve]' (or, in a checkout, "
+        "error: kolibri serve needs uvicorn: pip install 'kolibri-cli[serve]' (or, in a checkout, "
         "pip install -e '.[serve]')"]
 
 

@@ -51,7 +51,9 @@ def test_request_response_pairs_become_goldens(tmp_path, model):
     assert cut.output_ids == tok.encode("Yes", add_special_tokens=False)  # no eos: cut short
     assert (golden.id, cut.id, golden.prompt, golden.chat) == ("a", 2, "Hi?", True)
     assert golden.reference == {"engine": "import", "retokenized": True,
-                                "served_model": "served-m", "max_tokens": 64}
+                                "served_model": "served-m", "max_tokens": 64,
+                                "request_sampling": {}}
+    assert golden.sampling == {}  # the request named no sampling: greedy
     assert golden.model == "tiny" and golden.eos_ids == [2]
 
 
@@ -103,3 +105,112 @@ def test_a_model_without_chat_template_is_named_not_told_to_use_raw(tmp_path, mo
     with pytest.raises(KolibriError, match="plain has no chat template") as e:
         import_traces(write(tmp_path, [pair("a", "b")]), plain)
     assert "--raw" not in str(e.value)  # goldens import has no --raw
+
+
+def sampled_pair(question: str, answer: str, **sampling) -> dict:
+    trace = pair(question, answer)
+    trace["request"] |= sampling
+    return trace
+
+
+def test_the_requests_sampling_parameters_are_kept(tmp_path, model):
+    from kolibri_cli.decode.sampling import Sampling
+    from kolibri_cli.goldens.traces import sampled_share
+
+    sampled, greedy, unsaid = import_traces(write(tmp_path, [
+        sampled_pair("a", "b", temperature=0.7, top_p=0.9, seed=3, top_k=-1),
+        sampled_pair("c", "d", temperature=0, top_p=0.5),
+        pair("e", "f")]), model)
+    assert sampled.sampling == Sampling(temperature=0.7, top_p=0.9, seed=3).to_dict()
+    assert sampled.reference["request_sampling"] == {"temperature": 0.7, "top_p": 0.9,
+                                                     "top_k": -1, "seed": 3}
+    assert greedy.sampling == {} and unsaid.sampling == {}
+    assert sampled_share([sampled, greedy, unsaid]) == (1, 1)
+    with pytest.raises(KolibriError, match=r"traces.jsonl:1: the request's sampling top-p "
+                                           r"must be in \(0, 1\]"):
+        import_traces(write(tmp_path, [sampled_pair("a", "b", temperature=1, top_p=2)]), model)
+
+
+def chunks(answer: str, finish: str = "stop") -> list[dict]:
+    """The chunks an OpenAI-compatible server streams for `answer` (vLLM, llama-server)."""
+    pieces = [answer[i : i + 2] for i in range(0, len(answer), 2)]
+    first = {"model": "served-m", "choices": [{"index": 0, "delta": {"role": "assistant"},
+                                                "finish_reason": None}]}
+    return [first, *({"model": "served-m", "choices": [
+        {"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in pieces),
+        {"model": "served-m", "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+        {"model": "served-m", "choices": [], "usage": {"completion_tokens": 3}}]
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_streamed_responses_are_assembled(tmp_path, model, finish):
+    """Chunks with choices[0].delta, logged as a list or as the SSE text, make the golden the
+    whole response makes."""
+    whole = pair("Hi?", "Hello there.", finish)
+    streamed = pair("Hi?", "", finish, response=chunks("Hello there.", finish))
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks("Hello there.", finish))
+    as_text = pair("Hi?", "", finish, response=sse + "data: [DONE]\n\n")
+    a, b, c = import_traces(write(tmp_path, [whole | {"id": 1}, streamed | {"id": 2},
+                                             as_text | {"id": 3}]), model)
+    assert a.output_ids == b.output_ids == c.output_ids
+    assert (a.output_ids[-1] == 2) == (finish == "stop")
+    assert a.reference == b.reference == c.reference
+
+
+def test_a_stream_without_deltas_is_refused(tmp_path, model):
+    with pytest.raises(KolibriError, match=r"nor streamed chunks with choices\[0\].delta"):
+        import_traces(write(tmp_path, [pair("q", "", response=[{"choices": [{"text": "x"}]}])]),
+                      model)
+
+
+def test_import_says_what_the_probe_does_with_sampled_traffic(tmp_path, model, kolibri_home):
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    folder = tmp_path / "tok"
+    traces = write(tmp_path, [sampled_pair("a", "b", temperature=0.7, seed=1, id=1),
+                              pair("c", "d", id=2)])
+    args = ["goldens", "import", str(traces), "-o", str(tmp_path / "out.jsonl"), "-m",
+            str(folder)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "note: 1 of 2 traces were sampled" in r.stderr and "probability p(d)" in r.stderr
+    assert "note: 1 of 2 requests name no temperature" in r.stderr
+    warning = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and f"served by served-m, not {folder}:" in warning[0]
+    doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
+    assert (doc["sampled"], doc["no_temperature"], doc["served_elsewhere"]) == (1, 1,
+                                                                              ["served-m"])
+
+
+def test_probe_on_raw_traces_names_goldens_import(tmp_path):
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    for trace in (pair("q", "a"), {"messages": [{"role": "user", "content": "q"},
+                                                {"role": "assistant", "content": "a"}]}):
+        r = CliRunner().invoke(app, ["probe", "-g", str(write(tmp_path, [trace]))])
+        assert r.exit_code == 1 and r.stdout == ""
+        assert "logged chat traffic, not a golden chain: `kolibri goldens import" in r.stderr
+
+
+def test_the_docs_example_log_lines_import(tmp_path, model):
+    """docs/goldens.md's line of each server's log (wrapped there for reading) imports."""
+    from pathlib import Path
+
+    from kolibri_cli.decode.sampling import Sampling
+
+    text = (Path(__file__).parents[1] / "docs" / "goldens.md").read_text()
+    block = text.split("```jsonc\n// OpenAI", 1)[1].split("```", 1)[0]
+    examples = [" ".join(part.splitlines()[1:]) for part in block.split("\n//")]
+    assert len(examples) == 3
+    openai, vllm, llama = import_traces(write(tmp_path, examples), model)
+    assert (openai.id, openai.category) == ("t-001", "support")
+    assert openai.sampling == Sampling(temperature=0.7, seed=42).to_dict()
+    assert vllm.sampling == {} and vllm.reference["served_model"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert vllm.output_ids[:-1] == model.tokenizer.encode('[{"a": 1, "b": 2}]',
+                                                          add_special_tokens=False)
+    assert llama.sampling == Sampling(temperature=0.8, top_k=40, min_p=0.05, seed=7).to_dict()
+    assert llama.output_ids == model.tokenizer.encode("Hello", add_special_tokens=False) + [2]

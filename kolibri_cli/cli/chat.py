@@ -36,6 +36,10 @@ def chat(
     greedy: opt.GreedyOpt = False,
     system: opt.SystemOpt = None,
     stop: opt.StopOpt = None,
+    escape: Annotated[bool, typer.Option(
+        "--escape/--no-escape", help="Read \\n \\r \\t \\' \\\" \\\\ and \\xHH in the "
+        "lines typed, --system and --stop as llama.cpp does; --no-escape: backslashes as typed "
+        "(say, to paste code).")] = True,
     threads: opt.ThreadsOpt = None,
     history: Annotated[bool, typer.Option(
         "--history/--no-history", envvar="KOLIBRI_HISTORY",
@@ -53,11 +57,12 @@ def chat(
     proposer_name = proposer_name or DEFAULT_SPEC_PROPOSER
     drafter = drafting.new_proposer(k, window, proposer_name)  # bad settings: before the load
     given_costs = drafting.asked_costs(costs, proposer_name)
+    system, stop = opt.typed(system, escape, "--system"), opt.typed_stops(stop, escape)
     m = opt.load_model(model, threads, drafter=drafter if spec else None)
     conversation = Conversation(m, system)
     _check_template(conversation)
     pricing = drafting.pricing(proposer_name, given_costs, m, render.note)
-    settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop or [],
+    settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop,
                 "new_proposer": lambda: drafting.new_proposer(  # a table: the last answer's timings
                     k, window, proposer_name,
                     costs=drafting.drafts_by(proposer_name, given_costs, m, pricing)),
@@ -66,7 +71,7 @@ def chat(
     reader = LineReader(history, _say)
     _say(f"kolibri chat with {m.name}. /help lists the commands; Ctrl-D leaves, Ctrl-C stops "
          "an answer.")
-    while (line := _read_line(reader)) is not None:
+    while (line := _read_line(reader, escape)) is not None:
         if line.startswith("/"):
             if not _command(line, conversation, settings):
                 break
@@ -92,15 +97,16 @@ def _template_text(e) -> str:
             "prompts without one)")
 
 
-def _read_line(reader) -> str | None:
-    """The next line typed; None at end of input. Ctrl-C at the prompt clears the line."""
+def _read_line(reader, escape: bool) -> str | None:
+    """The next line typed, its escapes read when `escape`; None at end of input. Ctrl-C at the
+    prompt clears the line."""
     import sys
 
     from kolibri_cli.errors import KolibriError
 
     while sys.stdin is not None:  # None: started with stdin closed (<&-)
         try:
-            return opt.check_utf8(reader.read(">>> "), "that line")
+            return opt.typed(reader.read(">>> "), escape, "that line")
         except KolibriError as e:  # the line is gone; the session is not
             _say(f"error: {e}; type it again")
         except EOFError:

@@ -36,6 +36,7 @@ def generate(
     greedy: opt.GreedyOpt = False,
     system: opt.SystemOpt = None,
     stop: opt.StopOpt = None,
+    escape: opt.EscapeOpt = True,
     threads: opt.ThreadsOpt = None,
     quantize: opt.QuantizeOpt = None,
     as_json: opt.JsonOpt = False,
@@ -62,7 +63,8 @@ def generate(
                            "--lookup-cache-dynamic": lookup_cache_dynamic, "--costs": costs,
                            "--proposer": given_proposer},
                           "--spec or --compare")
-    text = opt.read_prompt(prompt)
+    text = opt.read_prompt(prompt, escape)
+    system, stop = opt.typed(system, escape, "--system"), opt.typed_stops(stop, escape)
     m = opt.load_model(model, threads, quantize=quantize, drafter=drafter)
     pricing = drafting.pricing(proposer_name, given_costs, m, render.note) if drafter else None
     drafts_by = drafting.drafts_by(proposer_name, given_costs, m, pricing) if drafter else None
@@ -71,7 +73,7 @@ def generate(
     if drafter:
         opt.fit_context(drafter.k, drafter.window_max, m)
     ids, max_tokens = prompt_ids(m, text, raw, max_tokens, system, render.note)
-    how = {"sampling": opt.resolve_sampling(m, given), "stop": stop or []}
+    how = {"sampling": opt.resolve_sampling(m, given), "stop": stop}
     if compare:
         return _compare(m, ids, max_tokens, drafter, as_json, how, pricing, given_costs)
     streamer = None if as_json else render.TextStreamer(m.tokenizer, how["stop"])

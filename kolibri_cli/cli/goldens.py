@@ -45,9 +45,9 @@ def record(
         "question.jsonl (first turn), or plain text (one prompt a line).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Goldens JSONL to write.")],
     engine: Annotated[str, typer.Option(
-        help="kolibri; transformers (float32 reference, needs kolibri[reference]); llama-server "
-        "(started on the model's GGUF, needs kolibri[llamacpp]); or a server's base URL "
-        "(llama.cpp, vLLM, any OpenAI-compatible server).")] = "transformers",
+        help="kolibri; transformers (float32 reference, needs kolibri-cli[reference]); "
+        "llama-server (started on the model's GGUF, needs kolibri-cli[llamacpp]); or a server's "
+        "base URL (llama.cpp, vLLM, any OpenAI-compatible server).")] = "transformers",
     max_tokens: Annotated[int, typer.Option(
         "--max-tokens", "-n", help="Most new tokens per chain (capped to the context left after "
         "its prompt).")] = 128,
@@ -160,7 +160,7 @@ def import_(
     from kolibri_cli import servers
     from kolibri_cli.cli import render
     from kolibri_cli.goldens.chains import save_goldens
-    from kolibri_cli.goldens.traces import import_traces
+    from kolibri_cli.goldens.traces import import_traces, sampled_share, served_elsewhere
 
     if engine is not None and (not servers.is_server(engine) or engine == servers.LOCAL):
         raise KolibriError(f"--engine {engine!r}: goldens import tokenizes with a running "
@@ -175,9 +175,33 @@ def import_(
                     "naturally are imported without one")
     goldens = import_traces(traces, m, category)
     save_goldens(output, goldens)
+    sampled, unsaid = sampled_share(goldens)
+    elsewhere = served_elsewhere(goldens, m.name)
+    _import_notes(len(goldens), sampled, unsaid, elsewhere, m.name)
     if as_json:
-        return print_json({"output": str(output), "goldens": len(goldens), "model": m.name})
+        return print_json({"output": str(output), "goldens": len(goldens), "model": m.name,
+                           "sampled": sampled, "no_temperature": unsaid,
+                           "served_elsewhere": elsewhere})
     render.err.print(f"wrote {len(goldens)} goldens to {output} (re-tokenized from text)")
+
+
+def _import_notes(total: int, sampled: int, unsaid: int, elsewhere: list[str], model: str):
+    from kolibri_cli.cli import render
+
+    if sampled:
+        render.note(f"note: {sampled} of {total} traces were sampled (kept in each golden's "
+                    "`sampling`); the probe counts a draft token accepted iff it is the logged "
+                    "token, which for an n-gram draft d happens with probability p(d), as vLLM's "
+                    "rejection sampler accepts it: the counts are one draw of sampled serving's "
+                    "acceptance, not the greedy chain's; --measure cannot replay them (the "
+                    "server sampled by its own rule)")
+    if unsaid:
+        render.note(f"note: {unsaid} of {total} requests name no temperature: the server "
+                    "sampled at its default (OpenAI's is 1.0), imported as greedy")
+    if elsewhere:
+        render.note(f"warning: the traffic was served by {', '.join(elsewhere)}, not {model}: "
+                    f"the goldens are {model}'s tokens and the probe prices them with {model}'s "
+                    "c(n) (give --model the served model, or --engine its server)")
 
 
 @app.command("check")

@@ -61,7 +61,9 @@ PROPOSER_HELP = f"Draft rule: {', '.join(PROPOSERS)}. See docs/proposers.md."
 ProposerOpt = Annotated[str | None, typer.Option(
     "--proposer", metavar="<str>", help=f"{PROPOSER_HELP} [default: {DEFAULT_PROPOSER}]")]
 SpecProposerOpt = Annotated[str | None, typer.Option(
-    "--proposer", metavar="<str>", help=f"{PROPOSER_HELP} [default: {DEFAULT_SPEC_PROPOSER}]")]
+    "--proposer", metavar="<str>", help=f"{PROPOSER_HELP} [default: {DEFAULT_SPEC_PROPOSER}, "
+    "kolibri's cost-aware rule: each draft as long as pays, none where none would; `kolibri "
+    "probe` defaults to vllm, the fixed rule other engines run (docs/probe.md)]")]
 CostsOpt = Annotated[str | None, typer.Option(
     "--costs", metavar="C1,C2,...|default", help="Forward costs c(1),c(2),... adaptive and "
     "adaptive-tree draft by, as `kolibri probe --costs` takes them; default = the guess, "
@@ -138,13 +140,31 @@ def refuse_with(options: dict, other: str, why: str) -> None:
         raise KolibriError(f"{', '.join(given)} {verb} not apply with {other}: {why}")
 
 
-def read_prompt(prompt: str) -> str:
-    """The prompt argument, or stdin for "-", as valid UTF-8 text (checked before any model
+def read_prompt(prompt: str, escape: bool = False) -> str:
+    """The prompt argument (its escapes read when `escape`), or stdin for "-" (as it is: a file
+    holds its newlines, and code its backslashes), as valid UTF-8 text (checked before any model
     loads: the tokenizer cannot encode anything else)."""
-    text = check_utf8(_stdin_text() if prompt == "-" else prompt, "the prompt")
+    if prompt == "-":
+        text = check_utf8(_stdin_text(), "the prompt")
+    else:
+        text = typed(prompt, escape, "the prompt")
     if not text.strip():
         raise KolibriError("the prompt is empty")
     return text
+
+
+def typed(text: str | None, escape: bool, what: str) -> str | None:
+    """An argument as typed, valid UTF-8, its escapes read when `escape` (text.process_escapes)."""
+    from kolibri_cli.text import process_escapes
+
+    if text is None:
+        return None
+    text = check_utf8(text, what)
+    return process_escapes(text, what) if escape else text
+
+
+def typed_stops(stops: list[str] | None, escape: bool) -> list[str]:
+    return [typed(s, escape, "a --stop string") for s in stops or []]
 
 
 def check_utf8(text: str, what: str) -> str:
@@ -190,6 +210,10 @@ SystemOpt = Annotated[str | None, typer.Option(
     "--system", help="System message (replaces the chat template's default one).")]
 StopOpt = Annotated[list[str] | None, typer.Option(
     "--stop", metavar="STRING", help="Stop once the text contains STRING (repeatable).")]
+EscapeOpt = Annotated[bool, typer.Option(
+    "--escape/--no-escape", help="Read \\n \\r \\t \\' \\\" \\\\ and \\xHH in the "
+    "prompt, --system and --stop as llama.cpp does (a shell passes \"\\n\" as a backslash and "
+    "an n); --no-escape: backslashes as typed. A prompt read from stdin is taken as it is.")]
 
 
 def resolve_sampling(model, given: dict):

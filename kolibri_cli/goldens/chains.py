@@ -289,6 +289,9 @@ def _read_lines(path: Path) -> list[str]:
 
 def _require(obj: dict, names, where: str) -> None:
     missing = [name for name in names if name not in obj]
+    if missing and ("messages" in obj or "request" in obj):  # a line of logged traffic
+        raise KolibriError(f"{where}: logged chat traffic, not a golden chain: `kolibri goldens "
+                           "import FILE -o goldens.jsonl` makes goldens of it (docs/goldens.md)")
     if missing:
         raise KolibriError(f"{where}: missing field(s) {', '.join(missing)}")
 

@@ -4,7 +4,7 @@ A manual decoding loop (transformers' `generate()` was seen to flip near-ties) t
 per step, the margin between the top-2 scores — what explains a divergence when one occurs.
 Scores are the logits (greedy) or kolibri's perturbed scores (sampled: the same filters and
 position-keyed noise over the reference's own float32 logits).
-Needs the optional extra `kolibri[reference]`; `kolibri generate` never imports this module.
+Needs the optional extra `kolibri-cli[reference]`; `kolibri generate` never imports this module.
 """
 
 import warnings
@@ -29,7 +29,8 @@ def load(folder: Path):
         import transformers
     except ImportError:
         raise KolibriError(
-            "the transformers engine needs torch and transformers: pip install 'kolibri[reference]'"
+            "the transformers engine needs torch and transformers: "
+            "pip install 'kolibri-cli[reference]'"
         ) from None
     torch.set_grad_enabled(False)
     transformers.logging.set_verbosity_error()

@@ -326,7 +326,7 @@ def _open_zstd(path: Path):
     try:
         import zstandard
     except ImportError:
-        raise KolibriError(f"{path} is zstd-compressed: pip install 'kolibri[zstd]' (or "
+        raise KolibriError(f"{path} is zstd-compressed: pip install 'kolibri-cli[zstd]' (or "
                            "pip install zstandard) to read it") from None
     reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
     return io.BufferedReader(reader)

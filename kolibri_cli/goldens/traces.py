@@ -1,12 +1,15 @@
 """Logged chat traffic -> golden chains, through the model's tokenizer and chat template.
 
 One JSON object a line, either an OpenAI chat request/response pair
-`{"request": {"messages": [...], "max_tokens"?}, "response": {"choices": [{"message":
-{"content"}, "finish_reason"}], "model"?}}` or a conversation that ends with the answer
-`{"messages": [..., {"role": "assistant", "content"}]}`; optional top-level "id" and "category".
-The prompt is the conversation before the answer rendered with the chat template; the answer is
-re-tokenized (an eos id appended when it ended naturally), so chains are marked `retokenized`:
-the server may have split the same text into other tokens.
+`{"request": {"messages": [...], "max_tokens"?, "temperature"?, ...}, "response": {"choices":
+[{"message": {"content"}, "finish_reason"}], "model"?}}` — a streamed response as its chunks
+(`choices[0].delta`), a list of chunk objects or the SSE text (`data: {...}` lines) — or a
+conversation that ends with the answer `{"messages": [..., {"role": "assistant", "content"}]}`;
+optional top-level "id" and "category". The prompt is the conversation before the answer
+rendered with the chat template; the answer is re-tokenized (an eos id appended when it ended
+naturally), so chains are marked `retokenized`: the server may have split the same text into
+other tokens. The request's sampling parameters are kept in the golden's `sampling` (the server
+sampled by its own rule: kolibri cannot replay the chain, only count drafts against it).
 Non-goals: tool calls, images (their parts are refused, not dropped).
 """
 
@@ -99,27 +102,54 @@ def _golden(obj: dict, model, category: str, lineno: int, where: str) -> Golden:
     if not output_ids:
         raise KolibriError(f"{where}: the answer is empty")
     user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    sampling = _sampling(obj.get("request"), where)
     reference = {"engine": "import", "retokenized": True, **meta}
     identity = model.identity
     return Golden(obj.get("id", lineno), str(obj.get("category", category)), user, True,
                   prompt_ids, output_ids, model.name, identity.model_sha256, reference,
-                  list(model.eos_ids), identity=identity.to_dict())
+                  list(model.eos_ids), sampling, identity=identity.to_dict())
+
+
+# the request fields a golden's `sampling` keeps (OpenAI's, and vLLM's and llama.cpp's extras)
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+
+
+def _sampling(request, where: str) -> dict:
+    """The request's sampling parameters as a golden keeps them ({}: greedy, or none named)."""
+    from kolibri_cli.decode.sampling import Sampling
+
+    if not isinstance(request, dict):
+        return {}
+    given = {k: request[k] for k in SAMPLING_FIELDS if request.get(k) is not None}
+    if given.get("top_k") == -1:  # vLLM's "off"
+        given["top_k"] = 0
+    try:
+        return Sampling.from_dict(given).to_dict()
+    except KolibriError as e:
+        raise KolibriError(f"{where}: the request's {e}") from None
+
+
+def sampled_share(goldens: list[Golden]) -> tuple[int, int]:
+    """(sampled goldens, goldens whose request named no temperature: the server's default)."""
+    sampled = sum(1 for g in goldens if not g.sampler.greedy)
+    unsaid = sum(1 for g in goldens if "temperature" not in g.reference.get("request_sampling",
+                                                                          {"temperature": 0}))
+    return sampled, unsaid
 
 
 def _conversation(obj: dict, where: str) -> tuple[list[dict], str, str, dict]:
     """(messages before the answer, the answer's text, finish reason, reference extras)."""
     if "request" in obj:
         request, response = obj.get("request"), obj.get("response")
-        if not isinstance(request, dict) or not isinstance(response, dict):
-            raise KolibriError(f"{where}: 'request' and 'response' must be objects")
+        if not isinstance(request, dict) or not isinstance(response, dict | list | str):
+            raise KolibriError(f"{where}: 'request' must be an object and 'response' an object, "
+                               "a list of streamed chunks or their SSE text")
         messages = _messages(request.get("messages"), where)
-        choice = (response.get("choices") or [None])[0]
-        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
-            raise KolibriError(f"{where}: the response has no choices[0].message")
-        answer = _text(choice["message"].get("content"), where)
-        meta = {k: v for k, v in (("served_model", response.get("model")),
+        answer, finish, served = _answer(obj.get("response"), where)
+        meta = {k: v for k, v in (("served_model", served),
                                   ("max_tokens", _max_tokens(request, where))) if v is not None}
-        return messages, answer, choice.get("finish_reason") or "stop", meta
+        meta["request_sampling"] = {k: request[k] for k in SAMPLING_FIELDS if k in request}
+        return messages, answer, finish or "stop", meta
     messages = _messages(obj.get("messages"), where)
     if len(messages) < 2 or messages[-1]["role"] != "assistant":
         raise KolibriError(f"{where}: 'messages' must end with the assistant's answer")
@@ -136,6 +166,44 @@ def _max_tokens(request: dict, where: str) -> int | None:
         raise KolibriError(f"{where}: request.max_tokens must be a whole number from 1 to "
                            f"2^31-1, got {shown(value)}")
     return value
+
+
+def _answer(response, where: str) -> tuple[str, str | None, str | None]:
+    """(text, finish reason, served model) of a response: whole, or streamed (its chunks)."""
+    if isinstance(response, dict) and "message" in ((response.get("choices") or [{}])[0] or {}):
+        choice = response["choices"][0]
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            raise KolibriError(f"{where}: the response has no choices[0].message")
+        return (_text(choice["message"].get("content"), where), choice.get("finish_reason"),
+                response.get("model"))
+    chunks = _sse_chunks(response, where) if isinstance(response, str) else (
+        response if isinstance(response, list) else [response])
+    text, finish, served = [], None, None
+    for chunk in chunks:
+        choice = (chunk.get("choices") or [None])[0] if isinstance(chunk, dict) else None
+        if not isinstance(choice, dict) or not isinstance(choice.get("delta", {}), dict):
+            if isinstance(chunk, dict) and not chunk.get("choices"):  # usage-only last chunk
+                continue
+            raise KolibriError(f"{where}: the response has no choices[0].message, nor streamed "
+                               "chunks with choices[0].delta")
+        if (piece := choice.get("delta", {}).get("content")) is not None:
+            text.append(_text(piece, where))
+        finish = choice.get("finish_reason") or finish
+        served = chunk.get("model") or served
+    if not chunks or (not text and finish is None):
+        raise KolibriError(f"{where}: the response has no choices[0].message, nor streamed "
+                           "chunks with choices[0].delta")
+    return "".join(text), finish, served
+
+
+def _sse_chunks(text: str, where: str) -> list:
+    """The JSON chunks of a server-sent-events stream (`data: {...}` lines, `data: [DONE]`)."""
+    chunks = []
+    for line in text.splitlines():
+        data = line.removeprefix("data:").strip() if line.startswith("data:") else None
+        if data and data != "[DONE]":
+            chunks.append(_object(data, f"{where} (streamed response)"))
+    return chunks
 
 
 def _messages(value, where: str) -> list[dict]:
@@ -169,3 +237,15 @@ def _valid(text: str, where: str) -> str:
         raise KolibriError(f"{where}: a message's text holds a lone surrogate (not valid "
                            "Unicode); fix the trace") from None
     return text
+
+
+def served_elsewhere(goldens: list[Golden], model_name: str) -> list[str]:
+    """The served models named in the traces that are not `model_name` (compared by the last
+    part of the name, case aside: "HuggingFaceTB/SmolLM2-135M-Instruct" is
+    "smollm2-135m-instruct")."""
+    def base(name: str) -> str:
+        return name.rsplit("/", 1)[-1].lower()
+
+    served = dict.fromkeys(str(g.reference["served_model"]) for g in goldens
+                           if g.reference.get("served_model") is not None)
+    return [s for s in served if base(s) != base(model_name)]

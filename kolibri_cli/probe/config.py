@@ -57,7 +57,9 @@ class ProbeConfig:
         "--proposer", "text", SIMULATE, metavar="NAME[,...]",
         default_factory=lambda: [DEFAULT_PROPOSER],
         help=f"Draft proposer(s): {', '.join(PROPOSERS)} (ngram = vllm); several = a comparison "
-        f"table. [default: {DEFAULT_PROPOSER}]")
+        f"table. [default: {DEFAULT_PROPOSER}: a fixed rule vLLM, SGLang and llama.cpp run "
+        "too, so the answer is a setting to deploy; `generate --spec` drafts with guard, "
+        "kolibri's cost-aware rule (docs/probe.md)]")
     cross_request: bool = opt(
         "--cross-request/--no-cross-request", "switch", SIMULATE, default=False,
         help="suffix: also draft from a global tree over earlier goldens' outputs.")
@@ -196,7 +198,7 @@ class ProbeConfig:
     ray: str | None = opt(
         "--ray/--no-ray", "switch", SCALE,
         help="Simulate on Ray: a new local Ray instance, or the cluster at --ray-address; "
-        "needs kolibri[ray].")
+        "needs kolibri-cli[ray].")
     ray_address: str | None = opt(
         "--ray-address", "text", SCALE, metavar="ADDRESS", toml=False,
         help="The Ray cluster for --ray (implies it): auto = the one this machine is in, "

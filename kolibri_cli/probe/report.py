@@ -242,12 +242,27 @@ def verdict_json(verdict: Verdict, pricing) -> dict:
             "text": verdict_text(verdict), "setting": speed_json(verdict.speed)}
 
 
+def setting_commands(result: ProbeResult):
+    """The fastest setting as each engine that runs its rule turns it on (decode.proposers.
+    engines), with the switch that turns drafting off above the crossover under --concurrency."""
+    from kolibri_cli.decode.proposers.engines import engine_commands
+
+    run, cfg, load = result.best, result.config, result.load
+    crossover = None
+    if load is not None and load.fastest.run is run and load.crossover != max(load.concurrencies):
+        crossover = load.crossover
+    return engine_commands(run.proposer, run.k, run.window, cfg.llamacpp_options(),
+                           cfg.cross_request, crossover)
+
+
 def build_report(result: ProbeResult) -> dict:
     """The whole JSON document (schema: docs/probe-json.md)."""
     best, measured, pricing = result.best, result.measured, result.pricing
     return {
         "schema_version": SCHEMA_VERSION,
-        "verdict": verdict_json(result.verdict, pricing) | {"costs": pricing_text(pricing)},
+        "verdict": verdict_json(result.verdict, pricing) | {
+            "costs": pricing_text(pricing),
+            "commands": [c.to_json() for c in setting_commands(result)]},
         "best": speed_json(result.verdict.speed),
         "ranking": [speed_json(s) for s in result.ranked],
         "categories": {name: verdict_json(v, pricing) for name, v in result.categories.items()},

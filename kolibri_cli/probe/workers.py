@@ -136,7 +136,7 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise KolibriError("--ray needs Ray: pip install 'kolibri[ray]'") from None
+        raise KolibriError("--ray needs Ray: pip install 'kolibri-cli[ray]'") from None
     return ray
 
 

@@ -16,7 +16,7 @@ from importlib.util import find_spec
 
 from kolibri_cli.errors import KolibriError
 
-EXTRA = "pip install 'kolibri[serve]'"
+EXTRA = "pip install 'kolibri-cli[serve]'"
 _NEEDS = ("starlette", "uvicorn", "prometheus_client")
 
 

