@@ -159,8 +159,8 @@ def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
     from kolibri_cli.engine.kernel import compiles_in_memory, is_compiled
 
     if notify and compiles_in_memory() and (why := distrusted()):
-        notify(f"compiling the forward kernel in memory, as on every run: compiled code is not "
-               f"loaded from {numba_root()}, another user could have written it ({why}) ...")
+        notify(f"compiling the forward kernel in memory, as on every run: {why}, so no "
+               f"compiled code is loaded from {numba_root()} ...")
     elif notify and compiles_in_memory():
         notify(f"compiling the forward kernel in memory, as on every run: no cache folder can "
                f"be made under {numba_root()} (KOLIBRI_HOME or NUMBA_CACHE_DIR names it) ...")

@@ -17,6 +17,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def check_writable(path: str | os.PathLike) -> None:
     if _stream_fd(path) is not None:
         return
     if _kind(path) == "special" and stat.S_ISFIFO(os.stat(path).st_mode):
-        _hold_fifo(path)
+        _hold_fifo(path, 1.0)  # a reader started just before us has a moment to open it
         return
     folder = Path(os.path.realpath(path)).parent
     while not os.path.lexists(folder):  # atomic_path makes the missing folders
@@ -157,20 +158,29 @@ def _through(shown: Path, write):
 _HELD_FIFOS: dict[str, int] = {}
 
 
-def _hold_fifo(path: Path) -> None:
+FIFO_WAIT_S = 10.0  # how long a write not checked before waits for a FIFO's reader to open it
+
+
+def _hold_fifo(path: Path, wait: float = 0.0) -> None:
     """A FIFO must have a reader before the work, not after it (with none, the write blocked for
-    ever): its write end is opened without waiting (no reader: ENXIO) and held until the result
-    is written, so the reader waits for it instead of seeing the end of the stream."""
+    ever): its write end is opened without blocking (no reader: ENXIO; retried for `wait`
+    seconds) and held until the result is written, so the reader waits for it instead of seeing
+    the end of the stream."""
     real = os.path.realpath(path)
     if real in _HELD_FIFOS:
         return
-    try:
-        fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno == errno.ENXIO:
-            raise KolibriError(f"cannot write {path}: it is a FIFO that no process reads; start "
-                               "its reader first, or name a file") from None
-        raise _fail(path, e) from None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(real, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise _fail(path, e) from None
+            if time.monotonic() >= deadline:
+                raise KolibriError(f"cannot write {path}: it is a FIFO that no process reads; "
+                                   "start its reader first, or name a file") from None
+            time.sleep(0.05)
     os.set_blocking(fd, True)
     _HELD_FIFOS[real] = fd
 
@@ -178,7 +188,7 @@ def _hold_fifo(path: Path) -> None:
 def _write_special(path: Path, data: bytes) -> None:
     real = os.path.realpath(path)
     if stat.S_ISFIFO(os.stat(real).st_mode):
-        _hold_fifo(path)  # unless checked before: now, never waiting for a reader
+        _hold_fifo(path, FIFO_WAIT_S)  # unless checked before: a reader has a while to come
         fd = _HELD_FIFOS.pop(real)
         try:
             view = memoryview(data)
