@@ -132,6 +132,29 @@ def test_typed_lines_are_edited_and_survive_a_restart(chat_folder, tmp_path):
     assert history.read_text().splitlines() == ["hello", "/system answer briefly", "hello"]
 
 
+def test_a_multi_line_paste_is_one_turn(chat_folder, tmp_path):
+    """Bracketed paste: the terminal is told to mark pastes (ESC [?2004h), and the lines of a
+    marked paste are one turn, sent with Enter (without it, each line was a turn)."""
+    child = _spawn(["--model", str(chat_folder), "-n", "2", "--no-history"], tmp_path,
+                   TERM="xterm")  # a dumb terminal gets no bracketed paste from readline
+    assert "\x1b[?2004h" in child.logfile_read.getvalue()
+    since = len(child.logfile_read.getvalue())
+    child.send("\x1b[200~first line\nsecond line\x1b[201~")
+    child.send("\r")
+    child.expect(r"prompt (\d+) tokens")
+    pasted = int(child.match.group(1))
+    child.expect(">>> ")
+    assert child.logfile_read.getvalue()[since:].count("new tokens") == 1
+    child.sendline("/reset")
+    child.expect(">>> ")
+    child.sendline("first line")
+    child.expect(r"prompt (\d+) tokens")
+    one = int(child.match.group(1))
+    child.expect(">>> ")
+    _leave(child)
+    assert pasted - one == len("\nsecond line")  # the tiny tokenizer: a token per byte
+
+
 @pytest.mark.parametrize("opt_out", [["--no-history"], {"KOLIBRI_HISTORY": "0"}])
 def test_history_can_be_switched_off(chat_folder, tmp_path, opt_out):
     args, env = (opt_out, {}) if isinstance(opt_out, list) else ([], opt_out)

@@ -270,3 +270,11 @@ def test_model_info_is_a_table_a_person_reads(run, tiny_llama_folder):
     }
     shown = "".join(value for key, value in cells if key.strip() != "path")
     assert not any(word in shown for word in ("True", "False", "_", "['"))
+
+
+def test_pull_of_a_name_it_does_not_know_points_at_import_and_folders(run):
+    line = assert_one_error_line(run("model", "pull", "Qwen/Qwen2.5-0.5B-Instruct"),
+                                 "no model named 'Qwen/Qwen2.5-0.5B-Instruct' to pull")
+    assert "`kolibri model import FILE.gguf`" in line and "Hugging Face folder" in line
+    line = assert_one_error_line(run("generate", "-m", "qwen2.5", "hi"), "no model named")
+    assert "kolibri model import FILE.gguf" in line and "Hugging Face folder" in line

@@ -3,7 +3,9 @@
 Python's own `readline` (GNU readline, or libedit where Python is built with it) does the
 editing: arrows, Ctrl-A/E, Ctrl-R search, Ctrl-P/N through earlier lines — what Python's own
 prompt offers, with no dependency added. prompt_toolkit would bring multi-line input and
-completion menus, which a one-line prompt does not need. Where there is no readline (Windows:
+completion menus, which a one-line prompt does not need. Bracketed paste is on (GNU readline;
+Python turns it off for its own prompt): the terminal marks a paste, and a paste of several lines
+is one line read, one turn, ended by Enter. Where there is no readline (Windows:
 the console edits lines itself) or stdin is no terminal (a pipe, a test), lines are read plainly
 and nothing is kept.
 
@@ -61,6 +63,8 @@ def _readline():
         import readline
     except ImportError:
         return None
+    if "libedit" not in (readline.__doc__ or ""):  # libedit has no bracketed paste to set
+        readline.parse_and_bind("set enable-bracketed-paste on")
     readline.set_auto_history(False)  # lines are added by LineReader.read, blank ones never
     readline.set_history_length(HISTORY_LINES)
     return readline

@@ -183,7 +183,10 @@ def pull(name: str = DEFAULT_MODEL, progress: Progress | None = None, force: boo
     """Provision `name` into the cache (idempotent; safe against a concurrent pull)."""
     source = REGISTRY.get(name)
     if source is None:
-        raise KolibriError(f"no model named {name!r} to pull (known: {', '.join(REGISTRY)})")
+        raise KolibriError(f"no model named {shown(name)} to pull (known: {', '.join(REGISTRY)}): "
+                           "kolibri pulls no model hub; for another model, download it and "
+                           "`kolibri model import FILE.gguf`, or pass its Hugging Face folder "
+                           "as --model (docs/models.md)")
     target = model_dir(name)
     if is_complete(target) and not force:
         return target
@@ -352,7 +355,8 @@ def resolve(spec: str | None, notify: Notify | None = None,
     if NAME_PATTERN.fullmatch(spec) and is_complete(model_dir(spec)):
         return _upgraded(spec, model_dir(spec), notify, progress)
     raise KolibriError(
-        f"no model named {shown(spec)} and no folder at that path (known: {', '.join(REGISTRY)})"
+        f"no model named {shown(spec)} and no folder at that path (known: {', '.join(REGISTRY)}; "
+        "a GGUF file or a Hugging Face folder works too, or `kolibri model import FILE.gguf`)"
     )
 
 
