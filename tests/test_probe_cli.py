@@ -55,8 +55,9 @@ def test_json_schema_and_values(goldens):
     low, high = doc["best"]["interval"]
     assert low <= speedup <= high
     assert doc["ranking"] == [doc["best"]] and doc["verdict"]["setting"] == doc["best"]
-    assert doc["verdict"]["answer"] in ("pays", "a wash", "does not pay")
-    assert doc["verdict"]["text"].startswith("n-gram speculation ")
+    assert doc["verdict"]["answer"] == "too few goldens" and doc["verdict"]["goldens"] == 2
+    assert doc["verdict"]["text"].startswith("n-gram speculation: too few goldens here (2, ")
+    assert doc["verdict"]["spread"] is None and doc["verdict"]["interval"] == [low, high]
     head = (r["proposer"], r["k"], r["window"], r["best"], r["measured"], r["chains"])
     assert head == ("vllm", 3, [1, 2], True, None, 2)
     assert r["total"] == {

@@ -11,8 +11,10 @@ while generating (it times its own, costs/model.py CostTable).
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import numpy as np
 
 from kolibri_cli.costs import store as benchcosts
 from kolibri_cli.costs.model import DEFAULT_COST_SLOPE, GUESSED_COSTS, cost_model
@@ -20,6 +22,11 @@ from kolibri_cli.costs.store import BenchCosts
 from kolibri_cli.errors import KolibriError
 
 MEASURE_HINT = "`--costs measure` times this host once (tens of seconds) and keeps it"
+# How far c(n) - 1 may be off where no rounds were timed (a lognormal factor of this sigma on
+# c(n) - 1, drawn per bootstrap resample): a curve given by the user, the guess (one host's
+# shape: on two other CPUs the default path's c(6) - 1 ranged over a factor of 2.4), and a
+# stored bench from before rounds were kept.
+STATED_ERROR = {"given": 0.05, "guess": 0.30, "bench": 0.10, "run": 0.10}
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,33 @@ class Pricing:
     reason: str = ""  # source "guess": why nothing measured was used
     note: str = ""  # for stderr: a guess where a bench could measure, a bench by another version
     hint: str = ""  # source "guess": the command that would measure instead
+    rounds: tuple = field(default=(), compare=False)  # each timed round's c(n) ({n: c}), the
+    # spread of `costs` (their median); () where none were kept: STATED_ERROR says the spread
+
+    @property
+    def error(self) -> float | None:
+        """The stated relative error of c(n) - 1 (None when rounds give the spread)."""
+        return None if len(self.rounds) > 1 else STATED_ERROR.get(self.source, 0.0)
+
+    def curves(self, top: int, draws: int, seed: int = 0) -> np.ndarray:  # -> [draws, top + 1]
+        """c(0..top) as drawn from its own uncertainty (c[:, 0] = 0): the median of the rounds
+        resampled with replacement, or c(n) - 1 scaled by a lognormal factor of sigma `error`."""
+        rng = np.random.default_rng(seed)
+        if self.error is None:
+            per_round = np.array([_curve(r, top) for r in self.rounds])  # [R, top + 1]
+            picks = rng.integers(0, len(per_round), (draws, len(per_round)))  # [draws, R]
+            return np.median(per_round[picks], axis=1)
+        base = _curve(self.costs, top)  # [top + 1]
+        factor = np.exp(rng.normal(0.0, self.error, (draws, 1)))  # [draws, 1]
+        curves = 1.0 + (base - 1.0) * factor
+        curves[:, 0] = 0.0
+        return curves
+
+    def spread_text(self) -> str:
+        """Where the c(n) spread of the intervals comes from, in a few words."""
+        if self.error is None:
+            return f"the spread of {len(self.rounds)} timed rounds"
+        return f"a stated {100 * self.error:.0f}% error on c(n) - 1"
 
     def source_text(self) -> str:
         """"c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2)", "c(n) from --costs"
@@ -61,8 +95,14 @@ class Pricing:
     def to_json(self) -> dict:
         return {"source": self.source, "costs": {str(n): c for n, c in sorted(self.costs.items())},
                 "bench": None if self.bench is None else
-                {k: v for k, v in self.bench.to_json().items() if k != "costs"},
-                "reason": self.reason or None}
+                {k: v for k, v in self.bench.to_json().items() if k not in ("costs", "runs")},
+                "reason": self.reason or None, "rounds": len(self.rounds),
+                "error": self.error}
+
+
+def _curve(costs: dict[int, float] | None, top: int) -> np.ndarray:  # -> [top + 1]
+    c = cost_model(costs)
+    return np.array([0.0, *(c(n) for n in range(1, top + 1))])
 
 
 def parse_costs(items: list, shown: str, what: str = "costs") -> dict[int, float]:

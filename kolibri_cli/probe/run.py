@@ -62,7 +62,8 @@ def under_load(cfg: ProbeConfig, runs: list, measured: dict | None, goldens: lis
     fastest = ranking(runs, measured)[0].run
     with ui.progress("simulating under load ") as ticks:
         ticks(0, 1)
-        report = load_report(runs, fastest, cfg.concurrency, cfg.pricing.costs, goldens)
+        report = load_report(runs, fastest, cfg.concurrency, cfg.pricing.costs, goldens,
+                             cfg.pricing)
         ticks(1, 1)
     return report
 
