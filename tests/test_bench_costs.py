@@ -6,6 +6,7 @@ import dataclasses
 import json
 import pathlib
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -75,11 +76,12 @@ def test_a_bench_of_another_kernel_is_used_with_a_note(goldens, kolibri_home, st
 
 def test_an_entry_stored_before_kernels_were_named_reads_as_another_kernels(kolibri_home):
     old = entry().to_json()
-    del old["kernel"]
+    del old["kernel"], old["runs"]  # format 1: neither was written
     kolibri_home.mkdir(parents=True, exist_ok=True)
     benchcosts.path().write_text(json.dumps({"format": 1, "entries": [old]}))
     (read,) = benchcosts.load()
     assert read.kernel == "" and read.costs == entry().costs and not benchcosts.timed_here(read)
+    assert read.rounds == (entry().costs,)  # its median curve, as one run without rounds
 
 
 def test_given_costs_override_and_default_ignores_the_store(goldens, kolibri_home):
@@ -129,7 +131,8 @@ def test_save_keeps_one_entry_per_key_and_writes_atomically(kolibri_home, monkey
     benchcosts.save(entry(threads=1))
     newer = BenchCosts("m", SHA, 2, "float32", {1: 1.0, 2: 1.2}, "2026-12-01T00:00:00+00:00",
                        kolibri_cli.__version__, "def", "a cpu", benchcosts.kernel_id())
-    assert benchcosts.save(newer) is newer
+    saved = benchcosts.save(newer)  # another commit: its own c(n), the older run kept beside
+    assert saved == newer and [r.commit for r in saved.runs] == ["abc", "def"]
     assert benchcosts.load() == [entry(threads=1), newer]
     before = benchcosts.path().read_bytes()
     write_text = pathlib.Path.write_text
@@ -145,20 +148,42 @@ def test_save_keeps_one_entry_per_key_and_writes_atomically(kolibri_home, monkey
     assert sorted(p.name for p in kolibri_home.iterdir()) == ["bench-costs.json", "locks"]
 
 
-def test_a_narrower_bench_of_the_same_kernel_keeps_the_wider_rows(kolibri_home):
+def test_runs_of_the_same_kernel_are_kept_and_priced_by_their_median(kolibri_home):
     """`kolibri bench --k 1` after `--k 3` on the same kolibri, kernel and CPU keeps c(3..4)
-    beside its own c(2): what it did not time still holds. Another commit, CPU or kernel
-    replaces the whole curve."""
+    beside its c(2), and c(2) is the median of both runs, not the last one's. Another commit,
+    CPU or kernel prices with its own runs alone; the older runs stay as history."""
     wide = entry()
     benchcosts.save(wide)
     narrow = entry(costs={1: 1.0, 2: 1.7}, at="2026-12-01T00:00:00+00:00")
-    merged = dataclasses.replace(narrow, costs={**wide.costs, 2: 1.7})
+    merged = dataclasses.replace(narrow, costs={**wide.costs, 2: 1.6})
     assert benchcosts.save(narrow) == merged and benchcosts.load() == [merged]
     wider = entry(costs={**wide.costs, 5: 2.8}, at="2026-12-01T01:00:00+00:00")
-    assert benchcosts.save(wider) == wider and benchcosts.load() == [wider]
+    assert benchcosts.save(wider) == wider  # c(2): the median of 1.5, 1.7, 1.5
+    (kept,) = benchcosts.load()
+    assert len(kept.runs) == 3 and kept.rounds == (wide.costs, narrow.costs, wider.costs)
     for other in (dataclasses.replace(entry(costs={1: 1.0, 2: 1.1}), cpu="b cpu"),
                   entry(costs={1: 1.0, 2: 1.2}, kernel="engine-0123 znver3 ")):
-        assert benchcosts.save(other) is other and benchcosts.load() == [other]
+        saved = benchcosts.save(other)
+        assert saved == other and benchcosts.load() == [other]
+        assert saved.rounds == (other.costs,) and len(saved.runs) > 3  # history kept
+
+
+def test_rounds_are_kept_with_their_provenance_and_carried_into_the_pricing(kolibri_home):
+    from kolibri_cli.costs.pricing import for_model
+
+    rounds = ({1: 1.0, 2: 1.4, 3: 1.8}, {1: 1.0, 2: 1.6, 3: 2.0}, {1: 1.0, 2: 1.5, 3: 2.3})
+    timed = dataclasses.replace(entry(costs={1: 1.0, 2: 1.5, 3: 2.0}))
+    timed = dataclasses.replace(timed, runs=(benchcosts._run_of(timed, rounds),))
+    benchcosts.save(timed)
+    doc = json.loads(benchcosts.path().read_text())
+    assert doc["format"] == 2
+    (run,) = doc["entries"][0]["runs"]
+    assert run["rounds"][1] == {"1": 1.0, "2": 1.6, "3": 2.0}
+    assert (run["kernel"], run["measured_at"]) == (timed.kernel, timed.measured_at)
+    pricing = for_model("m", SHA, "float32", 2)
+    assert pricing.costs == {1: 1.0, 2: 1.5, 3: 2.0} and pricing.rounds == rounds
+    curves = pricing.curves(3, 500)  # [500, 4]: medians of resampled rounds
+    assert set(np.round(curves[:, 2], 6)) <= {1.4, 1.5, 1.6} and curves[:, 2].std() > 0
 
 
 def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
@@ -189,7 +214,9 @@ def test_bench_stores_what_it_measured(kolibri_home, tmp_path):
     assert r.exit_code == 0, r.output
     (merged,) = benchcosts.load()  # a narrower run of the same kernel keeps c(3) beside its own
     assert list(merged.costs) == [1, 2, 3] and merged.costs[3] == stored.costs[3]
-    assert {str(n): c for n, c in merged.costs.items() if n < 3} == json.loads(r.stdout)["costs"]
+    second = json.loads(r.stdout)["costs"]["2"]  # c(2): the median of both runs' rounds
+    assert merged.costs[2] == pytest.approx((stored.costs[2] + second) / 2)
+    assert [len(run.rounds) for run in merged.runs] == [1, 1]
     assert "with c(n) for n = 3..3 kept from an earlier run of this kernel" in r.stderr
 
 

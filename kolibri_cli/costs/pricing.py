@@ -65,7 +65,7 @@ class Pricing:
     def spread_text(self) -> str:
         """Where the c(n) spread of the intervals comes from, in a few words."""
         if self.error is None:
-            return f"the spread of {len(self.rounds)} timed rounds"
+            return f"the median of {len(self.rounds)} timed rounds, and their spread"
         return f"a stated {100 * self.error:.0f}% error on c(n) - 1"
 
     def source_text(self) -> str:
@@ -88,16 +88,34 @@ class Pricing:
 
     def line(self) -> str:
         """The source and the values, for the text output and the reports."""
+        return f"{self.source_text()}: {self.values()}"
+
+    def values(self) -> str:
+        """"c(2)=1.32, c(3)=1.47, ...": up to the largest n given (a curve: its first 8 and its
+        last)."""
         c, top = cost_model(self.costs), 6 if self.source == "guess" else max(self.costs)
-        values = ", ".join(f"c({n})={c(n):.2f}" for n in range(2, top + 1))
-        return f"{self.source_text()}: {values}"
+        shown = [n for n in range(2, min(top, 9) + 1)] + ([top] if top > 9 else [])
+        return ", ".join(f"c({n})={c(n):.2f}" for n in shown)
+
+    def priced_line(self) -> str:
+        """One line: the c(n) every prediction used and what their spread rests on."""
+        stale = "; STALE: timed on another kernel" if self.stale else ""
+        return f"priced with {self.values()} ({self.spread_text()}{stale})"
+
+    @property
+    def stale(self) -> bool:
+        """A stored bench timed by another kernel (or kolibri) than the one running now."""
+        from kolibri_cli import __version__
+
+        return self.source == "bench" and self.bench is not None and (
+            self.bench.kolibri, self.bench.kernel) != (__version__, benchcosts.kernel_id())
 
     def to_json(self) -> dict:
         return {"source": self.source, "costs": {str(n): c for n, c in sorted(self.costs.items())},
                 "bench": None if self.bench is None else
                 {k: v for k, v in self.bench.to_json().items() if k not in ("costs", "runs")},
                 "reason": self.reason or None, "rounds": len(self.rounds),
-                "error": self.error}
+                "error": self.error, "stale": self.stale}
 
 
 def _curve(costs: dict[int, float] | None, top: int) -> np.ndarray:  # -> [top + 1]
@@ -189,7 +207,8 @@ def for_model(name: str, sha256: str, numerics: str, threads: int | None) -> Pri
         run = _bench_args(name, numerics, threads)
         return guess(f"no kolibri bench of {run} stored",
                      f": `kolibri bench -m {run}` measures this host")
-    return Pricing("bench", found.costs, bench=found, note=_stale(found, name))
+    return Pricing("bench", found.costs, bench=found, note=_stale(found, name),
+                   rounds=found.rounds)
 
 
 def _bench_args(name: str, numerics: str, threads: int | None = None) -> str:

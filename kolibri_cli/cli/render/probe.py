@@ -105,6 +105,8 @@ def verdict_lines(result: ProbeResult) -> Text:
     """The answer (styled by what it says), where c(n) came from, and by category if asked."""
     text = Text(verdict_text(result.verdict), style=ANSWER_STYLES[result.verdict.answer])
     text.append("\n" + pricing_text(result.pricing), style="dim")
+    if result.pricing is not None:
+        text.append("\n" + result.pricing.priced_line(), style="dim")
     if result.config.by_category and len(result.categories) > 1:
         text.append("\n" + category_line(result.categories))
     if result.load is not None:
