@@ -259,3 +259,49 @@ def test_probe_toml_asks_for_the_guess_and_reports_name_the_source(goldens, koli
     assert "priced with c(n) from kolibri bench of m (float32, 2 threads" in text
     command = next(line for line in text.split("\n") if line.startswith("Regenerate"))
     assert "--costs" not in command  # the regenerating command adds no --costs
+
+
+def test_probe_costs_measure_times_c_n_on_the_goldens_model_and_prices_with_them(
+        kolibri_home, tiny_llama_folder, tmp_path, monkeypatch):
+    """`kolibri probe --costs measure` end to end: c(n) timed now, on the goldens' model, for
+    every row count the run verifies, kept with its rounds, and every prediction priced with
+    their median."""
+    from kolibri_cli.bench import timing
+    from kolibri_cli.engine import loader
+    from kolibri_cli.probe.run import MEASURE_REPEATS
+
+    folder = tiny_llama_folder()
+    sha = loader.sha256_files(loader.safetensors_files(folder))
+    path = tmp_path / "tiny.jsonl"
+    pattern = [7, 8, 9, 7, 8, 3, 7, 8, 9, 4] * 3
+    path.write_text("".join(json.dumps(
+        {"id": f"g{i}", "category": "c", "prompt": "p", "chat": False,
+         "prompt_ids": [7, 8, 9, i], "output_ids": pattern + [i] * 3, "model": str(folder),
+         "model_sha256": sha, "reference": {}}) + "\n" for i in range(5)))
+    timed = []
+    real = timing.forward_rounds
+
+    def spy(*args, **kwargs):
+        timed.append(real(*args, **kwargs))
+        return timed[-1]
+
+    monkeypatch.setattr(timing, "forward_rounds", spy)
+    r = CliRunner().invoke(app, ["probe", "--goldens", str(path), "--k", "1,3", "--window",
+                                 "1-2", "--costs", "measure", "--model", str(folder),
+                                 "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    (rounds,) = timed  # one timing run, every row count verified: 1 + k up to 4
+    assert sorted(rounds) == [1, 2, 3, 4] and len(rounds[1]) == MEASURE_REPEATS
+    doc = json.loads(r.stdout)
+    per_round = [{n: t[i] / rounds[1][i] for n, t in rounds.items()}
+                 for i in range(MEASURE_REPEATS)]
+    median = benchcosts.median_costs(per_round)
+    assert doc["pricing"]["source"] == "run" and doc["pricing"]["rounds"] == MEASURE_REPEATS
+    assert doc["pricing"]["costs"] == {str(n): pytest.approx(c) for n, c in median.items()}
+    for run in doc["runs"]:  # every prediction priced with them
+        plain = sum(g["plain_steps"] for g in run["goldens"])
+        spec = sum(median[1 + d] for g in run["goldens"] for d in g["draft_lengths"])
+        assert run["predicted_speedup"] == pytest.approx(plain / spec)
+    (kept,) = benchcosts.load()  # kept for later runs, with their rounds
+    assert kept.model_sha256 == sha and len(kept.rounds) == MEASURE_REPEATS
+    assert "timing c(n) of" in r.stderr
