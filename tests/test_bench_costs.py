@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import kolibri_cli
 from kolibri_cli.cli import app
 from kolibri_cli.costs import store as benchcosts
-from kolibri_cli.costs.model import GUESSED_COSTS, cost_model
+from kolibri_cli.costs.model import GUESS_HOST, GUESSED_COSTS, cost_model
 from kolibri_cli.costs.store import BenchCosts
 from kolibri_cli.errors import KolibriError
 
@@ -104,7 +104,7 @@ def test_a_bench_of_another_model_threads_or_numerics_is_not_used(goldens, kolib
     assert doc["pricing"]["source"] == "guess"
     assert doc["runs"][0]["modelled_speedup"] == pytest.approx(speedup(GUESSED_COSTS))
     assert r.stderr.count("note") == 1 and r.stderr.endswith(
-        "note: c(n) is a guess (the default model's on a 2-core AVX-512 host): no kolibri bench "
+        f"note: c(n) is a guess (the default model's on {GUESS_HOST}): no kolibri bench "
         "of m --threads 2 stored: `kolibri bench -m m --threads 2` measures this host\n")
 
 
@@ -251,7 +251,8 @@ def test_probe_toml_asks_for_the_guess_and_reports_name_the_source(goldens, koli
     toml.write_text(f'goldens = ["{goldens.name}"]\ncosts = "default"\nmarkdown = "r.md"\n')
     r = CliRunner().invoke(app, ["probe", str(toml), "--json"])
     assert json.loads(r.stdout)["pricing"]["source"] == "guess", r.stderr
-    assert "Predicted speedups priced with c(n) guessed (--costs default): c(2)=1.32" in (
+    shown = f"c(2)={GUESSED_COSTS[2]:.2f}"
+    assert f"Predicted speedups priced with c(n) guessed (--costs default): {shown}" in (
         tmp_path / "r.md").read_text()
     r = CliRunner().invoke(app, ["probe", "--goldens", str(goldens), "--markdown",
                                  str(tmp_path / "b.md")])

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
+from kolibri_cli.costs.model import GUESS_HOST
 from kolibri_cli.probe import config as probe_config
 
 # Hand-computed at k=3 window 1-2 (tests/test_simulate.py): "mix" 7 steps in 3 passes, drafts
@@ -95,7 +96,7 @@ def test_tables_by_default(goldens):
 
 def test_gates(goldens, kolibri_home):
     ok = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-ratio", "1.5", "--json")
-    guess = "note: c(n) is a guess (the default model's on a 2-core AVX-512 host): no kolibri " \
+    guess = f"note: c(n) is a guess (the default model's on {GUESS_HOST}): no kolibri " \
         "bench of m stored: `kolibri bench -m m` measures this host\n"
     assert ok.exit_code == 0 and ok.stderr == guess  # nothing else: no bench for model "m"
     bad = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-ratio", "2",

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from kolibri_cli.costs import store as benchcosts
-from kolibri_cli.costs.model import DEFAULT_COST_SLOPE, GUESSED_COSTS, cost_model
+from kolibri_cli.costs.model import DEFAULT_COST_SLOPE, GUESS_HOST, GUESSED_COSTS, cost_model
 from kolibri_cli.costs.store import BenchCosts
 from kolibri_cli.errors import KolibriError
 
@@ -234,7 +234,7 @@ def guess(reason: str, hint: str, measure: str = "") -> Pricing:
     """The guess, with a note giving the reason (and `hint`, what would measure; `measure`, the
     option of the command at hand that would)."""
     return Pricing("guess", GUESSED_COSTS, reason=reason, note="note: c(n) is a guess (the "
-                   f"default model's on a 2-core AVX-512 host): {reason}{hint}", hint=measure)
+                   f"default model's on {GUESS_HOST}): {reason}{hint}", hint=measure)
 
 
 def source_text(pricing: Pricing | None) -> str:
