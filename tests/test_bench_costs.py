@@ -68,10 +68,20 @@ def test_probe_prices_with_the_stored_bench_of_the_goldens_model(goldens, kolibr
 def test_a_bench_of_another_kernel_is_used_with_a_note(goldens, kolibri_home, stale):
     benchcosts.save(entry(**stale))
     r = probe(goldens, "--json")
-    assert json.loads(r.stdout)["pricing"]["source"] == "bench"
+    pricing = json.loads(r.stdout)["pricing"]
+    assert pricing["source"] == "bench" and pricing["stale"]
     version = stale.get("version", kolibri_cli.__version__)
     assert f"note: c(n) from a bench of another kernel (kolibri {version}, 2026-11-30 22:41 " \
         "UTC): `kolibri bench -m m` measures this one" in r.stderr
+    text = " ".join(probe(goldens).stdout.split())
+    assert "priced with c(2)=1.50, c(3)=1.90, c(4)=2.40 (" in text
+    assert "; STALE: timed on another kernel)" in text
+
+
+def test_a_bench_of_this_kernel_is_not_stale(goldens, kolibri_home):
+    benchcosts.save(entry())
+    assert not json.loads(probe(goldens, "--json").stdout)["pricing"]["stale"]
+    assert "STALE" not in probe(goldens).stdout
 
 
 def test_an_entry_stored_before_kernels_were_named_reads_as_another_kernels(kolibri_home):
