@@ -179,8 +179,8 @@ def test_bench_adaptive_drafts_by_the_costs_this_run_measured(kolibri_home, tiny
     folder = tiny_llama_folder()
     drafted = {}
     for name, per_row in (("steep", 50.0), ("free", 0.0)):
-        monkeypatch.setattr(run, "forward_times", lambda model, max_n, *args, s=per_row, **_: {
-            n: 0.001 * (1 + s * (n - 1)) for n in range(1, max_n + 1)})
+        monkeypatch.setattr(run, "forward_rounds", lambda model, max_n, *args, s=per_row, **_: {
+            n: [0.001 * (1 + s * (n - 1))] for n in range(1, max_n + 1)})
         r = CliRunner().invoke(app, ["bench", "-m", str(folder), "--proposer", proposer,
                                      "--repeats", "1", "--threads", "1", "--json"])
         assert r.exit_code == 0, r.output

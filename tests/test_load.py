@@ -78,8 +78,64 @@ def test_the_best_k_changes_with_concurrency():
 def test_crossover_is_the_last_concurrency_that_still_pays():
     run = passes_run(TWO)
     curve = load_curve(run, [1, 2, 4, 8], {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4, 16: 6.0, 32: 14.0})
-    paying = [p.concurrency for p in curve.points if p.speedup > 1]
+    paying = [p.concurrency for p in curve.points if p.speedup >= 1.02]
     assert paying and crossover(curve) == paying[-1] and crossover(curve) < 8
+
+
+def test_crossover_needs_the_wash_margin_and_the_interval_above_one():
+    """A speedup of 1.01x at B is a wash there, as at B = 1: the crossover stops before it;
+    and a point whose interval reaches below 1.00x does not pay, however high its figure."""
+    from dataclasses import replace
+
+    from kolibri_cli.probe.load import LoadCurve, LoadPoint
+
+    def point(b, speedup, interval=None, answer=""):
+        return LoadPoint(b, speedup, 1.0, 1.0, None, 1.0, interval, answer)
+
+    curve = LoadCurve(None, [point(1, 1.3), point(2, 1.01), point(4, 1.2)])
+    assert crossover(curve) == 1
+    judged = LoadCurve(None, [point(1, 1.3, (1.1, 1.5), "pays"),
+                              point(2, 1.25, (0.97, 1.5), "a wash")])
+    assert crossover(judged) == 1
+    assert crossover(LoadCurve(None, [replace(judged.points[0], answer="a wash")])) is None
+
+
+def spread_goldens(n: int = 8) -> dict:
+    """n goldens of mixed passes: drafting pays alone and stops paying as B grows."""
+    return {f"g{i}": [(2, 2), (2, 1), (0, 0), (2, 0)] * (2 + i % 3) + [(1, 1)] * (i % 2)
+            for i in range(n)}
+
+
+def test_each_b_is_judged_by_the_rule_of_b_1_and_b_1_is_the_headline():
+    from kolibri_cli.costs.pricing import Pricing
+    from kolibri_cli.probe.answer import judge, predicted_verdict
+
+    costs = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.5, 8: 3.0, 16: 7.0, 32: 15.0}
+    pricing = Pricing("given", costs)
+    long = passes_run(spread_goldens(), 3)
+    long.costs = costs
+    for g in long.goldens:
+        long.total.add(g.counts)
+    report = load_report([long], long, [1, 2, 4, 8], costs, None, pricing)
+    headline = predicted_verdict([long], long, pricing)
+    first = report.fastest.points[0]
+    assert (first.answer, first.interval) == (headline.answer, headline.interval)
+    for p in report.fastest.points:
+        assert p.interval[0] < p.speedup < p.interval[1]
+        assert p.answer == judge(p.speedup, p.interval, 8)
+    answers = [p.answer for p in report.fastest.points]
+    assert answers[0] == "pays" and answers[-1] == "does not pay"
+    assert report.crossover == max(b for b, a in zip([1, 2, 4, 8], answers, strict=True)
+                                   if a == "pays")
+
+
+def test_too_few_goldens_under_load_are_said_at_every_b():
+    costs = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.5}
+    run = passes_run(spread_goldens(3), 3)
+    run.costs = costs
+    report = load_report([run], run, [1, 2], costs, None)
+    assert [p.answer for p in report.fastest.points] == ["too few goldens"] * 2
+    assert report.crossover is None
 
 
 def test_guard_under_load_never_loses_much_and_matches_alone(kolibri_home):

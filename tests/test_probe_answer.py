@@ -153,3 +153,68 @@ def test_gate_reads_and_or_not_as_a_reader_means_them():
     assert holds(parse_gate("~(speedup < 1) and 1 < ratio < 2"), figures)
     assert not holds(parse_gate("worst >= 0.5 * speedup + 0.5"), figures)
     assert not holds(parse_gate("measured >= 1"), {"measured": None})  # n/a fails
+
+
+def lucky_sweep(settings: int = 20, goldens: int = 12, seed: int = 8):
+    """Settings that are all the same in truth (each pass drafts one token, accepted half the
+    time, at c(2) = 1.5: 1.00x) but differ by chance on a few goldens of 30 tokens each."""
+    from kolibri_cli.probe.simulate import Counts, GoldenSim, SimRun
+
+    rng = np.random.default_rng(seed)
+    runs = []
+    for k in range(1, settings + 1):
+        sims = []
+        for g in range(goldens):
+            counts, left = Counts(plain_steps=30, drafted_at=[0], accepted_at=[0]), 30
+            while left:
+                accepted = min(int(rng.binomial(1, 0.5)), left - 1)
+                counts.record_pass(1, accepted)
+                left -= 1 + accepted
+            sims.append(GoldenSim(f"g{g}", "c", counts))
+        total = Counts(drafted_at=[0], accepted_at=[0])
+        for sim in sims:
+            total.add(sim.counts)
+        runs.append(SimRun("vllm", k, (1, 1), sims, total, costs={1: 1.0, 2: 1.5},
+                           chains=goldens))
+    return runs
+
+
+def test_the_interval_re_makes_the_choice_so_a_lucky_winner_is_not_sure():
+    """The winner of 20 equal settings beats plain on the goldens that chose it, and a bootstrap
+    of those goldens says so; judged out-of-bag, with the choice re-made per resample, the
+    interval sits lower and takes in 1.00x."""
+    from kolibri_cli.probe.answer import choice_spread, predicted_verdict, ranking
+
+    runs = lucky_sweep()
+    fastest = ranking(runs)[0]
+    naive = predicted_verdict([fastest.run], fastest.run).speed.interval  # one setting, no choice
+    spread = choice_spread(runs, fastest.run)
+    assert fastest.predicted > 1.02 and naive[0] > 1.0  # luck: "pays" on its own goldens
+    assert spread.goldens[0] < naive[0] and sum(spread.goldens) < sum(naive)
+    assert spread.goldens[0] < 1.0 < spread.goldens[1]
+    assert predicted_verdict(runs, fastest.run).answer == WASHES
+    assert spread.costs == (pytest.approx(fastest.predicted),) * 2  # no Pricing: c(n) as given
+    assert choice_spread(runs, fastest.run) == spread  # seeded: the same every run
+
+
+def test_the_c_n_spread_widens_the_interval_the_verdict_reads():
+    from kolibri_cli.costs.pricing import Pricing
+    from kolibri_cli.probe.answer import predicted_verdict, ranking
+
+    runs = lucky_sweep()
+    fastest = ranking(runs)[0].run
+    exact = predicted_verdict(runs, fastest)
+    rounds = ({1: 1.0, 2: 1.3}, {1: 1.0, 2: 1.5}, {1: 1.0, 2: 1.7})
+    timed = predicted_verdict(runs, fastest, Pricing("bench", {1: 1.0, 2: 1.5}, rounds=rounds))
+    low, high = timed.spread.costs
+    assert low < fastest.modelled_speedup() < high and high / low > 1.1
+    assert timed.interval[0] < exact.interval[0] and timed.interval[1] > exact.interval[1]
+    assert timed.interval == timed.spread.combined
+
+
+def test_too_few_goldens_is_said_not_pays():
+    from kolibri_cli.probe.answer import TOO_FEW, judge
+
+    assert judge(1.5, (1.3, 1.7), goldens=4) == TOO_FEW
+    assert judge(1.5, (1.3, 1.7), goldens=5) == PAYS
+    assert judge(1.5, None, goldens=None) == PAYS  # rows not kept: the figure alone

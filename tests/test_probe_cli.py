@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
+from kolibri_cli.costs.model import GUESS_HOST
 from kolibri_cli.probe import config as probe_config
 
 # Hand-computed at k=3 window 1-2 (tests/test_simulate.py): "mix" 7 steps in 3 passes, drafts
@@ -64,8 +65,10 @@ def test_json_schema_and_values(goldens):
     assert doc["best"]["interval"] == pytest.approx([2 / 2.1, 2.0])
     assert doc["best"]["worst"] == {"id": "rej", "speedup": pytest.approx(2 / 2.1)}
     assert doc["ranking"] == [doc["best"]] and doc["verdict"]["setting"] == doc["best"]
-    assert doc["verdict"]["answer"] == "a wash"  # a gain, but the interval reaches below 1.0x
-    assert doc["verdict"]["text"].startswith("n-gram speculation ")
+    low, high = doc["best"]["interval"]
+    assert doc["verdict"]["answer"] == "too few goldens" and doc["verdict"]["goldens"] == 2
+    assert doc["verdict"]["text"].startswith("n-gram speculation: too few goldens here (2, ")
+    assert doc["verdict"]["spread"] is None and doc["verdict"]["interval"] == [low, high]
     head = (r["proposer"], r["k"], r["window"], r["best"], r["measured"], r["chains"])
     assert head == ("vllm", 3, [1, 2], True, None, 2)
     assert r["total"] == {
@@ -103,7 +106,7 @@ def test_tables_by_default(goldens):
 
 def test_gates(goldens, kolibri_home, no_throughput_line):
     ok = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-ratio", "1.5", "--json")
-    guess = "note: c(n) is a guess (the default model's on a 2-core AVX-512 host): no kolibri " \
+    guess = f"note: c(n) is a guess (the default model's on {GUESS_HOST}): no kolibri " \
         "bench of m stored: `kolibri bench -m m` measures this host\n"
     assert ok.exit_code == 0 and ok.stderr == guess  # nothing else: no bench for model "m"
     bad = run("--goldens", goldens, "--k", "3", "--window", "1-2", "--min-ratio", "2",

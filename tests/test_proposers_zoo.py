@@ -13,7 +13,7 @@ from tiny_models import MODELS, assert_counts_as_simulated, prompts, tiny_model
 from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
-from kolibri_cli.costs.model import cost_model
+from kolibri_cli.costs.model import GUESSED_COSTS, cost_model
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import (
     AdaptiveProposer,
@@ -271,16 +271,18 @@ def test_probe_compares_proposers(goldens, tmp_path, kolibri_home):
     assert [c["proposer"] for c in doc["comparison"]] == names
     vllm = doc["comparison"][0]
     assert (vllm["ratio"], vllm["k"], vllm["window"]) == (1.8, 3, [1, 2])
-    # no bench stored, the guessed c(n): drafts [3, 0, 2] and [1, 0] -> c = 1.62 + 1 + 1.47 +
-    # 1.32 + 1 = 6.41
+    # no bench stored, the guessed c(n): drafts [3, 0, 2] and [1, 0] -> c(4) + c(1) + c(3) +
+    # c(2) + c(1)
     assert doc["pricing"]["source"] == "guess"
-    assert vllm["modelled_speedup"] == pytest.approx(9 / 6.41)
+    c = cost_model(GUESSED_COSTS)
+    assert vllm["modelled_speedup"] == pytest.approx(9 / (c(4) + c(3) + c(2) + 2))
     assert set(vllm["categories"]) == {"code", "qa"} and vllm["measured_speedup"] is None
     text = md.read_text()
     assert "## Proposers compared" in text and "--proposer ngram,hf" not in text
     assert "--proposer vllm,hf,llamacpp-simple,suffix,adaptive" in text
-    assert re.search(r"\| vllm( ★)? \| 3 \| 1-2 \| 1\.40x \| [^|]+ \| 1\.80x \| 66\.7% \| 2\.33 \|",
-                     text)
+    shown = re.escape(f"{vllm['modelled_speedup']:.2f}x")
+    assert re.search(rf"\| vllm( ★)? \| 3 \| 1-2 \| {shown} \| [^|]+ \| 1\.80x \| 66\.7% "
+                     r"\| 2\.33 \|", text)
 
 
 def test_probe_tables_and_options(goldens):

@@ -12,9 +12,11 @@ from kolibri_cli.bench.peers import PeerResult
 from kolibri_cli.bench.timing import (
     costs,
     curve_sizes,
-    forward_times,
+    forward_rounds,
     measure_read_bandwidth,
+    median_times,
     prefill_time,
+    round_costs,
 )
 from kolibri_cli.bench.versus import DecodeRounds
 from kolibri_cli.costs.pricing import Pricing
@@ -43,6 +45,7 @@ class BenchResult:
     fraction_of_bound: float  # plain / bound
     forward_ms: dict[int, float]  # median n-token forward time at COST_CONTEXT
     costs: dict[int, float]  # c(n) = forward(n) / forward(1)
+    cost_rounds: list[dict[int, float]]  # each round's c(n): the spread the store keeps
     chain_seed: int
     chain_tokens: int
     plain_steps: int
@@ -88,6 +91,7 @@ class BenchResult:
         d = asdict(self) | {"pass_ratio": self.pass_ratio, "peer_ratios": self.peer_ratios()}
         d["forward_ms"] = {str(n): t for n, t in self.forward_ms.items()}
         d["costs"] = {str(n): c for n, c in self.costs.items()}
+        d["cost_rounds"] = [{str(n): c for n, c in r.items()} for r in self.cost_rounds]
         d["peer"] = self.peer.to_dict() if self.peer else None
         d["rounds"] = self.rounds.to_dict() if self.rounds else None
         d["pricing"] = self.pricing.to_json() if self.pricing else None
@@ -107,8 +111,9 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
     --concurrency`)."""
     prompt = bench_prompt(model)
     k = new_proposer(None).k
-    times = forward_times(model.transformer, k + 1, COST_CONTEXT, repeats,
-                          sizes=curve_sizes(k + 1, max(curve, k + 1)))
+    per_round = forward_rounds(model.transformer, k + 1, COST_CONTEXT, repeats,
+                               sizes=curve_sizes(k + 1, max(curve, k + 1)))
+    times = median_times(per_round)
     measured = costs(times)
     plain_tps, spec_tps, identical, sample_s = [], [], True, []
     for _ in range(repeats):  # alternate, so machine noise hits both modes alike
@@ -132,6 +137,7 @@ def run_bench(model, new_proposer, repeats: int = 5, threads: int = 0,
         bound_tokens_per_s=bandwidth / nbytes, plain_tokens_per_s=p, spec_tokens_per_s=s,
         spec_speedup=s / p if p else 0.0, fraction_of_bound=p / (bandwidth / nbytes),
         forward_ms={n: 1e3 * t for n, t in times.items()}, costs=measured,
+        cost_rounds=round_costs(per_round),
         chain_seed=BENCH_SEED, chain_tokens=len(plain.output_ids),
         plain_steps=len(plain.output_ids) - 1, verify_passes=stats["verify_passes"],
         drafts_proposed=stats["drafts_proposed"], drafts_accepted=stats["drafts_accepted"],

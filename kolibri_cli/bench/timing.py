@@ -54,6 +54,13 @@ def forward_times(model, max_n: int, context_len: int = 100, repeats: int = 7,
                   ticks=None, sizes: list[int] | None = None) -> dict[int, float]:
     """Median seconds of an n-token forward for n = 1..max_n (or each n of `sizes`, which holds
     1), measured interleaved in one run; `ticks(done, total)` after each round."""
+    times = forward_rounds(model, max_n, context_len, repeats, ticks, sizes)
+    return {n: float(np.median(t)) for n, t in times.items()}
+
+
+def forward_rounds(model, max_n: int, context_len: int = 100, repeats: int = 7,
+                   ticks=None, sizes: list[int] | None = None) -> dict[int, list[float]]:
+    """forward_times' timings, every round's: {n: [seconds of round 1, 2, ...]}."""
     sizes = sorted(set(sizes)) if sizes else list(range(1, max_n + 1))
     cache, ids = _filled_cache(model, context_len, sizes[-1])
     times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -64,7 +71,7 @@ def forward_times(model, max_n: int, context_len: int = 100, repeats: int = 7,
             times[n].append(_time_once(model, cache, ids[:n], context_len))
         if ticks is not None:
             ticks(r + 1, repeats)
-    return {n: float(np.median(t)) for n, t in times.items()}
+    return times
 
 
 def curve_sizes(small: int, most: int) -> list[int]:
@@ -100,3 +107,13 @@ def verify_costs(model, max_n: int, context_len: int = 100, repeats: int = 7) ->
 def costs(times: dict[int, float]) -> dict[int, float]:
     """{n: seconds} -> {n: seconds / seconds of n=1}"""
     return {n: t / times[1] for n, t in times.items()}
+
+
+def round_costs(times: dict[int, list[float]]) -> list[dict[int, float]]:
+    """{n: [seconds per round]} -> each round's c(n) (its n-token forward over its 1-token one,
+    timed moments apart: the machine's drift cancels)."""
+    return [costs({n: t[r] for n, t in times.items()}) for r in range(len(times[1]))]
+
+
+def median_times(times: dict[int, list[float]]) -> dict[int, float]:
+    return {n: float(np.median(t)) for n, t in times.items()}

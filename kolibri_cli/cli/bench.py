@@ -218,7 +218,7 @@ def _keep_costs(model, result) -> None:
     from kolibri_cli.cli import render
     from kolibri_cli.costs import store
 
-    more = store.keep(model, result.threads, result.costs, render.note)
+    more = store.keep(model, result.threads, result.costs, render.note, result.cost_rounds)
     also = (f" (with c(n) for n = {more[0]}..{more[-1]} kept from an earlier run of this kernel)"
             if more else "")
     render.note(f"kept c(n) in {store.path()}{also}: `kolibri probe` prices {model.name}'s "

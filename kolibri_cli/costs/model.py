@@ -12,12 +12,11 @@ from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=T
 from kolibri_cli.errors import KolibriError
 
 DEFAULT_COST_SLOPE = 0.06  # c(n) = 1 + slope (n - 1) when nothing was measured: c(6) = 1.30
-# The guess when no measured c(n) applies (costs/pricing.py; DEFAULT_COST_SLOPE keeps its
-# role in CostTable): c(2) = 1.32, then +0.15 per row (cost_model carries the slope from c(2) to
-# c(3) on), c(6) = 1.92, c(16) = 3.42. Fitted to the medians of eight `kolibri bench` runs of the
-# default model (SmolLM2-135M Q4_1, block kernel, 2 threads, Xeon with AVX-512; three of them
-# with --k 15), docs/probe.md. The probe priced with 1 + 0.06 (n - 1) before, the old float32
-# kernel's target, which made every unmeasured speedup optimistic (c(6) 1.30).
+# The guess: c(n) when no measured c(n) applies (costs/pricing.py; DEFAULT_COST_SLOPE keeps its
+# role in CostTable), as measured: the default model (SmolLM2-135M Q4_1) on its default path,
+# 2 threads, medians of `kolibri bench` runs. Beyond the largest n, cost_model carries the last
+# slope on. The one table to re-measure whenever the kernel changes (docs/costs.md says how).
+GUESS_HOST = "Intel Xeon with AVX-512, 2 threads, the block kernel"  # where it was measured
 GUESSED_COSTS = {1: 1.0, 2: 1.32, 3: 1.47}
 KEEP = 15  # samples kept per (context octave, rows) cell: the median of the latest 15
 TRUSTED = 3  # a cell is used before a nearer octave's once it holds this many

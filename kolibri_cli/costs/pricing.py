@@ -11,15 +11,22 @@ while generating (it times its own, costs/model.py CostTable).
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from kolibri_cli.costs import store as benchcosts
-from kolibri_cli.costs.model import DEFAULT_COST_SLOPE, GUESSED_COSTS, cost_model
+from kolibri_cli.costs.model import DEFAULT_COST_SLOPE, GUESS_HOST, GUESSED_COSTS, cost_model
 from kolibri_cli.costs.store import BenchCosts
 from kolibri_cli.errors import KolibriError
 
 MEASURE_HINT = "`--costs measure` times this host once (tens of seconds) and keeps it"
+# How far c(n) - 1 may be off where no rounds were timed (a lognormal factor of this sigma on
+# c(n) - 1, drawn per bootstrap resample): a curve given by the user, the guess (one host's
+# shape: on two other CPUs the default path's c(6) - 1 ranged over a factor of 2.4), and a
+# stored bench from before rounds were kept.
+STATED_ERROR = {"given": 0.05, "guess": 0.30, "bench": 0.10, "run": 0.10}
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,33 @@ class Pricing:
     reason: str = ""  # source "guess": why nothing measured was used
     note: str = ""  # for stderr: a guess where a bench could measure, a bench by another version
     hint: str = ""  # source "guess": the command that would measure instead
+    rounds: tuple = field(default=(), compare=False)  # each timed round's c(n) ({n: c}), the
+    # spread of `costs` (their median); () where none were kept: STATED_ERROR says the spread
+
+    @property
+    def error(self) -> float | None:
+        """The stated relative error of c(n) - 1 (None when rounds give the spread)."""
+        return None if len(self.rounds) > 1 else STATED_ERROR.get(self.source, 0.0)
+
+    def curves(self, top: int, draws: int, seed: int = 0) -> np.ndarray:  # -> [draws, top + 1]
+        """c(0..top) as drawn from its own uncertainty (c[:, 0] = 0): the median of the rounds
+        resampled with replacement, or c(n) - 1 scaled by a lognormal factor of sigma `error`."""
+        rng = np.random.default_rng(seed)
+        if self.error is None:
+            per_round = np.array([_curve(r, top) for r in self.rounds])  # [R, top + 1]
+            picks = rng.integers(0, len(per_round), (draws, len(per_round)))  # [draws, R]
+            return np.median(per_round[picks], axis=1)
+        base = _curve(self.costs, top)  # [top + 1]
+        factor = np.exp(rng.normal(0.0, self.error, (draws, 1)))  # [draws, 1]
+        curves = 1.0 + (base - 1.0) * factor
+        curves[:, 0] = 0.0
+        return curves
+
+    def spread_text(self) -> str:
+        """Where the c(n) spread of the intervals comes from, in a few words."""
+        if self.error is None:
+            return f"the median of {len(self.rounds)} timed rounds, and their spread"
+        return f"a stated {100 * self.error:.0f}% error on c(n) - 1"
 
     def source_text(self) -> str:
         """"c(n) from kolibri bench of 2026-11-30 22:41 UTC (threads 2)", "c(n) from --costs"
@@ -54,15 +88,39 @@ class Pricing:
 
     def line(self) -> str:
         """The source and the values, for the text output and the reports."""
+        return f"{self.source_text()}: {self.values()}"
+
+    def values(self) -> str:
+        """"c(2)=1.32, c(3)=1.47, ...": up to the largest n given (a curve: its first 8 and its
+        last)."""
         c, top = cost_model(self.costs), 6 if self.source == "guess" else max(self.costs)
-        values = ", ".join(f"c({n})={c(n):.2f}" for n in range(2, top + 1))
-        return f"{self.source_text()}: {values}"
+        shown = [n for n in range(2, min(top, 9) + 1)] + ([top] if top > 9 else [])
+        return ", ".join(f"c({n})={c(n):.2f}" for n in shown)
+
+    def priced_line(self) -> str:
+        """One line: the c(n) every prediction used and what their spread rests on."""
+        stale = "; STALE: timed on another kernel" if self.stale else ""
+        return f"priced with {self.values()} ({self.spread_text()}{stale})"
+
+    @property
+    def stale(self) -> bool:
+        """A stored bench timed by another kernel (or kolibri) than the one running now."""
+        from kolibri_cli import __version__
+
+        return self.source == "bench" and self.bench is not None and (
+            self.bench.kolibri, self.bench.kernel) != (__version__, benchcosts.kernel_id())
 
     def to_json(self) -> dict:
         return {"source": self.source, "costs": {str(n): c for n, c in sorted(self.costs.items())},
                 "bench": None if self.bench is None else
-                {k: v for k, v in self.bench.to_json().items() if k != "costs"},
-                "reason": self.reason or None}
+                {k: v for k, v in self.bench.to_json().items() if k not in ("costs", "runs")},
+                "reason": self.reason or None, "rounds": len(self.rounds),
+                "error": self.error, "stale": self.stale}
+
+
+def _curve(costs: dict[int, float] | None, top: int) -> np.ndarray:  # -> [top + 1]
+    c = cost_model(costs)
+    return np.array([0.0, *(c(n) for n in range(1, top + 1))])
 
 
 def parse_costs(items: list, shown: str, what: str = "costs") -> dict[int, float]:
@@ -149,7 +207,8 @@ def for_model(name: str, sha256: str, numerics: str, threads: int | None) -> Pri
         run = _bench_args(name, numerics, threads)
         return guess(f"no kolibri bench of {run} stored",
                      f": `kolibri bench -m {run}` measures this host")
-    return Pricing("bench", found.costs, bench=found, note=_stale(found, name))
+    return Pricing("bench", found.costs, bench=found, note=_stale(found, name),
+                   rounds=found.rounds)
 
 
 def _bench_args(name: str, numerics: str, threads: int | None = None) -> str:
@@ -175,7 +234,7 @@ def guess(reason: str, hint: str, measure: str = "") -> Pricing:
     """The guess, with a note giving the reason (and `hint`, what would measure; `measure`, the
     option of the command at hand that would)."""
     return Pricing("guess", GUESSED_COSTS, reason=reason, note="note: c(n) is a guess (the "
-                   f"default model's on a 2-core AVX-512 host): {reason}{hint}", hint=measure)
+                   f"default model's on {GUESS_HOST}): {reason}{hint}", hint=measure)
 
 
 def source_text(pricing: Pricing | None) -> str:

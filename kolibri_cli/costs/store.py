@@ -2,20 +2,24 @@
 passes, and `kolibri generate`'s adaptive proposers draft, with this host's kernel rather than a
 guess.
 
-One JSON file, `bench-costs.json`, holding the latest measurement per (model sha256, threads,
-numerics). The latest, not a history: c(n) belongs to the kernel and host that timed it, a newer
-bench (a new kolibri, a changed machine) supersedes the old one, and bench already takes medians
-over its repeats; an average over kernels that no longer run would price none of them. Written
-whole and atomically under a lock (two benches never lose each other's entries); a file that does
-not parse is a KolibriError naming it, never half-used. Non-goal: costs of other engines (a
-server's c(n) is timed by the probe itself).
+One JSON file, `bench-costs.json`, with one entry per (model sha256, threads, numerics): the
+runs that timed it (the latest KEEP_RUNS), each with its provenance (when, kolibri and commit,
+CPU, kernel) and every round it timed, c(n) per round. Measurements are kept, not overwritten:
+the entry's c(n) is the median over the rounds of the runs of the latest run's kernel (the same
+kolibri, commit, CPU and kernel id), whose spread the probe carries into its interval; runs of
+another kernel stay as history but price nothing. Format 1 files (one median curve per entry, no
+runs) are still read, as one run without rounds. Written whole and atomically under a lock (two
+benches never lose each other's entries); a file that does not parse is a KolibriError naming
+it, never half-used. Non-goal: costs of other engines (a server's c(n) is timed by the probe
+itself).
 """
 
 import json
 import math
 import platform
+import statistics
 import subprocess
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,7 +29,48 @@ from kolibri_cli.store.atomic import write_text_atomic
 
 FILE = "bench-costs.json"
 MAX_ROWS = 65536  # the most tokens of one forward a stored c(n) may name
-FORMAT = 1  # the file's "format"; another value is refused, not guessed at
+FORMAT = 2  # the file's "format" written; READ formats are read, another value is refused
+READ = (1, 2)  # 1: one median curve per entry, no runs
+KEEP_RUNS = 8  # runs kept per entry: the most recent
+MAX_ROUNDS = 64  # rounds a stored run may hold
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """One run that timed c(n): when, by what, and each round's c(n)."""
+
+    measured_at: str  # ISO 8601, UTC, seconds
+    kolibri: str  # kolibri's version
+    commit: str  # the git commit kolibri ran from, "" if not a checkout
+    cpu: str  # the host's CPU model
+    kernel: str  # kernel_id() of the kernel timed ("": from before kernels were named)
+    rounds: tuple  # ({n: c(n)}, ...): each round's forward(n) / forward(1)
+
+    @property
+    def provenance(self) -> tuple[str, str, str, str]:
+        return self.kolibri, self.commit, self.cpu, self.kernel
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"rounds": [{str(n): c for n, c in sorted(r.items())}
+                                          for r in self.rounds]}
+
+    @classmethod
+    def from_json(cls, obj) -> "BenchRun":
+        if not isinstance(obj, dict) or set(obj) != set(cls.__dataclass_fields__):
+            raise ValueError("a run without the expected keys")
+        strings = ("measured_at", "kolibri", "commit", "cpu", "kernel")
+        if not all(isinstance(obj[k], str) for k in strings):
+            raise ValueError("a run with a non-string date or version")
+        if not isinstance(obj["rounds"], list) or len(obj["rounds"]) > MAX_ROUNDS:
+            raise ValueError("a run whose rounds are not a list")
+        return cls(**{k: obj[k] for k in strings},
+                   rounds=tuple(_costs(r) for r in obj["rounds"]))
+
+
+def median_costs(rounds) -> dict[int, float]:
+    """c(n) per n: the median over the rounds that timed n."""
+    ns = sorted({n for r in rounds for n in r})
+    return {n: statistics.median(r[n] for r in rounds if n in r) for n in ns}
 
 
 @dataclass(frozen=True)
@@ -42,10 +87,26 @@ class BenchCosts:
     commit: str  # the git commit kolibri ran from, "" if not a checkout
     cpu: str  # the host's CPU model
     kernel: str = ""  # kernel_id() of the kernel timed; "" in files written before it was kept
+    runs: tuple = field(default=(), compare=False)  # BenchRun, oldest first (the latest: the
+    # fields above); () in an entry made before it is saved
 
     @property
     def key(self) -> tuple[str, int, str]:
         return self.model_sha256, self.threads, self.numerics
+
+    @property
+    def provenance(self) -> tuple[str, str, str, str]:
+        return self.kolibri, self.commit, self.cpu, self.kernel
+
+    @property
+    def priced_runs(self) -> list:
+        """The runs of the latest run's kernel: what `costs` is the median of."""
+        return [r for r in self.runs if r.provenance == self.provenance]
+
+    @property
+    def rounds(self) -> tuple:
+        """Every round of the priced runs (a run without rounds: its curve, as one)."""
+        return tuple(x for r in self.priced_runs for x in (r.rounds or ()))
 
     @property
     def date(self) -> str:
@@ -53,13 +114,16 @@ class BenchCosts:
         return self.measured_at[:16].replace("T", " ") + " UTC"
 
     def to_json(self) -> dict:
-        return asdict(self) | {"costs": {str(n): c for n, c in sorted(self.costs.items())}}
+        return {k: v for k, v in asdict(self).items() if k != "runs"} | {
+            "costs": {str(n): c for n, c in sorted(self.costs.items())},
+            "runs": [r.to_json() for r in self.runs]}
 
     @classmethod
     def from_json(cls, obj) -> "BenchCosts":
         """An entry as read from the file; anything else is a ValueError saying what."""
-        if not isinstance(obj, dict) or set(obj) - {"kernel"} != set(cls.__dataclass_fields__) - {
-                "kernel"}:
+        optional = {"kernel", "runs"}
+        if not isinstance(obj, dict) or set(obj) - optional != set(
+                cls.__dataclass_fields__) - optional:
             raise ValueError("an entry without the expected keys")
         obj = {"kernel": ""} | obj  # an entry from before kernels were named: a stale one
         strings = ("model", "model_sha256", "numerics", "measured_at", "kolibri", "commit", "cpu",
@@ -69,8 +133,18 @@ class BenchCosts:
         if isinstance(obj["threads"], bool) or not isinstance(obj["threads"], int) \
                 or obj["threads"] < 1:
             raise ValueError(f"threads {obj['threads']!r}")
-        return cls(**{k: obj[k] for k in strings}, threads=obj["threads"],
-                   costs=_costs(obj["costs"]))
+        entry = cls(**{k: obj[k] for k in strings}, threads=obj["threads"],
+                    costs=_costs(obj["costs"]))
+        if "runs" not in obj:  # format 1: its median curve, as one run without rounds
+            return replace(entry, runs=(_run_of(entry, ()),))
+        if not isinstance(obj["runs"], list) or not obj["runs"]:
+            raise ValueError("an entry without runs")
+        return replace(entry, runs=tuple(BenchRun.from_json(r) for r in obj["runs"]))
+
+
+def _run_of(entry: BenchCosts, rounds) -> BenchRun:
+    return BenchRun(entry.measured_at, entry.kolibri, entry.commit, entry.cpu, entry.kernel,
+                    tuple(rounds) or (dict(entry.costs),))
 
 
 def _costs(raw) -> dict[int, float]:
@@ -89,15 +163,16 @@ def _costs(raw) -> dict[int, float]:
     return dict(sorted(costs.items()))
 
 
-def entry_for(model, threads: int, costs: dict[int, float]) -> BenchCosts:
+def entry_for(model, threads: int, costs: dict[int, float], rounds=()) -> BenchCosts:
     """The entry for c(n) just timed on `model` (an engine Model) with `threads` threads, by this
-    kolibri on this CPU."""
+    kolibri on this CPU (`rounds`: each round's c(n), `costs` their median)."""
     from kolibri_cli import __version__
 
-    return BenchCosts(model=model.name, model_sha256=model.sha256, threads=threads,
-                      numerics=model.numerics, costs=costs, measured_at=now(),
-                      kolibri=__version__, commit=source_commit(), cpu=cpu_model(),
-                      kernel=kernel_id())
+    entry = BenchCosts(model=model.name, model_sha256=model.sha256, threads=threads,
+                       numerics=model.numerics, costs=costs, measured_at=now(),
+                       kolibri=__version__, commit=source_commit(), cpu=cpu_model(),
+                       kernel=kernel_id())
+    return replace(entry, runs=(_run_of(entry, rounds),))
 
 
 def path() -> Path:
@@ -115,8 +190,8 @@ def load() -> list[BenchCosts]:
         raise KolibriError(f"cannot read {file}: {getattr(e, 'strerror', None) or e}") from None
     try:
         doc = json.loads(text)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError(f"not format {FORMAT}")
+        if not isinstance(doc, dict) or doc.get("format") not in READ:
+            raise ValueError(f"not format {' or '.join(map(str, READ))}")
         entries = doc.get("entries")
         if not isinstance(entries, list):
             raise ValueError("no list of entries")
@@ -127,11 +202,11 @@ def load() -> list[BenchCosts]:
 
 
 def save(entry: BenchCosts, notify=None) -> BenchCosts:
-    """Keep `entry`, replacing the stored one of its key, and return what is kept for the key:
-    `entry`, merged with the stored one's other rows when the same kernel and CPU timed both (a
-    narrow `kolibri bench --k 1` does not throw away c(2..9) or a curve that still hold; its own
-    rows replace theirs). An unreadable file is replaced (said through `notify`): it only ever
-    held measurements bench can take again."""
+    """Add `entry`'s run to the stored runs of its key (the latest KEEP_RUNS kept) and return
+    what is kept for the key: c(n) the median over the rounds of the runs of this kernel (a
+    narrow `kolibri bench --k 1` does not throw away c(2..9) or a curve that still hold; runs of
+    another kernel stay, pricing nothing). An unreadable file is replaced (said through
+    `notify`): it only ever held measurements bench can take again."""
     from filelock import FileLock
 
     make_private(cache_root() / "locks")
@@ -143,18 +218,19 @@ def save(entry: BenchCosts, notify=None) -> BenchCosts:
                 notify(f"note: {str(e).split('; ')[0]}: replacing it")
             entries = []
         stored = next((e for e in entries if e.key == entry.key), None)
-        if stored is not None and _same_kernel(stored, entry):
-            entry = replace(entry, costs=dict(sorted((stored.costs | entry.costs).items())))
+        runs = (*(stored.runs if stored else ()), *(entry.runs or (_run_of(entry, ()),)))
+        entry = replace(entry, runs=runs[-KEEP_RUNS:])
+        entry = replace(entry, costs=median_costs(entry.rounds))
         kept = [e for e in entries if e.key != entry.key]
         doc = {"format": FORMAT, "entries": [e.to_json() for e in [*kept, entry]]}
         write_text_atomic(path(), json.dumps(doc, indent=1) + "\n")
     return entry
 
 
-def keep(model, threads: int, costs: dict[int, float], notify=None) -> list[int]:
+def keep(model, threads: int, costs: dict[int, float], notify=None, rounds=()) -> list[int]:
     """Keep a bench run's c(n) of `model` on `threads` (`save`); the n whose c(n) an earlier run
     of the same kernel timed and this one did not, kept beside them."""
-    entry = entry_for(model, threads, costs)
+    entry = entry_for(model, threads, costs, rounds)
     return sorted(set(save(entry, notify).costs) - set(entry.costs))
 
 
@@ -175,14 +251,6 @@ def forget(model_sha256: str) -> int:
             doc = {"format": FORMAT, "entries": [e.to_json() for e in kept]}
             write_text_atomic(path(), json.dumps(doc, indent=1) + "\n")
     return len(entries) - len(kept)
-
-
-def _same_kernel(stored: BenchCosts, new: BenchCosts) -> bool:
-    """Both timed by the same kolibri (version and commit) and kernel on the same CPU: the
-    stored rows the new run did not time (a curve up to 512 tokens, a wider k) still hold, and
-    are kept."""
-    return ((stored.kolibri, stored.commit, stored.cpu, stored.kernel)
-            == (new.kolibri, new.commit, new.cpu, new.kernel))
 
 
 def timed_here(entry: BenchCosts) -> bool:

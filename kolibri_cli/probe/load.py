@@ -16,16 +16,30 @@ Proposers whose drafts do not depend on c(n) replay the per-pass rows the B = 1 
 kept; those that draft by c(n) (the guard, adaptive) run live, each pass priced at the step's
 load: drafting n rows beside T' tokens of the other slots costs c(T' + n) - c(T'), relative to
 a plain row's c(T' + 1) - c(T'), with T' the other slots' tokens of the step before.
+The verdict per B reads the same rule as at B = 1 (answer.judge), on the same kind of interval:
+each step's cost is shared among the slots by their tokens, so every golden has its own cost at
+B; the choice is re-made in each bootstrap resample (at B = 1, as the headline) and judged at B
+on the goldens it left out, c(T) drawn from their own spread.
 Non-goals: prefill, queueing, KV-cache limits, a sequence's own context length in c.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from kolibri_cli.costs.model import CostTable, cost_model
 from kolibri_cli.decode.proposers import reads_cost_table
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.answer import (
+    MIN_GOLDENS,
+    PAYS,
+    TOO_FEW,
+    Interval,
+    judge,
+    length_weights,
+    priced_curves,
+    spread_of,
+)
 from kolibri_cli.probe.simulate import SimRun, chain_context, next_pass
 
 ORDER_SEED = 0  # slot b replays the goldens in permutation b of this seed
@@ -42,9 +56,16 @@ class LoadPoint:
     in_flight: float  # spec: tokens per forward (sum of 1 + drafted), mean over steps
     acceptance: float | None  # accepted / drafted over every pass of the window
     per_sequence: float  # spec speed of one sequence, relative to plain decoding alone (B = 1)
+    interval: Interval | None = None  # of `speedup` on new traffic (the module's docstring)
+    answer: str = ""  # answer.judge's: PAYS, WASHES, LOSES or TOO_FEW ("": not judged)
+
+    @property
+    def pays(self) -> bool:
+        return self.answer == PAYS
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        return dict(self.__dict__) | {"interval": None if self.interval is None
+                                      else list(self.interval)}
 
 
 @dataclass
@@ -67,6 +88,12 @@ def slot_orders(goldens: int, concurrency: int) -> list[np.ndarray]:
 def load_point(run: SimRun, concurrency: int, c, goldens: list | None = None) -> LoadPoint:
     """The configuration `run` at concurrency B under c(T) (a function of tokens in flight);
     `goldens` (the Golden chains) are needed to run a cost-driven proposer live."""
+    drafted, accepted, _ = _passes(run, concurrency, c, goldens)
+    return _point(run, concurrency, c, drafted, accepted)
+
+
+def _passes(run: SimRun, concurrency: int, c, goldens: list | None):
+    """drafted, accepted, golden index: [B, S] each, every slot's passes step by step."""
     if run.goldens is None:
         raise KolibriError("--concurrency needs every golden's passes: too many chains to keep "
                            "in memory for this; pick some with --limit or --category")
@@ -74,16 +101,32 @@ def load_point(run: SimRun, concurrency: int, c, goldens: list | None = None) ->
         if goldens is None:
             raise KolibriError(f"{run.proposer} drafts by c(n): its load simulation runs it live "
                                "and needs the goldens")
-        drafted, accepted = _live(run, concurrency, c, goldens)  # [B, S] each
-    else:
-        drafted, accepted = _replayed(run, concurrency)  # [B, S] each
-    return _point(run, concurrency, c, drafted, accepted)
+        return _live(run, concurrency, c, goldens)
+    return _replayed(run, concurrency)
+
+
+def step_weights(run: SimRun, b: int, c, goldens: list | None) -> tuple[np.ndarray, np.ndarray]:
+    """At concurrency B, per golden: plain [G, N] (its plain steps, each a B-token step's 1/B
+    share, B slots: plain_steps forwards of B tokens) and spec [G, N] (each step's forward shared
+    among the slots by their tokens, summed over the B slots' walks of the golden), N = the
+    most tokens a step holds + 1: time = weights @ c(0..N-1), and the speedup at B over all
+    goldens = sum(plain @ c) / sum(spec @ c) (`_point`'s)."""
+    drafted, _, golden = _passes(run, b, c, goldens)  # [B, S] each
+    rows = 1 + drafted  # [B, S]
+    in_flight = rows.sum(axis=0)  # [S]
+    g, n = len(run.goldens), int(in_flight.max(initial=b)) + 1
+    spec = np.bincount((golden * n + in_flight[None, :]).ravel(), (rows / in_flight).ravel(),
+                       minlength=g * n).reshape(g, n)  # [G, N]
+    plain = np.zeros((g, n))  # [G, N]
+    plain[:, b] = [x.counts.plain_steps for x in run.goldens]
+    return plain, spec
 
 
 def _point(run: SimRun, b: int, c, drafted: np.ndarray, accepted: np.ndarray) -> LoadPoint:
     plain_steps = sum(g.counts.plain_steps for g in run.goldens)  # per slot
     in_flight = (1 + drafted).sum(axis=0)  # [S] tokens per step
-    step_costs = np.array([c(int(t)) for t in in_flight])  # [S]
+    priced = np.array([c(t) for t in range(int(in_flight.max(initial=0)) + 1)])  # c(0..max T)
+    step_costs = priced[in_flight]  # [S]
     spec_cost, plain_cost = float(step_costs.sum()), plain_steps * c(b)
     tokens = float((1 + accepted).sum())  # == b * plain_steps
     proposed = int(drafted.sum())
@@ -94,14 +137,16 @@ def _point(run: SimRun, b: int, c, drafted: np.ndarray, accepted: np.ndarray) ->
         per_sequence=plain_steps * c(1) / spec_cost if spec_cost else 1.0)
 
 
-def _replayed(run: SimRun, b: int) -> tuple[np.ndarray, np.ndarray]:
+def _replayed(run: SimRun, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each slot's passes, goldens in its order, from the rows the simulation kept."""
-    rows = [(np.asarray(g.counts.draft_lengths), np.asarray(g.counts.accepted_lengths))
-            for g in run.goldens]
-    streams = [[rows[i] for i in order] for order in slot_orders(len(rows), b)]
-    drafted = np.stack([np.concatenate([d for d, _ in s]) for s in streams])  # [B, S]
-    accepted = np.stack([np.concatenate([a for _, a in s]) for s in streams])  # [B, S]
-    return drafted, accepted
+    rows = [(np.asarray(g.counts.draft_lengths, dtype=np.int64),
+             np.asarray(g.counts.accepted_lengths, dtype=np.int64)) for g in run.goldens]
+    orders = slot_orders(len(rows), b)
+    drafted = np.stack([np.concatenate([rows[i][0] for i in o]) for o in orders])  # [B, S]
+    accepted = np.stack([np.concatenate([rows[i][1] for i in o]) for o in orders])  # [B, S]
+    golden = np.stack([np.concatenate([np.full(len(rows[i][0]), i) for i in o])
+                       for o in orders])  # [B, S]
+    return drafted, accepted, golden
 
 
 def marginal_costs(c, others: int, top: int) -> dict[int, float]:
@@ -119,23 +164,27 @@ def _live(run: SimRun, b: int, c, goldens: list) -> tuple[np.ndarray, np.ndarray
     marginal cost of its rows at the previous step's load."""
     by_id = {g.id: g for g in goldens}
     chains = [by_id[g.id] for g in run.goldens]
-    slots = [_Slot(run, [chains[i] for i in order]) for order in slot_orders(len(chains), b)]
-    drafted, accepted, last = [], [], [1] * b
+    slots = [_Slot(run, [(i, chains[i]) for i in order])
+             for order in slot_orders(len(chains), b)]
+    drafted, accepted, golden, last = [], [], [], [1] * b
     while slots[0].busy:
         total = sum(last)
+        golden.append([s.index for s in slots])
         rows = [s.step(marginal_costs(c, total - last[i], run.k + 1))
                 for i, s in enumerate(slots)]
         last = [1 + d for d, _ in rows]
         drafted.append([d for d, _ in rows])
         accepted.append([a for _, a in rows])
-    return np.array(drafted).T, np.array(accepted).T  # [B, S]
+    return (np.array(drafted, dtype=np.int64).T, np.array(accepted, dtype=np.int64).T,
+            np.array(golden, dtype=np.int64).T)  # [B, S] each
 
 
 class _Slot:
-    """One slot: its goldens in order, a fresh proposer per chain, one pass per step."""
+    """One slot: its goldens in order ((index, chain) each), a fresh proposer per chain, one pass
+    per step."""
 
     def __init__(self, run: SimRun, chains: list):
-        self.run, self.chains, self.pos, self.chain = run, list(chains), 1, None
+        self.run, self.chains, self.pos, self.chain, self.index = run, list(chains), 1, None, -1
         self.proposer = None
         self._next_chain()
 
@@ -145,7 +194,7 @@ class _Slot:
 
     def _next_chain(self) -> None:
         while self.chains:
-            self.chain, self.pos = self.chains.pop(0), 1
+            (self.index, self.chain), self.pos = self.chains.pop(0), 1
             if len(self.chain.output_ids) > 1:  # a chain of 1 token has no decode step
                 self.context = chain_context(self.chain.prompt_ids, self.chain.output_ids)
                 self.proposer = self.run.new_proposer()
@@ -170,11 +219,12 @@ def load_curve(run: SimRun, concurrencies: list[int], costs: dict[int, float] | 
 
 
 def crossover(curve: LoadCurve) -> int | None:
-    """The largest concurrency asked for up to which drafting pays (speedup > 1 at it and at
-    every smaller one asked for); None when it does not pay even at the smallest."""
+    """The largest concurrency asked for up to which drafting pays (answer.judge's PAYS at it
+    and at every smaller one asked for; a point not judged: speedup >= 1.02x); None when it does
+    not pay even at the smallest."""
     paying = None
     for point in sorted(curve.points, key=lambda p: p.concurrency):
-        if point.speedup <= 1.0:
+        if not (point.pays if point.answer else judge(point.speedup, None) == PAYS):
             break
         paying = point.concurrency
     return paying
@@ -191,6 +241,8 @@ class LoadReport:
     crossover: int | None  # of `fastest`
     best_at: list[LoadCurve]  # per concurrency (same order): the configuration fastest there
     best_crossover: int | None  # how far drafting pays choosing the setting per B
+    best_judged: list[LoadPoint] = field(default_factory=list)  # best_at's points, judged with
+    # the choice re-made at B
 
     @property
     def best_points(self) -> list[LoadPoint]:
@@ -198,15 +250,65 @@ class LoadReport:
 
 
 def load_report(runs: list[SimRun], fastest: SimRun, concurrencies: list[int],
-                costs: dict[int, float] | None, goldens: list | None) -> LoadReport:
-    """Every configuration at every concurrency under c(T) = `costs`."""
+                costs: dict[int, float] | None, goldens: list | None,
+                pricing=None) -> LoadReport:
+    """Every configuration at every concurrency under c(T) = `costs`, the fastest setting (at
+    B = 1) and the fastest at each B judged per B (answer.judge, `pricing` drawing c(T))."""
     concurrencies = sorted(set(concurrencies))
     curves = [load_curve(run, concurrencies, costs, goldens) for run in runs]
-    headline = next(c for c in curves if c.run is fastest)
     best_at = [max(curves, key=lambda c, b=b: c.at(b).speedup) for b in concurrencies]
-    envelope = LoadCurve(fastest, [c.at(b) for c, b in zip(best_at, concurrencies, strict=True)])
+    judged = _Judge(runs, costs, goldens, pricing, concurrencies)
+    shown = {id(fastest)} | {id(c.run) for c in best_at}  # the curves the report judges
+    curves = [LoadCurve(c.run, [judged(c.run, p, "chosen at 1" if c.run is fastest else "fixed")
+                                for p in c.points]) if id(c.run) in shown else c
+              for c in curves]
+    best_at = [next(c for c in curves if c.run is best.run) for best in best_at]
+    headline = next(c for c in curves if c.run is fastest)
+    envelope = LoadCurve(fastest, [judged(c.run, c.at(b), "chosen at B")
+                                   for c, b in zip(best_at, concurrencies, strict=True)])
     return LoadReport(concurrencies, curves, headline, crossover(headline), best_at,
-                      crossover(envelope))
+                      crossover(envelope), envelope.points)
+
+
+class _Judge:
+    """A point's interval and answer (the module's docstring), judged at B on the goldens each
+    resample left out: "chosen at 1", the fastest setting's choice re-made at B = 1 in each
+    resample (the headline's, so B = 1 reads exactly as the verdict); "chosen at B", re-made at
+    B itself (the fastest setting at B); "fixed", the setting alone."""
+
+    def __init__(self, runs: list[SimRun], costs, goldens, pricing, concurrencies: list[int]):
+        self.runs, self.goldens, self.c = runs, goldens, cost_model(costs)
+        self.count = None if runs[0].goldens is None else len(runs[0].goldens)
+        self.cache: dict = {}
+        if self.count is None or self.count < MIN_GOLDENS:
+            return
+        plain, spec = length_weights(runs, list(range(self.count)))  # [G, N], [R, G, N]
+        top = max(concurrencies) * (2 + max(r.k for r in runs))
+        self.base, self.curves = priced_curves(runs[0], pricing, top)  # [T], [draws, T]
+        self.plain, self.choose = plain[:, 1], spec @ self.base[:spec.shape[2]]  # [G], [R, G]
+
+    def weights(self, r: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        if (r, b) not in self.cache:
+            self.cache[r, b] = step_weights(self.runs[r], b, self.c, self.goldens)
+        return self.cache[r, b]
+
+    def __call__(self, run: SimRun, point: LoadPoint, mode: str) -> LoadPoint:
+        if self.count is None or self.count < MIN_GOLDENS:
+            answer = TOO_FEW if self.count is not None else judge(point.speedup, None)
+            return replace(point, answer=answer)
+        b, first = point.concurrency, self.runs.index(run)
+        plain, choose, among = self.plain, self.choose, list(range(len(self.runs)))
+        if mode == "chosen at B":  # the choice among the settings as priced at B
+            ws = [self.weights(r, b) for r in among]
+            plain = ws[0][0] @ self.base[:ws[0][0].shape[1]]
+            choose = np.array([s @ self.base[:s.shape[1]] for _, s in ws])  # [R, G]
+        elif mode == "fixed":
+            choose, among = choose[[first]], [first]
+        spread = spread_of(choose, plain, lambda r: self.weights(among[r], b),
+                           among.index(first), self.base, self.curves)
+        interval = None if spread is None else spread.combined
+        return replace(point, interval=interval,
+                       answer=judge(point.speedup, interval, self.count))
 
 
 # What each engine calls the setting that turns n-gram drafting off above a concurrency, as its

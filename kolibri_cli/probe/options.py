@@ -44,5 +44,7 @@ def opt(flags, kind: str, panel: str, *, help: str, metavar: str | None = None,
 
 
 def guess_text() -> str:
-    c = GUESSED_COSTS
-    return f"c(2) = {c[2]:g}, then +{c[3] - c[2]:.2g} per row"
+    """"c(2..3) = 1.32, 1.47, then the last slope": the guess as the help gives it."""
+    top = max(GUESSED_COSTS)
+    values = ", ".join(f"{GUESSED_COSTS[n]:g}" for n in range(2, top + 1))
+    return f"c(2..{top}) = {values}, then the last slope"

@@ -11,7 +11,17 @@ from pathlib import Path
 
 from kolibri_cli.costs.pricing import source_text as pricing_source
 from kolibri_cli.decode.proposers import format_window
-from kolibri_cli.probe.answer import LOSES, PAYS, RunKey, Speed, Verdict, run_key
+from kolibri_cli.probe.answer import (
+    LOSES,
+    MIN_GOLDENS,
+    PAYS,
+    TOO_FEW,
+    WASHES,
+    RunKey,
+    Speed,
+    Verdict,
+    run_key,
+)
 from kolibri_cli.probe.load import ENGINE_SETTINGS
 from kolibri_cli.probe.result import ProbeResult
 from kolibri_cli.probe.seeds import FIGURES, seed_spread
@@ -238,8 +248,12 @@ def speed_json(speed: Speed) -> dict:
 
 
 def verdict_json(verdict: Verdict, pricing) -> dict:
+    interval = verdict.interval
     return {"answer": verdict.answer, "pays": verdict.pays,
-            "text": verdict_text(verdict), "setting": speed_json(verdict.speed)}
+            "text": verdict_text(verdict), "setting": speed_json(verdict.speed),
+            "interval": None if interval is None else list(interval),
+            "spread": None if verdict.spread is None else verdict.spread.to_json(),
+            "goldens": verdict.goldens}
 
 
 def setting_commands(result: ProbeResult):
@@ -293,6 +307,7 @@ def load_json(load, pricing) -> dict:
         "crossover": load.crossover,
         "best_crossover": load.best_crossover,
         "points": [point(p) for p in load.fastest.points],
+        "best_judged": [point(p) for p in load.best_judged],  # the choice re-made at each B
         "best": [{"setting": c.run.name, **point(p)} for c, p in zip(load.best_at,
                                                                       load.best_points,
                                                                       strict=True)],
@@ -340,8 +355,11 @@ def verdict_text(verdict: Verdict) -> str:
     where = "here" if verdict.scope == "all" else f"on {clean(str(verdict.scope))}"
     figure = (f"{speed.basis} speedup {fmt_ratio(speed.value)} over plain decode"
               if speed.value is not None else "no speedup could be computed")
-    spread = "" if speed.interval is None else \
-        f" (95% interval {speed.interval[0]:.2f}-{speed.interval[1]:.2f})"
+    if verdict.answer == TOO_FEW:
+        return (f"n-gram speculation: too few goldens {where} ({verdict.goldens}, under "
+                f"{MIN_GOLDENS}) for an interval — its fastest setting, {speed.run.name}, "
+                f"{figure}; record more goldens of this kind before turning it on")
+    spread = spread_text(verdict)
     counted = ""
     if speed.per_golden and verdict.scope == "all":
         worst = speed.worst
@@ -357,24 +375,31 @@ def verdict_text(verdict: Verdict) -> str:
             f"{figure}{spread}{counted} — too close to 1.00x to be worth turning on")
 
 
+def spread_text(verdict: Verdict) -> str:
+    """" (95% interval on new traffic 1.02-1.30: the choice 1.05-1.28, c(n) 1.10-1.25)", or
+    the speed's own interval where no spread was drawn (measured)."""
+    interval, s = verdict.interval, verdict.spread
+    if interval is None:
+        return ""
+    if s is None:
+        return f" (95% interval {interval[0]:.2f}-{interval[1]:.2f})"
+    parts = [f"{name} {x[0]:.2f}-{x[1]:.2f}" for name, x in (("the choice", s.goldens),
+                                                              ("c(n)", s.costs)) if x]
+    return (f" (95% interval on new traffic {interval[0]:.2f}-{interval[1]:.2f}"
+            + (f": {', '.join(parts)}" if parts else "") + ")")
+
+
 def load_text(load, pricing=None) -> str:
-    """Under load in one or two sentences: up to which concurrency the fastest setting pays, the
-    setting that turns drafting off there, and a setting that pays longer if there is one."""
+    """Under load in one or two sentences: the fastest setting's verdict at each B (the rule of
+    B = 1, answer.judge), the setting that turns drafting off above the crossover, and a setting
+    that pays longer if there is one."""
     curve, cross = load.fastest, load.crossover
-    first, last = curve.points[0], curve.points[-1]
-    name = curve.run.name
-    if cross is None:
-        text = (f"under load: {name} does not pay at any concurrency asked for "
-                f"({fmt_ratio(first.speedup)} at B = {first.concurrency}) — leave it off")
-    elif cross == last.concurrency:
-        text = (f"under load: {name} pays at every concurrency asked for, "
-                f"{fmt_ratio(first.speedup)} at B = {first.concurrency} and "
-                f"{fmt_ratio(last.speedup)} at B = {last.concurrency}")
-    else:
-        at = curve.at(cross)
-        text = (f"under load: {name} pays up to B = {cross} ({fmt_ratio(first.speedup)} at "
-                f"{first.concurrency}, {fmt_ratio(at.speedup)} at {cross}); above {cross}, turn "
-                f"it off — vLLM: disable_by_batch_size={cross}")
+    name, last = curve.run.name, curve.points[-1]
+    text = f"under load: {name} {per_b_text(curve.points)}"
+    if cross is not None and cross < last.concurrency:
+        text += f"; above B = {cross}, turn it off — vLLM: disable_by_batch_size={cross}"
+    elif cross is None and all(p.answer in (LOSES, WASHES) for p in curve.points):
+        text += " — leave it off"
     longer = [c for c in load.best_at if c is not curve]
     if load.best_crossover is not None and (cross is None or load.best_crossover > cross) \
             and longer:
@@ -388,6 +413,23 @@ def load_text(load, pricing=None) -> str:
     return text
 
 
+def per_b_text(points: list) -> str:
+    """"pays at B = 1-4 (1.21x-1.08x), a wash at B = 8 (1.01x), does not pay at B = 16-64
+    (0.93x-0.71x)": the answer per B, runs of the same answer together."""
+    runs: list[list] = []
+    for p in points:
+        if runs and runs[-1][0].answer == p.answer:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return ", ".join(
+        f"{(r[0].answer or 'predicted')} at B = {r[0].concurrency}"
+        + (f"-{r[-1].concurrency}" if len(r) > 1 else "")
+        + f" ({fmt_ratio(r[0].speedup)}" + (f"-{fmt_ratio(r[-1].speedup)})" if len(r) > 1
+                                            else ")")
+        for r in runs)
+
+
 def crossover_of(curve) -> int:
     from kolibri_cli.probe.load import crossover
 
@@ -397,7 +439,9 @@ def crossover_of(curve) -> int:
 def category_line(categories: dict[str, Verdict]) -> str:
     """Where it pays and where it does not, one clause per category."""
     clauses = [f"{v.answer} on {clean(str(name))} ({fmt_ratio(v.speed.value)}"
-               + (f" with {v.speed.run.name})" if v.pays else ")")
+               + (f" with {v.speed.run.name})" if v.pays else
+                  f", {v.goldens} golden{'s' * (v.goldens != 1)})" if v.answer == TOO_FEW
+                  else ")")
                for name, v in categories.items()]
     return "by category: " + "; ".join(clauses)
 
@@ -636,13 +680,15 @@ def md_comparison(result: ProbeResult) -> str:
             + _md_table(["category", *(r.proposer for r in runs)], cat_rows))
 
 
-LOAD_COLUMNS = ["B", "speedup", "tokens / step", "tokens in flight", "acceptance",
-                "per sequence", "fastest setting at B", "its speedup"]
+LOAD_COLUMNS = ["B", "speedup", "95% interval", "verdict", "tokens / step", "tokens in flight",
+                "acceptance", "per sequence", "fastest setting at B", "its speedup"]
 
 
 def load_rows(load) -> list[list[str]]:
     """One LOAD_COLUMNS row per concurrency (terminal and Markdown share them)."""
-    return [[str(b), fmt_ratio(p.speedup), fmt_num(p.tokens_per_step, 1), fmt_num(p.in_flight, 1),
+    return [[str(b), fmt_ratio(p.speedup),
+             "-" if p.interval is None else "-".join(f"{x:.2f}" for x in p.interval),
+             p.answer or "-", fmt_num(p.tokens_per_step, 1), fmt_num(p.in_flight, 1),
              fmt_pct(p.acceptance), fmt_ratio(p.per_sequence), best.run.name,
              fmt_ratio(best.at(b).speedup)]
             for b, p, best in zip(load.concurrencies, load.fastest.points, load.best_at,

@@ -10,6 +10,7 @@ from kolibri_cli.probe.answer import (
     Verdict,
     category_verdicts,
     fastest_per_proposer,
+    predicted_verdict,
     ranking,
     run_key,
     verdict_of,
@@ -27,7 +28,7 @@ class ProbeResult:
     measured: dict = field(default_factory=dict)  # RunKey -> Measured (--measure)
     throughput: object = None  # how fast the simulation ran (shards.Throughput)
     ranked: list[Speed] = field(default_factory=list)  # every configuration, fastest first
-    verdict: Verdict | None = None  # of the fastest setting, with its interval
+    verdict: Verdict | None = None  # of the fastest setting, with the interval it reads
     compared: list[Speed] = field(default_factory=list)  # each proposer's fastest (with spread)
     categories: dict[str, Verdict] = field(default_factory=dict)  # per golden category
     load: object = None  # --concurrency: a load.LoadReport
@@ -45,7 +46,7 @@ class ProbeResult:
     def figures(self) -> dict[str, float | None]:
         """The named figures of the fastest setting that gates read (gates.COLUMNS)."""
         speed, counts = self.verdict.speed, self.best.total
-        low, high = speed.interval or (None, None)
+        low, high = self.verdict.interval or (None, None)
         worst = speed.worst
         m = self.measured.get(run_key(self.best))
         law = lambda name: None if m is None else float(getattr(m, name))  # noqa: E731
@@ -70,10 +71,18 @@ def build_result(config, runs: list[SimRun], pricing, measured: dict | None = No
     ranked[0] = fastest
     compared = [with_interval(s) for s in fastest_per_proposer(runs, ranked)]
     result = ProbeResult(config, runs, pricing, measured, throughput, ranked,
-                         verdict_of(fastest), compared, category_verdicts(runs), load,
-                         gates_of(config))
+                         verdict(runs, fastest, pricing), compared,
+                         category_verdicts(runs, pricing), load, gates_of(config))
     result.failures = check(result)
     return result
+
+
+def verdict(runs: list[SimRun], fastest: Speed, pricing) -> Verdict:
+    """The fastest setting's verdict: measured, on its timed goldens' interval; predicted, on
+    the interval that re-makes the choice and draws c(n) (answer.predicted_verdict)."""
+    if fastest.measured is None:
+        return predicted_verdict(runs, fastest.run, pricing, speed=fastest)
+    return verdict_of(fastest, goldens=len(fastest.per_golden) or None)
 
 
 def gates_of(config) -> list[Gate]:

@@ -68,7 +68,8 @@ def under_load(cfg: ProbeConfig, runs: list, measured: dict | None, goldens: lis
     fastest = ranking(runs, measured)[0].run
     with ui.progress("simulating under load ") as ticks:
         ticks(0, 1)
-        report = load_report(runs, fastest, cfg.concurrency, cfg.pricing.costs, goldens)
+        report = load_report(runs, fastest, cfg.concurrency, cfg.pricing.costs, goldens,
+                             cfg.pricing)
         ticks(1, 1)
     return report
 
@@ -180,9 +181,15 @@ def measured_model(goldens: list) -> str:
 def measure_here(model, config, ticks=None) -> Pricing:
     """c(1..n) timed now on `model` with this host's kernel, for every row count the run's
     configurations verify (k + 1) — with --concurrency, a curve up to the most tokens a step
-    holds (B x (k + 1)) — kept in the bench store as `kolibri bench` keeps its own; priced as
-    timed (source "run")."""
-    from kolibri_cli.bench.timing import costs, curve_sizes, forward_times
+    holds (B x (k + 1)) — kept in the bench store as `kolibri bench` keeps its own, its rounds
+    with it; priced with the median of this kernel's stored rounds (source "run")."""
+    from kolibri_cli.bench.timing import (
+        costs,
+        curve_sizes,
+        forward_rounds,
+        median_times,
+        round_costs,
+    )
     from kolibri_cli.costs import store as benchcosts
     from kolibri_cli.costs.model import BENCH_CONTEXT
     from kolibri_cli.engine.jit import get_threads
@@ -193,10 +200,12 @@ def measure_here(model, config, ticks=None) -> Pricing:
                            "recorded from (its weights differ); give --model the goldens' model")
     top = max(k for k, _ in settings_of(config)) + 1
     most = top * max(config.concurrency or [1])
-    timed = costs(forward_times(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks,
-                                curve_sizes(top, most)))
-    entry = benchcosts.save(benchcosts.entry_for(model, get_threads(), timed))
-    return Pricing("run", timed, bench=entry)
+    rounds = forward_rounds(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks,
+                            curve_sizes(top, most))
+    timed = costs(median_times(rounds))
+    entry = benchcosts.save(benchcosts.entry_for(model, get_threads(), timed,
+                                                 round_costs(rounds)))
+    return Pricing("run", entry.costs, bench=entry, rounds=entry.rounds)
 
 
 def settings_of(config) -> list[tuple[int, tuple[int, int]]]:

@@ -17,7 +17,7 @@ from kolibri_cli.cli.render import Col, FitTable, cell, err
 from kolibri_cli.costs.pricing import source_text
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.probe.answer import LOSES, PAYS, WASHES
+from kolibri_cli.probe.answer import LOSES, PAYS, TOO_FEW, WASHES
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
     GUARD_START,
@@ -57,7 +57,8 @@ CAPTION = (
     "mean len = 1 + accepted / passes with drafts"
 )
 HEAT_STYLES = ["red", "dark_orange", "yellow", "green3", "bold bright_green"]  # low -> high
-ANSWER_STYLES = {PAYS: "bold green", WASHES: "bold yellow", LOSES: "bold red"}
+ANSWER_STYLES = {PAYS: "bold green", WASHES: "bold yellow", LOSES: "bold red",
+                 TOO_FEW: "bold yellow"}
 BAR_WIDTH = 30
 
 
@@ -94,9 +95,9 @@ def render_probe(result: ProbeResult, console: Console | None = None) -> None:
 
 def load_table(load) -> FitTable:
     """--concurrency: the fastest setting per B, and which setting is fastest at each B."""
-    cols = [Col(n, numeric=n != "fastest setting at B", drop={"tokens in flight": 3,
-                                                           "acceptance": 2,
-                                                           "per sequence": 1}.get(n, 0))
+    cols = [Col(n, numeric=n not in ("fastest setting at B", "verdict"),
+                drop={"tokens in flight": 3, "acceptance": 2, "per sequence": 1,
+                      "95% interval": 4}.get(n, 0))
             for n in LOAD_COLUMNS]
     rows = [[r[0], _guard_cell(p.speedup), *r[2:]] for r, p in zip(load_rows(load),
                                                                    load.fastest.points,
@@ -109,6 +110,8 @@ def verdict_lines(result: ProbeResult) -> Text:
     """The answer (styled by what it says), where c(n) came from, and by category if asked."""
     text = Text(verdict_text(result.verdict), style=ANSWER_STYLES[result.verdict.answer])
     text.append("\n" + pricing_text(result.pricing), style="dim")
+    if result.pricing is not None:
+        text.append("\n" + result.pricing.priced_line(), style="dim")
     if result.config.by_category and len(result.categories) > 1:
         text.append("\n" + category_line(result.categories))
     if result.load is not None:
