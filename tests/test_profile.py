@@ -66,9 +66,10 @@ def tiny_gguf_model(kolibri_home, tmp_path):
 
 
 def test_bench_profile_json_and_table(tiny_gguf_model):
-    """--profile --json: a 1-token and a (k+1)-token forward, each piece with its time, bytes
-    and multiply-adds; the pieces, the time between regions and the rest add up to the wall
-    time; the table names the CPU, the bandwidth and the vector peak."""
+    """--profile --json: a forward of each T of the c(T) curve (and k+1), each piece with its
+    time, bytes and multiply-adds; the pieces, the time between regions and the rest add up to
+    the wall time; c(T) is each forward's time over the 1-token one's; the tables name the CPU,
+    the bandwidth and the multiply-add peaks."""
     from typer.testing import CliRunner
 
     from kolibri_cli.cli import app
@@ -80,8 +81,15 @@ def test_bench_profile_json_and_table(tiny_gguf_model):
     out = json.loads(r.stdout)
     assert out["numerics"] == default_numerics_of("tiny")  # int16 on a CPU with AVX2 and F16C
     assert out["threads"] == 1 and out["cpu"]
-    assert out["bandwidth_gb_s"] > 0 and out["peak_gmacs"] > 0
-    assert [f["tokens"] for f in out["forwards"]] == [1, 4]
+    assert out["bandwidth_gb_s"] > 0 and out["peak_gmacs"] > 0 and out["int_peak_gmacs"] > 0
+    assert [f["tokens"] for f in out["forwards"]] == [1, 2, 3, 4, 5, 6, 7, 8, 16, 64]
+    ms = {f["tokens"]: f["ms"] for f in out["forwards"]}
+    assert [c["tokens"] for c in out["costs"]] == list(ms)
+    for c in out["costs"]:
+        assert c["cost"] == pytest.approx(ms[c["tokens"]] / ms[1])
+        parts = [c[k] for k in ("qkv", "o", "gate_up", "down", "head", "attention",
+                                profile.BETWEEN, "other")]
+        assert sum(parts) == pytest.approx(c["ms"]) and c["matmul_gmacs"] > 0
     for f in out["forwards"]:
         kinds = [p["kind"] for p in f["pieces"]]
         assert kinds == [*clock.KINDS, profile.BETWEEN, profile.REST]
@@ -95,6 +103,8 @@ def test_bench_profile_json_and_table(tiny_gguf_model):
                                 "1", "--threads", "1"])
     assert table.exit_code == 0, table.output
     assert "between regions" in table.stdout and "parallel regions" in table.stdout
+    assert "c(T)" in table.stdout and "forward of 6 tokens" in table.stdout
+    assert "forward of 7 tokens" not in table.stdout  # details for 1 and k+1 tokens only
 
 
 def test_bench_profile_refuses_options_it_would_ignore(tiny_gguf_model):

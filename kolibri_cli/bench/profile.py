@@ -1,13 +1,18 @@
 """`kolibri bench --profile`: where one forward's time goes, piece by piece, against the two
 physical limits — the memory-bandwidth bound of the bytes the piece reads and this host's vector
-peak for the multiply-adds it does.
+peak for the multiply-adds it does (float32 FMAs; on the int16 path, `vpmaddwd`'s int16
+multiply-adds).
 
 The kernel itself stamps its pieces (engine/clock.py): each matmul kind (q/k/v, o, gate/up,
 down, the head), attention, norms, RoPE with the cache writes, the embedding lookup, and for
 every parallel region the span from the first thread's start of work to the last one's end. A
 piece's time minus the spans of its regions is the cost of starting and joining the threads
-("fork/join"). The forwards profiled are the ones decoding runs: 1 token (plain decode) and n
-tokens (a verify pass), both at a 100-token context, alternating, medians of repeats.
+("fork/join"). The forwards profiled are the ones decoding runs: 1 token (plain decode) and T
+tokens (a verify pass; SIZES: T = 2..8, 16 and 64, the c(T) curve), all at a 100-token context,
+alternating, medians of repeats.
+
+The c(T) curve (`cost_rows`): each forward's time over the 1-token one's, with the matmuls'
+multiply-adds/s and bytes/s against the path's multiply-add peak and the read bandwidth.
 
 Non-goals: per-layer figures (every layer has the same shapes), prefill, a per-thread timeline.
 """
@@ -20,9 +25,12 @@ from numba import njit, prange
 
 from kolibri_cli.engine import clock
 from kolibri_cli.engine.simd import vbcast, vfma, vsum, vzero
+from kolibri_cli.engine.simd8 import vadd32, vcvt8, vmadd16, vsum8, xload
 
 CONTEXT = 100  # cached positions when the forwards are timed (as c(n) is)
-LANES = 16  # float32 lanes of one vfma
+LANES = 16  # float32 lanes of one vfma; int16 multiply-adds of one vmadd16
+SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 64)  # tokens per profiled forward: the c(T) curve
+MATMULS = ("qkv", "o", "gate_up", "down", "head")
 
 
 @dataclass
@@ -54,7 +62,13 @@ class ProfileResult:
     repeats: int
     bandwidth_gb_s: float  # measured read bandwidth, all threads
     peak_gmacs: float  # float32 multiply-adds per second at the vector peak, all threads (G)
+    int_peak_gmacs: float  # int16 multiply-adds per second (vmadd16 + vadd32), all threads (G)
     forwards: list[ForwardProfile]
+
+    @property
+    def bound_gmacs(self) -> float:
+        """The multiply-add peak of this numeric path (int16's integer one, else float32's)"""
+        return self.int_peak_gmacs if self.numerics == "int16" else self.peak_gmacs
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,6 +118,50 @@ def fma_peak(threads: int, n: int = 2_000_000, repeats: int = 5) -> float:
     for _ in range(repeats):
         t = time.perf_counter()
         _fmas(n, a, threads)
+        rates.append(threads * CHAINS * LANES * n / (time.perf_counter() - t))
+    return float(np.median(rates))
+
+
+WORDS = 1024  # int16 codes _imadds reads (2 KiB: L1), 16 a multiply-add
+
+
+@njit(parallel=True, cache=True)
+def _imadds(n, w, threads):
+    """n x CHAINS int16 multiply-adds of 16 lanes on each thread, each of a v and codes loaded
+    from w (L1) and summed into an int32 accumulator, as the int16 tiles do; returns a sum so
+    nothing is dropped (fresh loads: a product of invariant vectors would leave the loop)"""
+    total = np.zeros(threads, np.float32)
+    for t in prange(threads):
+        v = xload(w, 0)
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = vmadd16(v, v)
+        for i in range(n):
+            e = i * CHAINS * LANES % (WORDS - CHAINS * LANES)
+            a0 = vadd32(a0, vmadd16(v, xload(w, e)))
+            a1 = vadd32(a1, vmadd16(v, xload(w, e + 16)))
+            a2 = vadd32(a2, vmadd16(v, xload(w, e + 32)))
+            a3 = vadd32(a3, vmadd16(v, xload(w, e + 48)))
+            a4 = vadd32(a4, vmadd16(v, xload(w, e + 64)))
+            a5 = vadd32(a5, vmadd16(v, xload(w, e + 80)))
+            a6 = vadd32(a6, vmadd16(v, xload(w, e + 96)))
+            a7 = vadd32(a7, vmadd16(v, xload(w, e + 112)))
+            a8 = vadd32(a8, vmadd16(v, xload(w, e + 128)))
+            a9 = vadd32(a9, vmadd16(v, xload(w, e + 144)))
+            a10 = vadd32(a10, vmadd16(v, xload(w, e + 160)))
+            a11 = vadd32(a11, vmadd16(v, xload(w, e + 176)))
+        a0 = vadd32(vadd32(vadd32(a0, a1), vadd32(a2, a3)), vadd32(vadd32(a4, a5), a6))
+        a7 = vadd32(vadd32(vadd32(a7, a8), vadd32(a9, a10)), a11)
+        total[t] = vsum8(vcvt8(vadd32(a0, a7)))
+    return total.sum()
+
+
+def int_peak(threads: int, n: int = 2_000_000, repeats: int = 5) -> float:
+    """int16 multiply-adds per second over `threads` threads (median of repeats)"""
+    w = np.ones(WORDS, np.int16)  # products of ones: the sums stay far from overflow
+    _imadds(10, w, threads)
+    rates = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        _imadds(n, w, threads)
         rates.append(threads * CHAINS * LANES * n / (time.perf_counter() - t))
     return float(np.median(rates))
 
@@ -160,15 +218,15 @@ def _forward_profile(model, n_tok: int, runs: list[tuple[float, np.ndarray]],
     return ForwardProfile(n_tok, ms(wall), int(profs[0, clock.REGIONS]), pieces)
 
 
-def run_profile(model, threads: int, verify_tokens: int = 6, repeats: int = 20,
+def run_profile(model, threads: int, sizes=SIZES, repeats: int = 20,
                 bandwidth: float | None = None) -> ProfileResult:
-    """A 1-token and a `verify_tokens`-token forward at CONTEXT cached positions, alternating,
-    `repeats` times each (after one warm-up each), every piece stamped."""
+    """A forward of each of `sizes` tokens at CONTEXT cached positions, in turn, `repeats` times
+    each (after one warm-up each), every piece stamped."""
     from kolibri_cli.bench.timing import measure_read_bandwidth
     from kolibri_cli.costs.store import cpu_model
 
     tf = model.transformer
-    sizes = sorted({1, verify_tokens})
+    sizes = sorted(set(sizes) | {1})
     cache = tf.new_cache(CONTEXT + max(sizes))
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, CONTEXT + max(sizes))
     tf.prefill(ids[:CONTEXT], 0, cache)
@@ -183,4 +241,25 @@ def run_profile(model, threads: int, verify_tokens: int = 6, repeats: int = 20,
     return ProfileResult(
         model=model.name, numerics=model.numerics, threads=threads, cpu=cpu_model(),
         repeats=repeats, bandwidth_gb_s=bandwidth / 1e9, peak_gmacs=fma_peak(threads) / 1e9,
+        int_peak_gmacs=int_peak(threads) / 1e9,
         forwards=[_forward_profile(model, n, runs[n], rate) for n in sizes])
+
+
+def cost_rows(r: ProfileResult) -> list[dict]:
+    """Per forward: T, ms, c(T), each matmul kind's, attention's and the between-regions ms,
+    and all matmuls together as G multiply-adds/s, GB/s and the fraction of the bound (the
+    slower of the path's multiply-add peak and the read bandwidth) they reach."""
+    one = next(f.ms for f in r.forwards if f.tokens == 1)
+    rows = []
+    for f in r.forwards:
+        by = {p.kind: p for p in f.pieces}
+        mm = [by[k] for k in MATMULS]
+        ms, macs, nbytes = sum(p.ms for p in mm), sum(p.macs for p in mm), sum(
+            p.bytes for p in mm)
+        bound = max(nbytes / (r.bandwidth_gb_s * 1e9), macs / (r.bound_gmacs * 1e9))
+        rows.append({"tokens": f.tokens, "ms": f.ms, "cost": f.ms / one,
+                     **{k: by[k].ms for k in (*MATMULS, "attention", BETWEEN)},
+                     "other": f.ms - ms - by["attention"].ms - by[BETWEEN].ms,
+                     "matmul_gmacs": macs / ms / 1e6, "matmul_gb_s": nbytes / ms / 1e6,
+                     "of_bound": 1e3 * bound / ms})
+    return rows

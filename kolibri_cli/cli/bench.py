@@ -58,9 +58,10 @@ def bench(
         "file).")
     ] = None,
     profile: Annotated[bool, typer.Option(
-        "--profile", help="Instead: where the time of a 1-token and a (k+1)-token forward goes, "
-        "piece by piece (each matmul kind, attention, norms, RoPE, between parallel regions), "
-        "against the bandwidth bound and the vector peak.")] = False,
+        "--profile", help="Instead: where the time of a T-token forward goes (T = 1..8, 16, 64 "
+        "and k+1: the c(T) curve), piece by piece (each matmul kind, attention, norms, RoPE, "
+        "between parallel regions), against the bandwidth bound and the multiply-add peak.")
+    ] = False,
     fidelity: Annotated[bool, typer.Option(
         "--fidelity", help="Instead: how many of the model's shipped greedy goldens its numeric "
         "path (--quantize) reproduces, and the largest |logit difference| from the float32 "
@@ -139,17 +140,19 @@ def bench(
 
 
 def _profile(model, n: int, repeats: int, as_json: bool) -> None:
-    from kolibri_cli.bench.profile import run_profile
+    from kolibri_cli.bench.profile import SIZES, cost_rows, run_profile
     from kolibri_cli.cli import render
     from kolibri_cli.engine.jit import get_threads
 
-    render.err.print(f"profiling {model.name}: forwards of 1 and {n} tokens, {repeats} repeats, "
-                     f"{get_threads()} threads ...")
-    result = run_profile(model, get_threads(), n, repeats)
+    sizes = sorted({*SIZES, n})
+    render.err.print(f"profiling {model.name}: forwards of {', '.join(map(str, sizes))} tokens, "
+                     f"{repeats} repeats, {get_threads()} threads ...")
+    result = run_profile(model, get_threads(), sizes, repeats)
     if as_json:
-        return opt.print_json(result.to_dict())
-    for t in render.profile_tables(result):
+        return opt.print_json(result.to_dict() | {"costs": cost_rows(result)})
+    for t in render.profile_tables(result, (1, n)):
         render.out.print(t)
+    render.out.print(render.cost_profile_table(result, cost_rows(result)))
 
 
 def _fidelity(m, spec: str | None, threads: int | None, path: Path | None,

@@ -253,12 +253,21 @@ def bench_table(r) -> Table:
     return kv_table("kolibri bench", rows)
 
 
-def profile_tables(r) -> list[Table]:
-    """One table per profiled forward (bench.profile.ProfileResult): each piece's time, what it
-    reads and computes, and how close it runs to the bandwidth bound or the vector peak."""
-    bw, peak = r.bandwidth_gb_s * 1e9, r.peak_gmacs * 1e9
+def _peaks(r) -> str:
+    ints = f", int16 {r.int_peak_gmacs:.0f} G" if r.numerics == "int16" else ""
+    return (f"read bandwidth {r.bandwidth_gb_s:.1f} GB/s, multiply-add peak float32 "
+            f"{r.peak_gmacs:.0f} G{ints}/s")
+
+
+def profile_tables(r, tokens=None) -> list[Table]:
+    """One table per profiled forward (bench.profile.ProfileResult) of `tokens` (None: each):
+    each piece's time, what it reads and computes, and how close it runs to the bandwidth bound
+    or the path's multiply-add peak."""
+    bw, peak = r.bandwidth_gb_s * 1e9, r.bound_gmacs * 1e9
     tables = []
     for f in r.forwards:
+        if tokens is not None and f.tokens not in tokens:
+            continue
         rows = []
         for p in f.pieces:
             bound_ms = 1e3 * max(p.bytes / bw, p.macs / peak)
@@ -268,11 +277,22 @@ def profile_tables(r) -> list[Table]:
                          f"{bound_ms / p.ms:.0%}" if bound_ms else ""])
         title = (f"forward of {f.tokens} token{'s' if f.tokens > 1 else ''}: {f.ms:.2f} ms, "
                  f"{f.regions} parallel regions ({r.model}, {r.numerics}, {r.threads} threads, "
-                 f"{r.cpu}; read bandwidth {r.bandwidth_gb_s:.1f} GB/s, vector peak "
-                 f"{r.peak_gmacs:.0f} G float32 multiply-adds/s; medians of {r.repeats})")
+                 f"{r.cpu}; {_peaks(r)}; medians of {r.repeats})")
         tables.append(table(title, ["piece", "ms", "share", "GB/s", "G MAC/s", "of bound"],
                             rows))
     return tables
+
+
+def cost_profile_table(r, rows: list[dict]) -> Table:
+    """The c(T) curve (bench.profile.cost_rows): each T-token forward's ms by piece, and its
+    matmuls' rate against the bound"""
+    kinds = ("qkv", "o", "gate_up", "down", "head", "attention", "between regions", "other")
+    title = (f"c(T): a T-token forward at 100 cached positions, ms ({r.model}, {r.numerics}, "
+             f"{r.threads} threads, {r.cpu}; {_peaks(r)}; medians of {r.repeats})")
+    return table(title, ["T", "ms", "c(T)", *kinds, "matmuls G MAC/s", "GB/s", "of bound"],
+                 [[w["tokens"], f"{w['ms']:.2f}", f"{w['cost']:.2f}",
+                   *(f"{w[k]:.2f}" for k in kinds), f"{w['matmul_gmacs']:.1f}",
+                   f"{w['matmul_gb_s']:.1f}", f"{w['of_bound']:.0%}"] for w in rows])
 
 
 def fidelity_table(r) -> Table:
