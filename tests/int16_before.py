@@ -1,15 +1,13 @@
 """The int16 path's arithmetic as it first landed (repack, quantize, the one-token tile), frozen:
 later tiles of `kolibri_cli.engine.int16` must give these bits for every (row, token), since the
 path's measured fidelity and its batch invariance were established on them. Its own layout and
-activation order; compared only through `reference_matmul`."""
+activation order; compared only through `reference_matmul`. Its primitives are its own frozen
+copies (`simd8_before`), so a change to the kernel's primitives cannot move this oracle."""
 
 
 import numpy as np
 from numba import njit
-
-from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
-from kolibri_cli.engine.int8 import unit_offsets
-from kolibri_cli.engine.simd8 import (
+from simd8_before import (
     fload,
     hload,
     vadd32,
@@ -25,6 +23,8 @@ from kolibri_cli.engine.simd8 import (
     wload_u4,
     xload,
 )
+
+from kolibri_cli.engine import jitcache  # noqa: F401  (before the @njit(cache=True))
 
 Q4_1W, Q8_0W = 113, 118  # kernel storage codes of the int16 layouts (no GGML type uses them)
 GROUP = 8  # blocks per group
@@ -217,6 +217,14 @@ def _rows4(d, o0, o1, o2, o3, q4, x, t):
             a2 = _pair(_weights(d, o2 + c, q4), d2, p, x, t, pair, a2)
             a3 = _pair(_weights(d, o3 + c, q4), d3, p, x, t, pair, a3)
     return vsum8(a0), vsum8(a1), vsum8(a2), vsum8(a3)
+
+
+@njit(inline="always", cache=True)
+def unit_offsets(unit):
+    """The unit's 4 row offsets (its n rows, the last repeated; extra results discarded)"""
+    n, o, stride = unit[1], unit[3], unit[4]
+    return (o, o + min(1, n - 1) * stride, o + min(2, n - 1) * stride,
+            o + min(3, n - 1) * stride)
 
 
 @njit(cache=True)

@@ -253,6 +253,63 @@ def test_the_default_model_runs_int16_weights(kolibri_home, tmp_path):
     assert model.numerics == "int16" and set(model.weights.storage()) == {"Q4_1x16"}
 
 
+_PORTABLE = """
+import sys
+from pathlib import Path
+import numpy as np
+from kolibri_cli.engine import simd8
+from kolibri_cli.engine.model import load_model
+assert not simd8.AVX2 and simd8.TARGET_AVX2  # the portable code, on the int16 path
+folder, ids, cuts, out = sys.argv[1:]
+tf = load_model(Path(folder), "tiny", numerics="int16", kernels=("lean",)).transformer
+ids = np.load(ids)
+bounds = [0, *map(int, cuts.split(",")), len(ids)]
+cache = tf.new_cache(len(ids))
+np.save(out, np.concatenate([tf.forward(ids[a:b], a, cache) for a, b in zip(bounds, bounds[1:])]))
+"""
+
+
+def _mixed_types(kind, layer, n_layers):
+    """Q4_1 and Q8_0 each on rows of 576 and of 1504 weights (18 blocks: groups of 8, 8, 2;
+    47: an odd count, a zero block added)"""
+    if kind in ("attn_q", "attn_k", "attn_v", "output"):
+        return "Q4_1"
+    if kind in ("attn_output", "token_embd"):
+        return "Q8_0"
+    gate_up, down = ("Q8_0", "Q4_1") if layer == 0 else ("Q4_1", "Q8_0")
+    return down if kind == "ffn_down" else gate_up
+
+
+@pytest.mark.bitwise
+def test_portable_int16_code_gives_the_avx2_bits(kolibri_home, tmp_path):
+    """KOLIBRI_SIMD=portable, in a process with its own numba cache as a CPU without AVX2 code
+    would run it (integer multiply-adds from widened products, scales spread by lane extracts),
+    gives bitwise the logits of this host's AVX2 code, for every L kind (1, the verify passes
+    2..6, prefill)."""
+    from kolibri_cli.engine import simd8
+
+    if not simd8.AVX2:
+        pytest.skip("this CPU runs the portable int16 code already")
+    path = tmp_path / "tiny-int16.gguf"
+    tiny_gguf(path, _mixed_types, d=576, ff=1504, heads=9, kv_heads=3, vocab=301)
+    name, folder = cache.import_gguf(path)
+    model = load_model(folder, name, numerics="int16", kernels=LEAN)
+    assert set(model.weights.storage()) == {"Q4_1x16", "Q8_0x16"}
+    ids = np.random.default_rng(16).integers(0, model.config.vocab_size, 60)
+    cuts = [1, 2, 4, 7, 11, 16, 22]
+    want = split_logits(model.transformer, ids, cuts)
+    assert np.isfinite(want).all() and want.std() > 0
+    np.save(tmp_path / "ids.npy", ids)
+    env = os.environ | {"KOLIBRI_SIMD": "portable", "NUMBA_CACHE_DIR": str(tmp_path / "nc")}
+    out = tmp_path / "portable.npy"
+    args = [str(folder), str(tmp_path / "ids.npy"), ",".join(map(str, cuts)), str(out)]
+    proc = subprocess.run([sys.executable, "-c", _PORTABLE, *args], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    got = np.load(out)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+
+
 @pytest.mark.bitwise
 @pytest.mark.parametrize("name", list(INT16))
 def test_int16_tiles_give_the_first_tiles_bits(name):
