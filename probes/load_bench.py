@@ -6,9 +6,9 @@
 
 1. c(T) of llama-server by prompt evaluation on a one-slot server, on the grid up to the
    largest step asked for (B x (1 + m)): `kolibri bench --engine llama-server --curve T`'s
-   function (bench.server.curve_costs).
+   function (bench.engine_costs.curve_costs).
 2. Per B, two llama-servers with `-np B` on the default model's GGUF, started as kolibri starts
-   them (servers.launch: --no-repack, the same threads): plain, and `--spec-type ngram-simple`
+   them (engines.launch: --no-repack, the same threads): plain, and `--spec-type ngram-simple`
    with size n and m (kolibri's `llamacpp-simple`, window n, k m). B client threads; client b
    sends the chat goldens' prompt ids in slot b's order (load.slot_orders, as the step model
    replays them), greedy, each for its golden's own output length with eos ignored, so plain
@@ -41,13 +41,13 @@ from dataclasses import dataclass, field, replace
 
 from serve_bench import cpu_name
 
-from kolibri_cli.bench.server import curve_costs
+from kolibri_cli.bench.engine_costs import curve_costs
 from kolibri_cli.costs.model import cost_model
 from kolibri_cli.decode.proposers import make_proposer
+from kolibri_cli.engines import LOCAL, LlamaServer, ServerSpec, connect
 from kolibri_cli.goldens.chains import DEFAULT_CHAT, SHIPPED, load_goldens
 from kolibri_cli.probe.load import LoadCurve, crossover, load_point, slot_orders
 from kolibri_cli.probe.replay.shards import simulate
-from kolibri_cli.servers import LOCAL, LlamaServer, ServerSpec, connect
 from kolibri_cli.store.cache import gguf_file
 from kolibri_cli.store.models import open_model
 

@@ -6,7 +6,7 @@ in one run — the figures in docs/serve.md.
     python probes/serve_bench.py [--rounds 3] [--threads 2] [--clients 1] [--limit N] [--json]
 
 Servers: `kolibri serve` with speculation (the guard, its default) and `--no-spec`, and a
-llama-server (`kolibri-cli[llamacpp]`) started as kolibri starts it (servers.launch: --no-repack,
+llama-server (`kolibri-cli[llamacpp]`) started as kolibri starts it (engines.launch: --no-repack,
 one slot, the same threads). Each round sends every prompt to each server in turn (the order rotates
 between rounds); a server's figures are over its rounds' summed wall time, as the client sees it
 (HTTP, prefill and decoding; tokens = the answers' completion_tokens, eos included). Each server
@@ -110,8 +110,8 @@ def cpu_name() -> str:
 
 
 def main() -> None:
+    from kolibri_cli.engines.launch import LlamaServer, ServerSpec
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-    from kolibri_cli.servers.launch import LlamaServer, ServerSpec
     from kolibri_cli.store.cache import gguf_file
     from kolibri_cli.store.models import open_model
 

@@ -257,11 +257,11 @@ def llama_server_binary() -> Path:
 def llama_server(pulled_default, llama_server_binary):
     """Factory: `llama_server(args=())` -> a LlamaCppApi client of a llama-server on the default
     model's GGUF (127.0.0.1, --no-repack, 1 thread, one slot) started with `args` (e.g.
-    servers.spec_args(...) or synth_args(...)). One server per distinct `args`, started on first
+    engines.spec_args(...) or synth_args(...)). One server per distinct `args`, started on first
     use and stopped at the end of the session."""
     from contextlib import ExitStack
 
-    from kolibri_cli.servers import LlamaServer, ServerSpec, connect
+    from kolibri_cli.engines import LlamaServer, ServerSpec, connect
 
     started: dict[tuple, object] = {}
     with ExitStack() as stack:

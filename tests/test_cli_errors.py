@@ -237,7 +237,7 @@ def test_timeouts_a_socket_cannot_hold_are_refused(kolibri_home, tiny_llama_fold
 def test_the_timeout_options_bound_is_the_transports():
     import typer
 
-    from kolibri_cli.servers.transport import MAX_TIMEOUT
+    from kolibri_cli.engines.transport import MAX_TIMEOUT
 
     bounds = [getattr(param, "max", None) or getattr(param.type, "max", None)  # typer 0.29, 0.28
               for _, command in _leaf_commands(typer.main.get_command(app), ["kolibri"])

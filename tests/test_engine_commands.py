@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
 from kolibri_cli.decode.proposers import LlamaCppOptions, make_proposer
-from kolibri_cli.decode.proposers.engines import engine_commands
+from kolibri_cli.decode.proposers.commands import engine_commands
 
 
 def _by_engine(commands) -> dict:

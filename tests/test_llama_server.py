@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from kolibri_cli.cli import app
 from kolibri_cli.decode.proposers import LlamaCppSimpleProposer
+from kolibri_cli.engines import spec_args, synth_args
 from kolibri_cli.goldens.chains import CHAT_PROMPTS, DEFAULT_CHAT, load_goldens
 from kolibri_cli.probe.simulate import ServerCounting, simulate_chain
-from kolibri_cli.servers import spec_args, synth_args
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.model]
 
@@ -79,7 +79,7 @@ def test_simulated_counts_equal_the_servers_counters(llama_server, goldens, n, m
 def test_synthetic_acceptance_passes_carry_the_intended_tokens(llama_server, pulled_default):
     """Every draft accepted; the replay of ngram-simple over the returned ids gives the server's
     own draft counts, and most passes carry n tokens on the periodic prompt."""
-    from kolibri_cli.bench.server import measure_costs, pass_lengths, periodic_prompt
+    from kolibri_cli.bench.engine_costs import measure_costs, pass_lengths, periodic_prompt
     from kolibri_cli.store.models import open_model
 
     prompt = periodic_prompt(open_model(str(pulled_default.path), weights=False))
@@ -145,7 +145,7 @@ def test_text_only_path_retokenizes_llama_servers_openai_answers(llama_server, p
     answer comes back re-tokenized, marked so, eos restored. Both requests compared find the
     prompt in llama-server's prompt cache (its greedy ids depend on how much of the prompt it
     evaluates in one batch: its logits are not batch-invariant)."""
-    from kolibri_cli.servers import connect
+    from kolibri_cli.engines import connect
     from kolibri_cli.store.models import open_model
 
     model = open_model(str(pulled_default.path), weights=False)
@@ -240,7 +240,7 @@ def test_the_servers_tokenizer_is_the_full_models(llama_server, pulled_default):
     of the full model, on text that trips tokenizers (digits, whitespace, UTF-8, specials) and
     on the 18 shipped chat prompts; the ordinary ids it draws are ordinary in the full model."""
     from kolibri_cli.engine.tokenizer import Tokenizer
-    from kolibri_cli.servers import server_model
+    from kolibri_cli.engines import server_model
 
     full = Tokenizer(pulled_default.path)
     model = server_model(llama_server())

@@ -91,7 +91,7 @@ def _case(name, k, window, options):
 @pytest.mark.parametrize("name, k, window, options", [_case(*c) for c in CASES])
 def test_counts_equal_llama_servers(name, k, window, options, request, pulled_default,
                                     llama_server_binary):
-    from kolibri_cli.servers import LlamaServer, ServerSpec, connect
+    from kolibri_cli.engines import LlamaServer, ServerSpec, connect
 
     if options == "files":
         static, dynamic = request.getfixturevalue("cache_files")

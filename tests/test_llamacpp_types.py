@@ -396,8 +396,8 @@ class FakeServer:
         self.proposer, self.k = proposer, k
 
     def complete(self, prompt_ids, n, how=None):
+        from kolibri_cli.engines import Completion
         from kolibri_cli.probe.simulate import ServerCounting, simulate_chain
-        from kolibri_cli.servers import Completion
 
         chain = self.chains[tuple(prompt_ids)][:n]
         if self.proposer is None:
@@ -411,7 +411,7 @@ def test_measured_server_counts_a_stateful_type_as_one_slot():
     the goldens in the order the server saw them (a fresh one per golden misses what earlier
     requests left in the slot)."""
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-    from kolibri_cli.probe.measure.server import measure_on_server
+    from kolibri_cli.probe.measure.engine import measure_on_server
     from kolibri_cli.probe.replay.shards import simulate
 
     goldens = load_goldens(DEFAULT_CHAT)

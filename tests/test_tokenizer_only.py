@@ -96,7 +96,7 @@ def test_gguf_metadata_equals_the_gguf_librarys_reading(pulled_default):
 
 def test_every_source_gives_the_full_models_ids_on_the_shipped_prompts(
         pulled_default, tokenizer_folder, big_gguf, shipped):
-    from kolibri_cli.servers import connect, server_model
+    from kolibri_cli.engines import connect, server_model
 
     full = Tokenizer(pulled_default.path)
     server = vllm(full)
@@ -134,7 +134,7 @@ def test_bench_times_a_server_on_the_same_prompt_from_any_source(pulled_default,
                                                                    tokenizer_folder):
     """`bench --engine` draws its periodic prompt's ids from the tokenizer: the same with a
     tokenizer-only folder or the GGUF's metadata as with the full model."""
-    from kolibri_cli.bench.server import periodic_prompt
+    from kolibri_cli.bench.engine_costs import periodic_prompt
 
     full = periodic_prompt(open_tokenizer(str(pulled_default.path)), longest=6)
     for source in (tokenizer_folder, pulled_default.gguf):
@@ -218,7 +218,7 @@ def test_from_logs_to_a_verdict_with_a_tokenizer_only_model(
     """docs/engines.md's sequence with -m a tokenizer-only model and an empty kolibri home:
     logged traffic imported, the llama.cpp server's c(n) by prompt evaluation (timed on the
     full model's periodic prompt), and the probe's verdict priced with it."""
-    from kolibri_cli.bench.server import periodic_prompt
+    from kolibri_cli.bench.engine_costs import periodic_prompt
 
     home, k = tmp_path / "home", 3
     run, model = cli(home), ["-m", tokenizer_folder if source == "folder" else big_gguf]

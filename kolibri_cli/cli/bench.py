@@ -178,7 +178,7 @@ def _fidelity(m, spec: str | None, threads: int | None, path: Path | None,
 
 def _refuse_unused(given: dict) -> None:
     """Options that mean nothing in this run are one error line, not silently dropped."""
-    from kolibri_cli.servers import LOCAL
+    from kolibri_cli.engines import LOCAL
 
     server = given["engine"] not in (None, "kolibri")
     if given["profile"]:
@@ -230,7 +230,7 @@ def _keep_costs(model, result) -> None:
 
 def _bench_servers(engine, model, k, repeats, threads, api, gguf, timeout, as_json,
                    curve=None) -> None:
-    from kolibri_cli.bench import server as sb
+    from kolibri_cli.bench import engine_costs as sb
     from kolibri_cli.cli import render
 
     sb.check_engine(engine)

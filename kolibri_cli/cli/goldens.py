@@ -81,7 +81,7 @@ def record(
 ) -> None:
     """Record chains for a prompt file, greedy or sampled (written atomically when all are
     done); a sampled chain records its sampling parameters and seed."""
-    from kolibri_cli import servers
+    from kolibri_cli import engines
     from kolibri_cli.cli import render
     from kolibri_cli.goldens import record as recorder
     from kolibri_cli.goldens.chains import read_prompts, save_goldens
@@ -92,7 +92,7 @@ def record(
     given = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     if not remote:
         refuse_unused({"--engine-api": engine_api, "--gguf": gguf, "--served-model": served_model},
-                      f"a server engine (--engine {servers.LOCAL} or a URL)")
+                      f"a server engine (--engine {engines.LOCAL} or a URL)")
     if engine != "kolibri":
         refuse_unused({"--quantize": quantize}, "--engine kolibri (the numeric path it runs)")
     specs = read_prompts(prompts, category=category, limit=limit, per_category=per_category)
@@ -131,10 +131,10 @@ def _engine(engine, model, api, gguf, threads, timeout, served_model):
     """A context giving the engine `record` takes: a server client, or the in-process name."""
     from contextlib import nullcontext
 
-    from kolibri_cli import servers
+    from kolibri_cli import engines
 
-    if servers.is_server(engine):
-        return servers.serving(engine, model, api, gguf, threads, timeout=timeout,
+    if engines.is_server(engine):
+        return engines.serving(engine, model, api, gguf, threads, timeout=timeout,
                                served_model=served_model)
     return nullcontext(engine)
 
@@ -157,12 +157,12 @@ def import_(
     as_json: JsonOpt = False,
 ) -> None:
     """Turn logged chat traffic into golden chains with the model's tokenizer and template."""
-    from kolibri_cli import servers
+    from kolibri_cli import engines
     from kolibri_cli.cli import render
     from kolibri_cli.goldens.chains import save_goldens
     from kolibri_cli.goldens.traces import import_traces, sampled_share, served_elsewhere
 
-    if engine is not None and (not servers.is_server(engine) or engine == servers.LOCAL):
+    if engine is not None and (not engines.is_server(engine) or engine == engines.LOCAL):
         raise KolibriError(f"--engine {engine!r}: goldens import tokenizes with a running "
                            "server's tokenizer: pass its base URL (http://host:port)")
     if engine is None:

@@ -75,7 +75,7 @@ EngineApiOpt = Annotated[str | None, typer.Option(
     "serve), or openai (text only: answers are re-tokenized). [default: detected]")]
 GgufOpt = Annotated[Path | None, typer.Option(
     "--gguf", help="GGUF for --engine llama-server. [default: the model's own]")]
-TimeoutOpt = Annotated[float, typer.Option(  # max: servers.transport.MAX_TIMEOUT (a test checks)
+TimeoutOpt = Annotated[float, typer.Option(  # max: engines.transport.MAX_TIMEOUT (a test checks)
     "--timeout", min=1, max=1e6,
     help="Seconds for the whole of one server answer (retries included).")]
 ServedModelOpt = Annotated[str | None, typer.Option(
@@ -124,10 +124,10 @@ def _kernels(drafter) -> tuple[str, ...] | None:
 
 def load_tokenizer(spec: str | None, engine: str | None = None, api: str | None = None,
                    timeout: float = 600.0, served_model: str | None = None):
-    """What tokenizes for a run whose model runs elsewhere, or nowhere (servers.tokenizing_model):
+    """What tokenizes for a run whose model runs elsewhere, or nowhere (engines.tokenizing_model):
     `spec`'s tokenizer (no weights read), or a server's own; progress on stderr."""
     from kolibri_cli.cli import render
-    from kolibri_cli.servers import tokenizing_model
+    from kolibri_cli.engines import tokenizing_model
 
     with render.progress_bar() as bar:
         return tokenizing_model(spec, engine, api, timeout, served_model, render.note, bar)

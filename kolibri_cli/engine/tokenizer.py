@@ -3,7 +3,7 @@
 The chat template is rendered with jinja2 exactly as transformers' `apply_chat_template` does
 (engine/template.py: the sandbox, with bounds on time, memory and output; the named special
 tokens that are set, `tools`/`documents` None). `Tokenizes` is what commands that only tokenize
-need of a tokenizer: this module's (files here) or a server's (servers/tokenizer.py).
+need of a tokenizer: this module's (files here) or a server's (engines/tokenizer.py).
 Non-goals: tool calling.
 """
 

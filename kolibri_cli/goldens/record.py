@@ -1,5 +1,5 @@
 """Record golden chains with an engine — kolibri, the transformers float32 reference, or an
-inference server (kolibri_cli.servers) — greedy or sampled, and check kolibri against them:
+inference server (kolibri_cli.engines) — greedy or sampled, and check kolibri against them:
 identical, or the first divergent index with both tokens and the reference's top-2 margin there
 (a near-tie explains a divergence; a wide margin is a bug). A sampled chain's margin is between
 the top-2 perturbed scores (decode/sampling.py).
@@ -11,9 +11,9 @@ from kolibri_cli.callbacks import Ticks
 from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 from kolibri_cli.engine.weights import STORAGE
+from kolibri_cli.engines import LOCAL, ServerApi, is_server, server_identity
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, PromptSpec, first_divergence
-from kolibri_cli.servers import LOCAL, ServerApi, is_server, server_identity
 from kolibri_cli.text import shown
 
 ENGINES = ("kolibri", "transformers")  # in-process; a server is passed as a ServerApi

@@ -463,7 +463,7 @@ def _positive_number(value, key: str) -> float:
 
 def _timeout(value) -> float:
     """Checked before the run: inf or 1e300 overflows a socket's timeout, and only then."""
-    from kolibri_cli.servers.transport import MAX_TIMEOUT
+    from kolibri_cli.engines.transport import MAX_TIMEOUT
 
     timeout = _positive_number(value, "timeout")
     if not timeout <= MAX_TIMEOUT:

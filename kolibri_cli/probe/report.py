@@ -259,7 +259,7 @@ def verdict_json(verdict: Verdict, pricing) -> dict:
 def setting_commands(result: ProbeResult):
     """The fastest setting as each engine that runs its rule turns it on (decode.proposers.
     engines), with the switch that turns drafting off above the crossover under --concurrency."""
-    from kolibri_cli.decode.proposers.engines import engine_commands
+    from kolibri_cli.decode.proposers.commands import engine_commands
 
     run, cfg, load = result.best, result.config, result.load
     crossover = None

@@ -83,7 +83,7 @@ MAX_SETTINGS = 4096  # configurations a run replays: 82,000 printed nothing and 
 def check(cfg: ProbeConfig) -> None:
     """Options that cannot run together, or mean nothing in this run, and outputs that cannot be
     written: one error line each, before anything runs."""
-    from kolibri_cli.servers import LOCAL, is_server
+    from kolibri_cli.engines import LOCAL, is_server
 
     if not in_process(cfg):
         if not cfg.measure:
@@ -107,7 +107,7 @@ def check(cfg: ProbeConfig) -> None:
 
 def check_unused(cfg: ProbeConfig) -> None:
     """Options (or PROBE.toml keys) that mean nothing in this run: one error line."""
-    from kolibri_cli.servers import LOCAL
+    from kolibri_cli.engines import LOCAL
 
     if not (cfg.measure or cfg.bench or cfg.measure_costs):
         refuse_unused({"--model": cfg.model}, "--measure, --bench or --costs measure (the "
@@ -350,8 +350,8 @@ def measure(cfg: ProbeConfig, model, goldens: list, runs: list, ui: Ui) -> dict:
 
 
 def measure_server(cfg: ProbeConfig, model, goldens, run, ticks, sampling):
-    from kolibri_cli.probe.measure.server import measure_local, measure_urls
-    from kolibri_cli.servers import LOCAL
+    from kolibri_cli.engines import LOCAL
+    from kolibri_cli.probe.measure.engine import measure_local, measure_urls
 
     if cfg.engine == LOCAL:
         return measure_local(model, goldens, run, cfg.measure_repeats(), cfg.threads, cfg.gguf,

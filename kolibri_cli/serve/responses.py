@@ -122,7 +122,7 @@ def usage_chunk(head: Head, results: list, usage) -> bytes:
 
 
 def timings(results: list, usage) -> dict:
-    """llama.cpp's per-request figures, which kolibri's own client (servers.api) reads (over
+    """llama.cpp's per-request figures, which kolibri's own client (engines.api) reads (over
     the choices: the first's prefill, every choice's decoding)."""
     return {"prompt_n": usage.prompt_tokens, "prompt_ms": results[0].prefill_s * 1e3,
             "predicted_n": usage.completion_tokens,

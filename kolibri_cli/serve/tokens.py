@@ -1,5 +1,5 @@
 """POST /tokenize and /detokenize as llama-server shapes them, which kolibri's own client of a
-deployment (servers/tokenizer.py) and llama.cpp's tools call.
+deployment (engines/tokenizer.py) and llama.cpp's tools call.
 
 /tokenize {content, add_special (false), parse_special (true), with_pieces (false)} ->
 {tokens: [id, ...]}, or with pieces [{id, piece}, ...] (a piece that is not whole UTF-8 text is

@@ -312,7 +312,7 @@ def _describe(sampling: dict) -> str:
 
 
 def server_costs_table(r) -> Table:
-    """c(n) of an inference server (bench.server.ServerCosts)."""
+    """c(n) of an inference server (bench.engine_costs.ServerCosts)."""
     threads = f"{r.threads} threads, " if r.threads else ""
     rows = [("engine", f"{r.engine} ({threads}medians of {r.repeats})"),
             ("method", r.method),

@@ -13,8 +13,8 @@ tokenizer and by what the server reports of it (its name, size, context, end-of-
   messages (a chat prompt needs --model); GET /get_model_info's weight_version, where set, is
   the fingerprint.
 - any other OpenAI-compatible server has no tokenizer endpoint: refused with one line.
-Every request goes through the transport (servers/transport.py) and its policy, its answer read
-up to a cap sized by what was sent and checked field by field (servers/answers.py) before use.
+Every request goes through the transport (engines/transport.py) and its policy, its answer read
+up to a cap sized by what was sent and checked field by field (engines/answers.py) before use.
 Non-goals: tool calls and images in chat messages.
 """
 
@@ -25,10 +25,10 @@ import numpy as np
 
 from kolibri_cli.engine.model import Identity, TokenizerOnly
 from kolibri_cli.engine.tokenizer import encode_prompt
+from kolibri_cli.engines.answers import Answer, answer
+from kolibri_cli.engines.api import ServerApi
+from kolibri_cli.engines.transport import BODY_BYTES, Http
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers.answers import Answer, answer
-from kolibri_cli.servers.api import ServerApi
-from kolibri_cli.servers.transport import BODY_BYTES, Http
 
 PROBE_TEXT = "kolibri"  # tokenized once up front: a server that cannot tokenize fails at once
 SAMPLE_TRIES = 50  # candidate ids tried per ordinary id wanted (most of a vocabulary is)

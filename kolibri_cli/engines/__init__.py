@@ -11,10 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kolibri_cli.engine.model import TokenizerOnly
+from kolibri_cli.engines.api import APIS, Completion, ServerApi, connect
+from kolibri_cli.engines.launch import LlamaServer, ServerSpec, spec_args, synth_args
+from kolibri_cli.engines.tokenizer import server_identity, server_model
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers.api import APIS, Completion, ServerApi, connect
-from kolibri_cli.servers.launch import LlamaServer, ServerSpec, spec_args, synth_args
-from kolibri_cli.servers.tokenizer import server_identity, server_model
 
 __all__ = ["APIS", "LOCAL", "Completion", "LlamaServer", "ServerApi", "ServerSpec",
            "connect", "is_server", "server_identity", "server_model", "serving", "spec_args",

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from kolibri_cli.engines.transport import Http
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers.transport import Http
 
 BINARY_VAR = "KOLIBRI_LLAMA_SERVER"
 START_TIMEOUT_S = 120.0

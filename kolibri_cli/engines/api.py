@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass, field
 
 from kolibri_cli.decode.sampling import GREEDY, Sampling
+from kolibri_cli.engines.answers import Answer, answer, completion_bytes
+from kolibri_cli.engines.transport import Http
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers.answers import Answer, answer, completion_bytes
-from kolibri_cli.servers.transport import Http
 
 APIS = ("llama.cpp", "vllm", "kolibri", "openai")
 

@@ -4,7 +4,7 @@ ids, the per-round solve, the least-squares line. Fake servers with known pass c
 import numpy as np
 import pytest
 
-from kolibri_cli.bench.server import (
+from kolibri_cli.bench.engine_costs import (
     PassTimes,
     ServerCosts,
     cost_round,
@@ -14,8 +14,8 @@ from kolibri_cli.bench.server import (
 )
 from kolibri_cli.costs.model import line_slope
 from kolibri_cli.decode.proposers import make_proposer
+from kolibri_cli.engines import Completion
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers import Completion
 
 PROMPT = list(range(100, 132)) * 2  # a periodic prompt: 32 distinct ids, twice
 
@@ -131,7 +131,7 @@ class ChainServer:
                                          ({1: 10, 2: 15, 3: 30, 4: 25}, False)])
 def test_measured_probe_predicts_with_raw_costs_and_on_their_line(ms, on_line):
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-    from kolibri_cli.probe.measure.server import measure_on_server
+    from kolibri_cli.probe.measure.engine import measure_on_server
     from kolibri_cli.probe.replay.shards import simulate
 
     goldens = load_goldens(DEFAULT_CHAT)[:4]
@@ -170,7 +170,7 @@ def test_measured_server_marks_goldens_too_short_to_time_and_leaves_them_out():
 
     from kolibri_cli.cli.render.probe import measured_table
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
-    from kolibri_cli.probe.measure.server import measure_on_server
+    from kolibri_cli.probe.measure.engine import measure_on_server
     from kolibri_cli.probe.replay.shards import simulate
     from kolibri_cli.probe.report import MIN_TIMED_STEPS
 

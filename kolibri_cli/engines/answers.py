@@ -8,8 +8,8 @@ Unicode. Non-goals: what the fields mean (api.py).
 """
 
 
+from kolibri_cli.engines.transport import BODY_BYTES
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers.transport import BODY_BYTES
 from kolibri_cli.text import finite, shown
 
 MAX_TOKEN_ID = 2**31 - 1  # when the vocabulary is not known: ids are int32 everywhere

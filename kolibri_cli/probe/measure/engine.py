@@ -4,7 +4,7 @@ a speculative one, alternating, `repeats` times (medians), beside kolibri's simu
 Per golden: the spec server's ids must equal the plain server's; kolibri simulates the proposer
 over the server's own plain chain, counting drafts as the server does (ServerCounting), and the
 counts must equal the server's `draft_n` / `draft_n_accepted`; the predicted speedup prices the
-simulated passes with the server's c(n) (bench.server), measured in the same run when the
+simulated passes with the server's c(n) (bench.engine_costs), measured in the same run when the
 servers are kolibri's own, else given (`--costs`). Measured speedup = plain decode time / spec
 decode time, both as the server reports them (prompt processing excluded).
 Non-goals: rendering (report.py), starting servers (the caller does).
@@ -18,11 +18,11 @@ from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import cost_model, line_slope
 from kolibri_cli.decode.proposers import LlamaCppSimpleProposer, proposer_class
 from kolibri_cli.decode.sampling import Sampling
+from kolibri_cli.engines import Completion, ServerApi
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, first_divergence
 from kolibri_cli.probe.report import Measured, MeasuredGolden, timed_only, too_short_to_time
 from kolibri_cli.probe.simulate import ServerCounting, SimRun, div_or_none, simulate_chain
-from kolibri_cli.servers import Completion, ServerApi
 
 COST_ROUNDS = 3  # c(n) rounds per repeat: a round takes ~15 s, a repeat of 18 goldens minutes
 LOCAL_SPEC = LlamaCppSimpleProposer.llama_server  # what measure_local starts: ngram-simple
@@ -152,8 +152,8 @@ def measure_local(model, goldens: list[Golden], run: SimRun, repeats: int, threa
     timed COST_ROUNDS times per repeat (alternating the order of n), between the goldens."""
     from contextlib import ExitStack
 
-    from kolibri_cli.bench.server import PassTimes, cost_round, periodic_prompt
-    from kolibri_cli.servers import LOCAL, serving, spec_args, synth_args
+    from kolibri_cli.bench.engine_costs import PassTimes, cost_round, periodic_prompt
+    from kolibri_cli.engines import LOCAL, serving, spec_args, synth_args
 
     if proposer_class(run.proposer).llama_server != LOCAL_SPEC:
         raise KolibriError(f"--engine {LOCAL} runs llama.cpp's {LOCAL_SPEC}: measure it with "
@@ -187,7 +187,7 @@ def measure_urls(model, goldens: list[Golden], run: SimRun, spec_url: str, plain
                  sampling: Sampling | None = None) -> Measured:
     """Measure on two running servers: `spec_url` speculates with the run's settings (the
     operator configured it so), `plain_url` is its plain twin; c(n) only from `costs`."""
-    from kolibri_cli.servers import connect
+    from kolibri_cli.engines import connect
 
     plain, spec = (connect(url, api, model.tokenizer, model.eos_ids, timeout,
                            vocab=model.vocab_size) for url in (plain_url, spec_url))

@@ -3,7 +3,7 @@
 Two methods:
 - synthetic acceptance (llama-servers kolibri starts): timed in the server's real decode loop,
   sampling, drafting and bookkeeping included. n = 1 is a plain server; for n > 1 llama-server
-  runs with servers.synth_args(n-1): ngram-simple with n-gram size 1 drafts up to n-1 tokens that
+  runs with engines.synth_args(n-1): ngram-simple with n-gram size 1 drafts up to n-1 tokens that
   followed the last token's previous occurrence and every draft is accepted. The model still
   picks each pass's last token, so the history does not stay periodic everywhere and some passes
   carry fewer tokens; ngram-simple is deterministic, so replaying it over the returned ids gives
@@ -32,8 +32,7 @@ from kolibri_cli.bench.timing import curve_sizes
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import line_slope
 from kolibri_cli.decode.proposers import LlamaCppSimpleProposer, draft
-from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers import (
+from kolibri_cli.engines import (
     LOCAL,
     Completion,
     ServerApi,
@@ -42,6 +41,7 @@ from kolibri_cli.servers import (
     serving,
     synth_args,
 )
+from kolibri_cli.errors import KolibriError
 
 # The contexts timed, 64..184 positions, are a chat request's: llama.cpp pads attention to
 # multiples of 256 positions, and a pass past 256 costs more (more so for n > 1): c(n) timed on

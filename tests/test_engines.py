@@ -8,10 +8,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from kolibri_cli.decode.sampling import Sampling
+from kolibri_cli.engines import connect
+from kolibri_cli.engines.api import LlamaCppApi, OpenAiApi, VllmApi, _metric_sum, detect_api
+from kolibri_cli.engines.transport import Http, masked
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.servers import connect
-from kolibri_cli.servers.api import LlamaCppApi, OpenAiApi, VllmApi, _metric_sum, detect_api
-from kolibri_cli.servers.transport import Http, masked
 
 
 class Stub:
@@ -171,7 +171,7 @@ def test_llamacpp_completion_sends_ids_and_reads_tokens_timings_counters(stub):
 
 
 def test_sampling_settings_become_each_apis_request_fields():
-    from kolibri_cli.servers.api import llamacpp_sampling, openai_sampling
+    from kolibri_cli.engines.api import llamacpp_sampling, openai_sampling
 
     assert llamacpp_sampling(Sampling()) == {"temperature": 0.0, "repeat_penalty": 1.0}
     assert openai_sampling(Sampling()) == {"temperature": 0.0}
