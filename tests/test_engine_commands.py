@@ -69,7 +69,7 @@ def test_probe_prints_and_reports_the_command(tmp_path):
     goldens.write_text("".join(json.dumps(
         {"id": f"mix-{i}", "category": "code", "prompt": "p", "chat": True, "prompt_ids": prompt,
          "output_ids": output * 6, "model": "m", "model_sha256": "0" * 64, "reference": {}}
-    ) + "\n" for i in range(3)))  # repetitive chains: it pays
+    ) + "\n" for i in range(6)))  # repetitive chains, enough for a verdict: it pays
     args = ["probe", "--goldens", str(goldens), "--k", "3", "--window", "1-2"]
     doc = json.loads(CliRunner().invoke(app, [*args, "--json"]).stdout)
     assert doc["verdict"]["answer"] == "pays"

@@ -375,7 +375,7 @@ def test_spec_drafts_with_the_guard_unless_a_fixed_rule_is_named(kolibri_home,
     folder = str(tiny_llama_folder())
     for command in ("generate", "chat"):  # --proposer is None when not given: help says it
         shown = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "400"}).stdout
-        assert "See docs/proposers.md. [default: guard]" in shown
+        assert "See docs/proposers.md. [default: guard, kolibri's cost-aware rule" in shown
     for args, name in (([], "guard"), (["--proposer", "ngram"], "vllm")):
         r = CliRunner().invoke(app, ["generate", "-m", folder, "--raw", "-n", "4", "--spec",
                                      *args, "--json", "abcabc"])

@@ -162,8 +162,8 @@ def _metadata_end(path: Path) -> int:
         cur = vocabulary._Cursor(f, path.stat().st_size, path)
         cur.take(16)
         for _ in range(cur.unpack("<Q", 8)):
-            vocabulary._string(cur)
-            vocabulary._value(cur, cur.unpack("<I", 4))
+            key = vocabulary._string(cur)
+            vocabulary._value(cur, cur.unpack("<I", 4), key)
         return cur.offset
 
 

@@ -88,7 +88,8 @@ def check(path: Path) -> None:
         try:
             _walk(_Walk(view))
         except _Bad as e:
-            raise KolibriError(f"{path}: not a GGUF kolibri can read: {e}") from None
+            raise KolibriError(f"{path}: not a readable GGUF file: truncated or damaged ({e})"
+                               ) from None
 
 
 def _walk(w: _Walk) -> None:
