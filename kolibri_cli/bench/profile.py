@@ -110,16 +110,21 @@ def _fmas(n, a, threads):
     return total.sum()
 
 
-def fma_peak(threads: int, n: int = 2_000_000, repeats: int = 5) -> float:
-    """float32 multiply-adds per second over `threads` threads (median of repeats)"""
-    a = np.float32(1e-7)
-    _fmas(10, a, threads)
+def _peak(kernel, operand, threads: int, n: int, repeats: int) -> float:
+    """Multiply-adds per second of `kernel(n, operand, threads)` (median of repeats, after a
+    short warm call that compiles it)"""
+    kernel(10, operand, threads)
     rates = []
     for _ in range(repeats):
         t = time.perf_counter()
-        _fmas(n, a, threads)
+        kernel(n, operand, threads)
         rates.append(threads * CHAINS * LANES * n / (time.perf_counter() - t))
     return float(np.median(rates))
+
+
+def fma_peak(threads: int, n: int = 2_000_000, repeats: int = 5) -> float:
+    """float32 multiply-adds per second over `threads` threads (median of repeats)"""
+    return _peak(_fmas, np.float32(1e-7), threads, n, repeats)
 
 
 WORDS = 1024  # int16 codes _imadds reads (2 KiB: L1), 16 a multiply-add
@@ -157,13 +162,7 @@ def _imadds(n, w, threads):
 def int_peak(threads: int, n: int = 2_000_000, repeats: int = 5) -> float:
     """int16 multiply-adds per second over `threads` threads (median of repeats)"""
     w = np.ones(WORDS, np.int16)  # products of ones: the sums stay far from overflow
-    _imadds(10, w, threads)
-    rates = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        _imadds(n, w, threads)
-        rates.append(threads * CHAINS * LANES * n / (time.perf_counter() - t))
-    return float(np.median(rates))
+    return _peak(_imadds, w, threads, n, repeats)
 
 
 # ---------------------------------------------------------------- what each piece reads and does
