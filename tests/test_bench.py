@@ -85,8 +85,20 @@ def test_bench_peer_runs_llama_bench_on_the_models_gguf(kolibri_home, tmp_path, 
         rounds["kolibri"][0] * r["bytes_per_token"] / (1e9 * r["bandwidth_gb_s"]))
     assert 0 < rounds["peer_bytes_per_token"] < gguf_path.stat().st_size
     assert ratios["c(3) vs no repack"] == pytest.approx(r["costs"]["3"] / 1.2)
+    assert r["efficiency"] == pytest.approx(r["spec_speedup"] / r["pass_ratio"])
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert all(f"-m {gguf_path.resolve()} -t 1 " in c for c in calls) and len(calls) == 5
+
+    # the table: each c(n) beside the peer's, the chain's spec/plain as a share of its pass ratio
+    shown = CliRunner().invoke(app, ["bench", "-m", "tiny", "--peer", "llama.cpp", "--peer-bin",
+                                     str(fake), "--repeats", "1", "--k", "2", "--prefill", "64",
+                                     "--threads", "1"], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    for n, peer_c in ((2, "1.100"), (3, "1.200")):
+        row = next(x for x in lines if f"c({n})" in x and "ms)" in x)
+        assert f"llama.cpp --repack 0: {peer_c}" in row
+    assert any("of its pass ratio" in x for x in lines)
 
 
 # llama-bench's JSON rows as it prints them (tools/llama-bench: "build_commit" from llama_commit(),

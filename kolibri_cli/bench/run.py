@@ -87,8 +87,15 @@ class BenchResult:
     def pass_ratio(self) -> float:
         return self.plain_steps / self.verify_passes if self.verify_passes else 0.0
 
+    @property
+    def efficiency(self) -> float:
+        """spec/plain over the pass ratio: the share of the passes saved that became speed
+        (1.0 when a verify pass costs one decode step; 0.0 when nothing was verified)"""
+        return self.spec_speedup / self.pass_ratio if self.pass_ratio else 0.0
+
     def to_dict(self) -> dict:
-        d = asdict(self) | {"pass_ratio": self.pass_ratio, "peer_ratios": self.peer_ratios()}
+        d = asdict(self) | {"pass_ratio": self.pass_ratio, "efficiency": self.efficiency,
+                            "peer_ratios": self.peer_ratios()}
         d["forward_ms"] = {str(n): t for n, t in self.forward_ms.items()}
         d["costs"] = {str(n): c for n, c in self.costs.items()}
         d["cost_rounds"] = [{str(n): c for n, c in r.items()} for r in self.cost_rounds]

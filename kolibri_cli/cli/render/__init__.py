@@ -228,7 +228,10 @@ def bench_table(r) -> Table:
         ("read bandwidth", f"{r.bandwidth_gb_s:.1f} GB/s"),
         ("weights per token", f"{r.bytes_per_token / 1e6:.1f} MB ({storage_text(r.storage)})"),
     ]
-    rows += [(f"c({n})", f"{c:.3f}  ({r.forward_ms[n]:.1f} ms)") for n, c in r.costs.items()]
+    peer = r.peer.costs if r.peer is not None else {}
+    rows += [(f"c({n})", f"{c:.3f}  ({r.forward_ms[n]:.1f} ms)"
+              + (f"   llama.cpp --repack 0: {peer[n]:.3f}" if n in peer else ""))
+             for n, c in r.costs.items()]
     if r.prefill_tokens:
         rows.append((f"prefill {r.prefill_tokens}", f"{r.prefill_tokens_per_s:.1f} tok/s"))
     rows += [
@@ -238,7 +241,8 @@ def bench_table(r) -> Table:
                             "text)"),
         ("  spec decode", f"{r.spec_tokens_per_s:.1f} tok/s ({r.proposer}, k={r.k}, window "
                           f"{r.window[0]}-{r.window[1]})"),
-        ("  spec / plain", f"{r.spec_speedup:.2f}x (upper bound)"),
+        ("  spec / plain", f"{r.spec_speedup:.2f}x (upper bound) = {r.efficiency:.0%} of its "
+                           f"pass ratio {r.pass_ratio:.2f}"),
         ("  passes", f"{r.plain_steps} plain steps, {r.verify_passes} verify passes (ratio "
                      f"{r.pass_ratio:.2f}), {r.drafts_accepted}/{r.drafts_proposed} drafts "
                      f"accepted, ids identical: {r.identical}"),
@@ -332,14 +336,12 @@ def server_costs_table(r) -> Table:
 
 
 def _peer_rows(r) -> list[tuple[str, str]]:
-    p, n = r.peer, max(r.costs)
+    p = r.peer
     rows = [("peer", f"{p.engine} {p.version} on {p.gguf}, {p.threads} threads, "
                      f"{p.repetitions} repetitions")]
     rows += [(f"peer decode, {v}", f"{tps:.1f} tok/s") for v, tps in p.decode_tokens_per_s.items()]
     rows += [(f"peer prefill {r.prefill_tokens}, {v}", f"{tps:.1f} tok/s")
              for v, tps in p.prefill_tokens_per_s.items()]
-    if n in p.costs:
-        rows.append((f"peer c({n}), no repack", f"{p.costs[n]:.3f}"))
     rows += [(f"peer {what}", f"failed: {why}") for what, why in p.failures.items()]
     rows += [(f"kolibri / peer, {what}", f"{x:.2f}x") for what, x in r.peer_ratios().items()]
     return rows + (_rounds_rows(r.rounds) if r.rounds else [])
