@@ -256,7 +256,7 @@ def predicted_speed(run: SimRun, category: str | None = None) -> Speed:
 
 
 def measured_speed(run: SimRun, measured) -> Speed:
-    """The run's measured speedup (a probe.report.Measured), with a bootstrap interval over its
+    """The run's measured speedup (a probe.result.Measured), with a bootstrap interval over its
     timed goldens weighted by their plain time, as the overall figure is."""
     timed = [g for g in measured.goldens if not g.too_short] or measured.goldens
     steps = {g.id: g.counts.plain_steps for g in run.goldens or []}

@@ -34,7 +34,7 @@ from kolibri_cli.goldens.stream import (
 )
 from kolibri_cli.probe.config import ProbeConfig
 from kolibri_cli.probe.replay import ChainCounts, Chains, Replayer, SimConfig
-from kolibri_cli.probe.report import counts_json
+from kolibri_cli.probe.result import counts_json
 from kolibri_cli.probe.simulate import Counts, GoldenSim, SimRun
 from kolibri_cli.text import shown
 
