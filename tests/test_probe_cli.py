@@ -203,6 +203,35 @@ def test_probe_toml(goldens, tmp_path):
     assert [r["k"] for r in json.loads(override.stdout)["runs"]] == [3]
 
 
+def test_each_option_is_the_config_field_and_toml_key_of_its_name():
+    """cli/probe.py declares the options, ProbeConfig the fields they set: the same names in the
+    same order (--help's, PROBE.toml's keys'), and a switch is a bool field."""
+    import dataclasses
+    import inspect
+
+    from kolibri_cli.cli.probe import probe
+    from kolibri_cli.probe.config import FIELDS, ProbeConfig
+
+    options = [name for name in inspect.signature(probe).parameters
+               if name not in ("config", "ray_address")]  # --ray-address: --ray's address
+    assert options == FIELDS
+    types = {f.name: f.type for f in dataclasses.fields(ProbeConfig)}
+    switches = [name for name, p in inspect.signature(probe).parameters.items()
+                if "bool" in str(p.annotation)]
+    assert [name for name in switches if name != "ray"] == [
+        name for name in FIELDS if types[name] in (bool, "bool")]
+
+
+def test_the_setting_grid_is_proposer_major_with_each_proposers_defaults():
+    from kolibri_cli.probe.config import ProbeConfig
+
+    cfg = ProbeConfig(proposer=["vllm", "llamacpp-simple"])
+    assert cfg.settings() == [("vllm", 5, (1, 4)), ("llamacpp-simple", 48, (12, 12))]
+    cfg = ProbeConfig(proposer=["vllm", "guard"], k=[2, 3], window=[(1, 2), (2, 4)])
+    assert cfg.settings() == [(p, k, w) for p in ("vllm", "guard") for k in (2, 3)
+                              for w in ((1, 2), (2, 4))]
+
+
 def test_probe_toml_unknown_key(tmp_path):
     toml = tmp_path / "probe.toml"
     toml.write_text('goldens = "g.jsonl"\nkk = 5\nwindows = "1-4"\n')

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kolibri_cli.decode.proposers import DEFAULT_PROPOSER, LlamaCppOptions, default_settings
+from kolibri_cli.decode.proposers import DEFAULT_PROPOSER, LlamaCppOptions
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.goldens.stream import (
@@ -138,17 +138,12 @@ OnRows = Callable[[bytes], None]
 
 
 def configs_of(cfg: ProbeConfig) -> list[SimConfig]:
-    """Every configuration of the probe, proposer-major then k then window:
-    [(p1, k1, w1), (p1, k1, w2), ..., (p1, k2, w1), ..., (p2, k1, w1), ...]; no k or no window
-    given means each proposer's own (default_settings)."""
+    """Every configuration of the probe (ProbeConfig.settings), in its order."""
     priced = cfg.priced_costs()
     costs = None if priced is None else tuple(priced.items())
-    settings = [(p, k, w) for p in cfg.proposer
-                for k in (cfg.k or [default_settings(p)[0]])
-                for w in (cfg.window or [default_settings(p)[1]])]
     llamacpp = _absolute(cfg.llamacpp_options())
     return [SimConfig(p, k, w, costs, cfg.cross_request, i, llamacpp)
-            for i, (p, k, w) in enumerate(settings)]
+            for i, (p, k, w) in enumerate(cfg.settings())]
 
 
 def _absolute(options: LlamaCppOptions) -> LlamaCppOptions:
