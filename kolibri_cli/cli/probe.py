@@ -30,6 +30,8 @@ from kolibri_cli.decode.proposers import (
 )
 from kolibri_cli.decode.sampling import OPTION_HELP as SAMPLING_HELP
 from kolibri_cli.errors import KolibriError
+from kolibri_cli.probe.where import GRAMMAR as WHERE
+from kolibri_cli.probe.where import help_text as where_columns
 
 SIMULATE, PRICE, MEASURE, REPORT, SCALE = ("What to simulate", "Pricing: c(n)",
                                            "Measuring with the model", "Reports and gates",
@@ -84,6 +86,12 @@ LookupCacheDynamicOpt = Annotated[Path | None, typer.Option(
 CategoryOpt = Annotated[str | None, typer.Option(
     "--category", metavar="NAME[,...]", rich_help_panel=SIMULATE,
     help="Only goldens of these categories (comma-separated).")]
+WhereOpt = Annotated[str | None, typer.Option(
+    "--where", metavar="EXPR", rich_help_panel=SIMULATE,
+    help="Only the goldens whose columns meet EXPR, evaluated by numexpr over them as arrays "
+    "(at any scale, --workers and --ray too); the verdict names the slice, e.g. "
+    f"'{WHERE.example}'. Columns: {where_columns()}. Operators: comparisons, + - * /, & | ~ "
+    "(and, or, not), parentheses (docs/probe.md).")]
 LimitOpt = Annotated[int | None, typer.Option(
     "--limit", metavar="N", rich_help_panel=SIMULATE,
     help="At most N goldens.")]
@@ -222,6 +230,7 @@ def probe(config: ConfigArg = None,
           lookup_cache_static: LookupCacheStaticOpt = None,
           lookup_cache_dynamic: LookupCacheDynamicOpt = None,
           category: CategoryOpt = None,
+          where: WhereOpt = None,
           limit: LimitOpt = None,
           max_tokens: MaxTokensOpt = None,
           concurrency: ConcurrencyOpt = None,

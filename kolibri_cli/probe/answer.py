@@ -90,6 +90,7 @@ class Verdict:
     scope: str = "all"  # "all", or the category this verdict is for
     spread: Spread | None = None  # predicted: the interval of what a user will get
     goldens: int | None = None  # how many goldens it rests on (None: not kept)
+    slice: str | None = None  # --where: the expression that chose its goldens
 
     @property
     def pays(self) -> bool:

@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import tomllib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,7 @@ class ProbeConfig:
     lookup_cache_static: Path | None = None
     lookup_cache_dynamic: Path | None = None
     category: list[str] | None = None  # only goldens of these categories
+    where: str | None = None  # only goldens whose columns meet this (where.py), as given
     limit: int | None = None  # at most this many goldens
     max_tokens: int | None = None  # each golden's first N output ids
     concurrency: list[int] | None = None  # B values to simulate under load (probe/load.py)
@@ -118,6 +120,7 @@ class ProbeConfig:
             "k": self.k or None,  # None: each proposer's default
             "window": [format_window(w) for w in self.window] or None,
             "category": self.category,
+            "where": self.where,
             "limit": self.limit,
             "max_tokens": self.max_tokens,
             "measure": self.measure,
@@ -238,6 +241,10 @@ def _parse(key: str, value):
         return list(gates)
     if key == "concurrency":
         return _concurrency(value)
+    if key == "where":
+        from kolibri_cli.probe.where import parse_where
+
+        return parse_where(_expect(value, key, str)).text  # a bad expression fails now
     if key == "category":
         items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
         categories = [c.strip() for c in items if c.strip()]
@@ -280,22 +287,35 @@ def select_goldens(config: ProbeConfig, most: int | None = None) -> list[Golden]
         where = ", ".join(str(p) for p in config.goldens)
         raise KolibriError(f"no golden files (*.jsonl) found in {where}; pass --goldens FILE")
     goldens = []
-    for g in iter_goldens(files):
-        if config.category and g.category not in config.category:
-            continue
+    for g in _selected(iter_goldens(files), config.category, config.where):
         if len(goldens) == config.limit:
             break
         if most is not None and len(goldens) == most:
             raise KolibriError(f"more than {most} goldens: too many to hold in memory for this; "
                                "pick some with --limit or --category")
         goldens.append(g)
-    if not goldens and config.category:
-        raise KolibriError(f"no goldens of category {', '.join(config.category)}")
+    if not goldens and (config.category or config.where):
+        raise KolibriError(nothing_selected(config))
     if config.max_tokens:
         goldens = [
             dataclasses.replace(g, output_ids=g.output_ids[: config.max_tokens]) for g in goldens
         ]
     return goldens
+
+
+def nothing_selected(config: ProbeConfig) -> str:
+    """The error when --category or --where left no golden."""
+    of = f" of category {', '.join(config.category)}" if config.category else ""
+    return f"no goldens{of}" + (f" where {config.where}" if config.where else "")
+
+
+def _selected(goldens: Iterable[Golden], category: list[str] | None,
+              where: str | None) -> Iterator[Golden]:
+    """The goldens of those categories that meet `where` (numexpr over batches), in order."""
+    from kolibri_cli.probe.where import parse_where
+
+    kept = (g for g in goldens if not category or g.category in category)
+    return parse_where(where).select(kept) if where else kept
 
 
 def _costs(value) -> dict[int, float]:

@@ -245,6 +245,8 @@ def verdict_text(verdict: Verdict) -> str:
     """The answer in one sentence: pays / a wash / does not pay, the setting, by how much."""
     speed = verdict.speed
     where = "here" if verdict.scope == "all" else f"on {clean(str(verdict.scope))}"
+    if verdict.slice:  # --where
+        where = ("" if verdict.scope == "all" else where + " ") + f"where {clean(verdict.slice)}"
     figure = (f"{speed.basis} speedup {fmt_ratio(speed.value)} over plain decode"
               if speed.value is not None else "no speedup could be computed")
     if verdict.answer == TOO_FEW:

@@ -4,7 +4,7 @@ and `MeasuredGolden` by measure/, a chain's counts as JSON by replay/). Every ou
 JSON, Markdown, PNG) renders these objects; none decides anything of its own.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kolibri_cli.probe.answer import (
     Speed,
@@ -185,9 +185,11 @@ def build_result(config, runs: list[SimRun], pricing, measured: dict | None = No
     fastest = with_interval(ranked[0])
     ranked[0] = fastest
     compared = [with_interval(s) for s in fastest_per_proposer(runs, ranked)]
+    sliced = lambda v: replace(v, slice=config.where)  # noqa: E731
     result = ProbeResult(config, runs, pricing, measured, throughput, ranked,
-                         verdict(runs, fastest, pricing), compared,
-                         category_verdicts(runs, pricing), load, gates_of(config))
+                         sliced(verdict(runs, fastest, pricing)), compared,
+                         {c: sliced(v) for c, v in category_verdicts(runs, pricing).items()},
+                         load, gates_of(config))
     result.failures = check(result)
     return result
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from kolibri_cli.costs.pricing import Pricing
 from kolibri_cli.errors import KolibriError, refuse_unused
 from kolibri_cli.goldens.stream import empty_golden_files, models_of
-from kolibri_cli.probe.config import ProbeConfig
+from kolibri_cli.probe.config import ProbeConfig, nothing_selected
 from kolibri_cli.probe.result import ProbeResult, build_result
 
 MEASURE_REPEATS = 5  # --costs measure: medians of this many interleaved timings per row count
@@ -249,7 +249,7 @@ def simulate(cfg: ProbeConfig, tasks: list, ui: Ui) -> tuple:
     if cfg.rows:
         ui.note(f"wrote {cfg.rows}")
     if not any(run.chains for run in runs):
-        raise KolibriError(f"no goldens of category {', '.join(cfg.category or [])}")
+        raise KolibriError(nothing_selected(cfg))
     return runs, throughput
 
 
