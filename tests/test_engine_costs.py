@@ -154,7 +154,7 @@ class StepTimedServer(ChainServer):
         self.ms, self.short_ms = ms, short_ms
 
     def complete(self, prompt_ids, n, how=None):
-        from kolibri_cli.probe.report import MIN_TIMED_STEPS
+        from kolibri_cli.probe.result import MIN_TIMED_STEPS
 
         answer = super().complete(prompt_ids, n, how)
         steps = len(answer.output_ids) - 1
@@ -172,7 +172,7 @@ def test_measured_server_marks_goldens_too_short_to_time_and_leaves_them_out():
     from kolibri_cli.goldens.chains import DEFAULT_CHAT, load_goldens
     from kolibri_cli.probe.measure.engine import measure_on_server
     from kolibri_cli.probe.replay.shards import simulate
-    from kolibri_cli.probe.report import MIN_TIMED_STEPS
+    from kolibri_cli.probe.result import MIN_TIMED_STEPS
 
     lengths = {0: None, 1: 3, 2: MIN_TIMED_STEPS + 1}  # full, 2 steps, exactly 4 steps
     goldens = [replace(g, output_ids=g.output_ids[:lengths[i]])

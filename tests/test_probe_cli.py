@@ -203,6 +203,35 @@ def test_probe_toml(goldens, tmp_path):
     assert [r["k"] for r in json.loads(override.stdout)["runs"]] == [3]
 
 
+def test_each_option_is_the_config_field_and_toml_key_of_its_name():
+    """cli/probe.py declares the options, ProbeConfig the fields they set: the same names in the
+    same order (--help's, PROBE.toml's keys'), and a switch is a bool field."""
+    import dataclasses
+    import inspect
+
+    from kolibri_cli.cli.probe import probe
+    from kolibri_cli.probe.config import FIELDS, ProbeConfig
+
+    options = [name for name in inspect.signature(probe).parameters
+               if name not in ("config", "ray_address")]  # --ray-address: --ray's address
+    assert options == FIELDS
+    types = {f.name: f.type for f in dataclasses.fields(ProbeConfig)}
+    switches = [name for name, p in inspect.signature(probe).parameters.items()
+                if "bool" in str(p.annotation)]
+    assert [name for name in switches if name != "ray"] == [
+        name for name in FIELDS if types[name] in (bool, "bool")]
+
+
+def test_the_setting_grid_is_proposer_major_with_each_proposers_defaults():
+    from kolibri_cli.probe.config import ProbeConfig
+
+    cfg = ProbeConfig(proposer=["vllm", "llamacpp-simple"])
+    assert cfg.settings() == [("vllm", 5, (1, 4)), ("llamacpp-simple", 48, (12, 12))]
+    cfg = ProbeConfig(proposer=["vllm", "guard"], k=[2, 3], window=[(1, 2), (2, 4)])
+    assert cfg.settings() == [(p, k, w) for p in ("vllm", "guard") for k in (2, 3)
+                              for w in ((1, 2), (2, 4))]
+
+
 def test_probe_toml_unknown_key(tmp_path):
     toml = tmp_path / "probe.toml"
     toml.write_text('goldens = "g.jsonl"\nkk = 5\nwindows = "1-4"\n')
@@ -278,7 +307,8 @@ def _result(goldens, runs, measured, **config):
 def test_measured_section_and_speedup_gate(goldens):
     from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.replay.shards import simulate
-    from kolibri_cli.probe.report import Measured, MeasuredGolden, build_report
+    from kolibri_cli.probe.report import build_report
+    from kolibri_cli.probe.result import Measured, MeasuredGolden
 
     run_ = simulate(load_goldens(goldens), 3, (1, 2))
     one = MeasuredGolden("mix", 20.0, 30.0, 1.5, 1.65, True, None, True, 3, 5, 4)
@@ -307,7 +337,7 @@ def test_speedup_gate_reads_the_measured_run_of_a_sweep(goldens):
     setting leads the ranking whatever the others predict."""
     from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.replay.shards import sweep
-    from kolibri_cli.probe.report import Measured
+    from kolibri_cli.probe.result import Measured
 
     runs = sweep(load_goldens(goldens), [1, 3], [(1, 2)])
     measured = {("vllm", 3, (1, 2)): Measured(20.0, 26.0, 1.3, 1.43, {1: 1.0}, 0.0, True, True)}
@@ -335,7 +365,7 @@ def test_smoke_gates_read_the_laws_and_this_hosts_prediction(goldens, same, coun
     simulation, and the measured speedup against the one c(n) timed in the same run predict."""
     from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.replay.shards import simulate
-    from kolibri_cli.probe.report import Measured
+    from kolibri_cli.probe.result import Measured
 
     run_ = simulate(load_goldens(goldens), 3, (1, 2))
     m = Measured(20.0, 16.0, speedup, expected, {1: 1.0}, 0.0, same, counts)
@@ -418,7 +448,8 @@ def test_goldens_too_short_to_time_are_marked_and_left_out_of_overall_and_worst(
     from kolibri_cli.goldens.chains import Golden
     from kolibri_cli.probe.measure import measure_runs
     from kolibri_cli.probe.replay.shards import simulate
-    from kolibri_cli.probe.report import MIN_TIMED_STEPS, guard_json
+    from kolibri_cli.probe.report import guard_json
+    from kolibri_cli.probe.result import MIN_TIMED_STEPS
 
     model = MODELS[0]
     lengths = {"long": 30, "short": 2, "edge": MIN_TIMED_STEPS + 1}  # edge: exactly 4 steps
@@ -446,7 +477,8 @@ def test_guard_report_sets_configurations_side_by_side(goldens, tmp_path):
     from kolibri_cli.cli.render.probe import guard_table
     from kolibri_cli.goldens.chains import load_goldens
     from kolibri_cli.probe.replay.shards import simulate
-    from kolibri_cli.probe.report import Measured, MeasuredGolden, guard_json, render_markdown
+    from kolibri_cli.probe.report import guard_json, render_markdown
+    from kolibri_cli.probe.result import Measured, MeasuredGolden
 
     def golden(gid, x):
         return MeasuredGolden(gid, 20.0, 20.0 * x, x, None, True, None, True, 3, 4, 2)

@@ -40,15 +40,19 @@ KOpt = Annotated[int | None, typer.Option(
 WindowOpt = Annotated[str | None, typer.Option(
     "--window", help="n-gram sizes tried, 'MIN-MAX' or 'N' (longest first; llama.cpp's types: "
     "n = MAX). [default: 1-4, or the proposer's own]")]
-MinHitsOpt = Annotated[int | None, typer.Option(
-    "--min-hits", min=1, help="llamacpp-map-k4v: key hits before it drafts. [default: 1]")]
-NMinOpt = Annotated[int | None, typer.Option(
-    "--n-min", min=0, help="llamacpp-mod: fewest chained tokens that make a draft. [default: 48]")]
-StaticCacheOpt = Annotated[Path | None, typer.Option(
-    "--lookup-cache-static", help="llamacpp-cache: a llama.cpp static n-gram cache file "
-    "(llama-lookup-create).")]
-DynamicCacheOpt = Annotated[Path | None, typer.Option(
-    "--lookup-cache-dynamic", help="llamacpp-cache: a llama.cpp dynamic n-gram cache file.")]
+# llama.cpp's per-type options (generate, chat, bench, serve and probe, which declares its own
+# in its --help panels with these texts)
+MIN_HITS_HELP = "llamacpp-map-k4v: key hits before it drafts. [default: 1]"
+N_MIN_HELP = "llamacpp-mod: fewest chained tokens that make a draft. [default: 48]"
+STATIC_CACHE_HELP = ("llamacpp-cache: a llama.cpp static n-gram cache file "
+                     "(llama-lookup-create).")
+DYNAMIC_CACHE_HELP = "llamacpp-cache: a llama.cpp dynamic n-gram cache file."
+MinHitsOpt = Annotated[int | None, typer.Option("--min-hits", min=1, help=MIN_HITS_HELP)]
+NMinOpt = Annotated[int | None, typer.Option("--n-min", min=0, help=N_MIN_HELP)]
+StaticCacheOpt = Annotated[Path | None, typer.Option("--lookup-cache-static",
+                                                     help=STATIC_CACHE_HELP)]
+DynamicCacheOpt = Annotated[Path | None, typer.Option("--lookup-cache-dynamic",
+                                                      help=DYNAMIC_CACHE_HELP)]
 QuantizeOpt = Annotated[str | None, typer.Option(
     "--quantize", help="float32: float32 arithmetic on the stored weights (the reference's "
     "numbers); q8_0: the float32 weights quantized to Q8_0 blocks (made at load); int8: the "
@@ -73,8 +77,8 @@ CostsOpt = Annotated[str | None, typer.Option(
 EngineApiOpt = Annotated[str | None, typer.Option(
     "--engine-api", help="API of the server at --engine URL: llama.cpp, vllm, kolibri (kolibri "
     "serve), or openai (text only: answers are re-tokenized). [default: detected]")]
-GgufOpt = Annotated[Path | None, typer.Option(
-    "--gguf", help="GGUF for --engine llama-server. [default: the model's own]")]
+GGUF_HELP = "GGUF for --engine llama-server. [default: the model's own]"  # probe's too
+GgufOpt = Annotated[Path | None, typer.Option("--gguf", help=GGUF_HELP)]
 TimeoutOpt = Annotated[float, typer.Option(  # max: engines.transport.MAX_TIMEOUT (a test checks)
     "--timeout", min=1, max=1e6,
     help="Seconds for the whole of one server answer (retries included).")]

@@ -90,6 +90,7 @@ class Verdict:
     scope: str = "all"  # "all", or the category this verdict is for
     spread: Spread | None = None  # predicted: the interval of what a user will get
     goldens: int | None = None  # how many goldens it rests on (None: not kept)
+    slice: str | None = None  # --where: the expression that chose its goldens
 
     @property
     def pays(self) -> bool:
@@ -256,7 +257,7 @@ def predicted_speed(run: SimRun, category: str | None = None) -> Speed:
 
 
 def measured_speed(run: SimRun, measured) -> Speed:
-    """The run's measured speedup (a probe.report.Measured), with a bootstrap interval over its
+    """The run's measured speedup (a probe.result.Measured), with a bootstrap interval over its
     timed goldens weighted by their plain time, as the overall figure is."""
     timed = [g for g in measured.goldens if not g.too_short] or measured.goldens
     steps = {g.id: g.counts.plain_steps for g in run.goldens or []}

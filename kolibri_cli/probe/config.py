@@ -11,203 +11,94 @@ import os
 import re
 import shlex
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kolibri_cli.costs.pricing import Pricing, parse_costs, read_costs_file
 from kolibri_cli.decode.proposers import (
-    DEFAULT_K,
     DEFAULT_PROPOSER,
-    DEFAULT_WINDOW,
-    GUARD_K,
-    PROPOSERS,
     LlamaCppOptions,
     canonical_proposer,
+    default_settings,
     format_window,
     parse_k_list,
     parse_window_list,
 )
-from kolibri_cli.decode.sampling import OPTION_HELP as SAMPLING_HELP
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import SHIPPED_GOLDENS, Golden
 from kolibri_cli.goldens.stream import find_golden_files, iter_goldens
-from kolibri_cli.probe.options import MEASURE, PRICE, REPORT, SCALE, SIMULATE, guess_text, opt
 from kolibri_cli.text import finite, read_text_file, shown
 
 
 @dataclass
 class ProbeConfig:
-    """Everything one probe run needs; defaults are the command's defaults. Each option is
-    declared here once (`opt`: flags, --help panel, help); PROBE.toml keys are the field
-    names."""
+    """Everything one probe run needs; defaults are the command's defaults. Each field up to
+    `bench_costs` is a PROBE.toml key and the `kolibri probe` option of the same name
+    (cli/probe.py declares the option and its help; --min-hits sets `min_hits`)."""
 
-    goldens: list[Path] = opt(
-        ("--goldens", "-g"), "list", SIMULATE, metavar="PATH", default_factory=list,
-        help="Golden JSONL file or folder (repeatable). [default: the shipped goldens]")
-    k: list[int] = opt(
-        "--k", "text", SIMULATE, metavar="K[,K...]", default_factory=list,
-        help="Draft tokens per pass (tree proposers: tree nodes), or a sweep: 1,2,3,5,8. "
-        f"[default: {DEFAULT_K}; guard: {GUARD_K}; llama.cpp's types and tree proposers: their "
-        "own]")
-    window: list[tuple[int, int]] = opt(
-        "--window", "text", SIMULATE, metavar="MIN-MAX[,...]", default_factory=list,
-        help="n-gram lengths MIN-MAX or N (llama.cpp's types: n = MAX), or a sweep: 1-4,2-4,3-5. "
-        f"[default: {format_window(DEFAULT_WINDOW)}, or the proposer's own]")
-    proposer: list[str] = opt(
-        "--proposer", "text", SIMULATE, metavar="NAME[,...]",
-        default_factory=lambda: [DEFAULT_PROPOSER],
-        help=f"Draft proposer(s): {', '.join(PROPOSERS)} (ngram = vllm); several = a comparison "
-        f"table. [default: {DEFAULT_PROPOSER}: a fixed rule vLLM, SGLang and llama.cpp run "
-        "too, so the answer is a setting to deploy; `generate --spec` drafts with guard, "
-        "kolibri's cost-aware rule (docs/probe.md)]")
-    cross_request: bool = opt(
-        "--cross-request/--no-cross-request", "switch", SIMULATE, default=False,
-        help="suffix: also draft from a global tree over earlier goldens' outputs.")
-    min_hits: int | None = opt(
-        "--min-hits", "int", SIMULATE, metavar="N",
-        help="llamacpp-map-k4v: key hits before it drafts. [default: 1]")
-    n_min: int | None = opt(
-        "--n-min", "int", SIMULATE, metavar="N",
-        help="llamacpp-mod: fewest chained tokens that make a draft. [default: 48]")
-    lookup_cache_static: Path | None = opt(
-        "--lookup-cache-static", "path", SIMULATE, metavar="FILE",
-        help="llamacpp-cache: a llama.cpp static n-gram cache file (llama-lookup-create).")
-    lookup_cache_dynamic: Path | None = opt(
-        "--lookup-cache-dynamic", "path", SIMULATE, metavar="FILE",
-        help="llamacpp-cache: a llama.cpp dynamic n-gram cache file.")
-    category: list[str] | None = opt(
-        "--category", "text", SIMULATE, metavar="NAME[,...]",
-        help="Only goldens of these categories (comma-separated).")
-    limit: int | None = opt(
-        "--limit", "int", SIMULATE, metavar="N",
-        help="At most N goldens.")
-    max_tokens: int | None = opt(
-        "--max-tokens", "int", SIMULATE, metavar="N",
-        help="Use only the first N output ids of each golden.")
-    concurrency: list[int] | None = opt(
-        "--concurrency", "text", SIMULATE, metavar="B[,B...]",
-        help="Also simulate a server under steady load, B sequences at once (e.g. "
-        "1,2,4,8,16,32,64): throughput speedup per B, the best setting per B, and the "
-        "concurrency above which drafting stops paying (docs/load.md).")
-    costs: dict[int, float] | None = opt(
-        "--costs", "text", PRICE, metavar="C1,C2,...|measure|default",
-        help="Forward costs c(1),c(2),... every predicted speedup is priced with (and adaptive, "
-        "adaptive-tree and the guard draft by); measure = time them now on the goldens' model "
-        "(tens of seconds) and keep them, as `kolibri bench` does; default = the guess below, "
-        "ignoring stored benches. [default: the c(n) `kolibri bench` stored for the goldens' "
-        f"model (and --threads), else a guess: {guess_text()}]")
-    by_category: bool = opt(
-        "--by-category/--no-by-category", "switch", REPORT, default=False,
-        help="Also show the verdict and counts per category.")
-    json: bool = opt(
-        "--json/--no-json", "switch", REPORT, default=False,
-        help="Print one JSON object on stdout instead of tables.")
-    markdown: Path | None = opt(
-        "--markdown", "path", REPORT, metavar="FILE",
-        help="Write a Markdown report to FILE.")
-    plot: Path | None = opt(
-        "--plot", "path", REPORT, metavar="FILE.png",
-        help="Write a PNG (predicted speedup over k with the 1.0x line, per-position "
-        "acceptance); needs matplotlib.")
-    rows: Path | None = opt(
-        "--rows", "path", REPORT, metavar="FILE",
-        help="Write every chain's counts to FILE (JSONL, one line per chain and "
-        "configuration).")
-    gate: list[str] | None = opt(
-        "--gate", "list", REPORT, metavar="EXPR",
-        help="Gate (repeatable): exit 1 unless EXPR holds for the fastest setting, e.g. "
-        "'speedup >= 1.15 & worst >= 0.97'. Names: speedup, predicted, measured, low, "
-        "high (its 95% interval), worst, faster (share of goldens), ratio, acceptance, "
-        "mean_len, goldens, crossover; with --measure expected (this host's c(n) predict), "
-        "spec_equals_plain, counts_match_simulation (1 or 0) (docs/probe.md).")
-    min_speedup: float | None = opt(
-        "--min-speedup", "float", REPORT, metavar="Z",
-        help="Gate: exit 1 if the fastest setting's speedup (measured with --measure, else "
-        "predicted) is below this; = --gate 'speedup >= Z'.")
-    min_ratio: float | None = opt(
-        "--min-ratio", "float", REPORT, metavar="X",
-        help="Gate: exit 1 if the fastest setting's ratio is below this.")
-    min_acceptance: float | None = opt(
-        "--min-acceptance", "float", REPORT, metavar="Y",
-        help="Gate: exit 1 if the fastest setting's acceptance rate is below this (0-1).")
-    measure: bool = opt(
-        "--measure/--no-measure", "switch", MEASURE, default=False,
-        help="Also run the model, plain and spec, on every golden (for the fastest setting, of"
-        " each proposer when comparing): tok/s, measured vs predicted speedup, spec == "
-        "plain, and the guard report (spec / plain per golden, the worst).")
-    bench: bool = opt(
-        "--bench/--no-bench", "switch", MEASURE, default=False,
-        help="Add the bench chain (a seeded random prompt whose greedy continuation cycles; "
-        "runs the model once for its chain).")
-    model: str | None = opt(
-        ("--model", "-m"), "text", MEASURE, metavar="NAME|PATH",
-        help="Model for --measure, --bench or --costs measure. For a server engine only its "
-        "tokenizer is read (a folder of tokenizer files, or a GGUF's metadata). [default: with "
-        "--engine URL the server's own tokenizer, else smollm2-135m-instruct]")
-    threads: int | None = opt(
-        ("--threads", "-t"), "int", MEASURE, metavar="N",
-        help="Kernel (or started llama-servers') threads for --measure and --costs measure.")
-    repeats: int | None = opt(
-        "--repeats", "int", MEASURE, metavar="N",
-        help="--measure: runs per golden, plain and spec taking turns; medians. In kolibri: "
-        "rounds over every golden, each running every measured configuration; N for the "
-        "longest golden, more for shorter ones (up to 4N) [default: 1 in kolibri, 3 on a "
-        "server]")
-    engine: str | None = opt(
-        "--engine", "text", MEASURE, metavar="ENGINE",
-        help="Where --measure runs: kolibri; llama-server (started on the model's GGUF, with "
-        "c(n) timed in its own loop); or the base URL of a speculating server (with "
-        "--baseline). [default: kolibri]")
-    baseline: str | None = opt(
-        "--baseline", "text", MEASURE, metavar="URL",
-        help="Base URL of the plain twin of the server at --engine URL (same model, no "
-        "speculation).")
-    engine_api: str | None = opt(
-        "--engine-api", "text", MEASURE, metavar="API",
-        help="API of the servers at URLs: llama.cpp, vllm or openai. [default: detected]")
-    gguf: Path | None = opt(
-        "--gguf", "path", MEASURE, metavar="FILE",
-        help="GGUF for --engine llama-server. [default: the model's own]")
-    timeout: float = opt(
-        "--timeout", "float", MEASURE, metavar="S", default=600.0,
-        help="Seconds to wait for one server answer. [default: 600]")
-    allow_model_mismatch: bool = opt(
-        "--allow-model-mismatch/--no-allow-model-mismatch", "switch", MEASURE, default=False,
-        help="Measure goldens recorded for another model.")
-    temperature: float | None = opt(
-        "--temperature", "float", MEASURE,
-        help=SAMPLING_HELP["temperature"])
-    top_k: int | None = opt(
-        "--top-k", "int", MEASURE,
-        help=SAMPLING_HELP["top_k"])
-    top_p: float | None = opt(
-        "--top-p", "float", MEASURE,
-        help=SAMPLING_HELP["top_p"])
-    min_p: float | None = opt(
-        "--min-p", "float", MEASURE,
-        help=SAMPLING_HELP["min_p"])
-    repetition_penalty: float | None = opt(
-        "--repetition-penalty", "float", MEASURE,
-        help=SAMPLING_HELP["repetition_penalty"])
-    seed: int | None = opt(
-        "--seed", "int", MEASURE,
-        help=SAMPLING_HELP["seed"])
-    workers: int | None = opt(
-        ("--workers", "-w"), "int", SCALE, metavar="N",
-        help="Simulate in N local processes. [default: the cores; 1 for a small input]")
-    ray: str | None = opt(
-        "--ray/--no-ray", "switch", SCALE,
-        help="Simulate on Ray: a new local Ray instance, or the cluster at --ray-address; "
-        "needs kolibri-cli[ray].")
-    ray_address: str | None = opt(
-        "--ray-address", "text", SCALE, metavar="ADDRESS", toml=False,
-        help="The Ray cluster for --ray (implies it): auto = the one this machine is in, "
-        "ray://HOST:10001, HOST:6379.")
+    # what to simulate
+    goldens: list[Path] = field(default_factory=list)  # files or folders; [] = the shipped ones
+    k: list[int] = field(default_factory=list)  # draft tokens per pass; [] = each proposer's own
+    window: list[tuple[int, int]] = field(default_factory=list)  # (min, max) n; [] = its own
+    proposer: list[str] = field(default_factory=lambda: [DEFAULT_PROPOSER])  # canonical names
+    cross_request: bool = False  # suffix: also draft from earlier goldens' outputs
+    # llama.cpp's per-type options (LlamaCppOptions); None = upstream's default
+    min_hits: int | None = None
+    n_min: int | None = None
+    lookup_cache_static: Path | None = None
+    lookup_cache_dynamic: Path | None = None
+    category: list[str] | None = None  # only goldens of these categories
+    where: str | None = None  # only goldens whose columns meet this (where.py), as given
+    limit: int | None = None  # at most this many goldens
+    max_tokens: int | None = None  # each golden's first N output ids
+    concurrency: list[int] | None = None  # B values to simulate under load (probe/load.py)
+    # pricing: c(1), c(2), ... as given; None = a stored bench, the guess (bench_costs False) or
+    # timed now (measure_costs)
+    costs: dict[int, float] | None = None
+    # reports and gates
+    by_category: bool = False
+    json: bool = False
+    markdown: Path | None = None
+    plot: Path | None = None
+    rows: Path | None = None  # every chain's counts as JSONL
+    gate: list[str] | None = None  # numexpr expressions over the figures (gates.py)
+    min_speedup: float | None = None  # the gate shorthands
+    min_ratio: float | None = None
+    min_acceptance: float | None = None
+    # measuring with the model
+    measure: bool = False
+    bench: bool = False  # add the bench chain
+    model: str | None = None
+    threads: int | None = None
+    repeats: int | None = None  # None: measure_repeats()
+    engine: str | None = None  # None or "kolibri", "llama-server", or a server's URL
+    baseline: str | None = None  # the plain twin's URL
+    engine_api: str | None = None
+    gguf: Path | None = None
+    timeout: float = 600.0  # seconds for one server answer
+    allow_model_mismatch: bool = False
+    temperature: float | None = None  # sampling overrides (SAMPLING_KEYS); None = the golden's
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    # scale
+    workers: int | None = None  # local processes; None = the cores (1 for a small input)
+    ray: str | None = None  # "local" (--ray) or a cluster's address (--ray-address)
     # not options: how the run was asked for, and what it chose
     bench_costs: bool = True  # without costs: kolibri bench's stored c(n) (False: costs="default")
     measure_costs: bool = False  # costs="measure": time c(n) on this host now, and keep it
     source: Path | None = None  # the PROBE.toml this came from, if any
     pricing: Pricing | None = None  # the c(n) the run prices with, chosen by the command
+
+    def settings(self) -> list[tuple[str, int, tuple[int, int]]]:
+        """Every (proposer, k, window) the run simulates, proposer-major then k then window
+        (the order of every report); no k or no window given = each proposer's own."""
+        return [(p, k, w) for p in self.proposer
+                for k in (self.k or [default_settings(p)[0]])
+                for w in (self.window or [default_settings(p)[1]])]
 
     def priced_costs(self) -> dict[int, float] | None:
         """The c(n) the simulation uses: as chosen (`pricing`), else as given."""
@@ -229,6 +120,7 @@ class ProbeConfig:
             "k": self.k or None,  # None: each proposer's default
             "window": [format_window(w) for w in self.window] or None,
             "category": self.category,
+            "where": self.where,
             "limit": self.limit,
             "max_tokens": self.max_tokens,
             "measure": self.measure,
@@ -260,9 +152,9 @@ class ProbeConfig:
                                self.lookup_cache_dynamic)
 
 
-OPTIONS = {f.name: f.metadata["option"] for f in dataclasses.fields(ProbeConfig)
-           if "option" in f.metadata}  # name -> Option, in --help's order
-FIELDS = [name for name, option in OPTIONS.items() if option.toml]  # PROBE.toml's keys
+CHOSEN = ("bench_costs", "measure_costs", "source", "pricing")  # set by the run, not asked
+FIELDS = [f.name for f in dataclasses.fields(ProbeConfig) if f.name not in CHOSEN]  # the keys
+REPEATED = ("goldens", "gate")  # options given once per value (--gate A --gate B)
 PATH_KEYS = ("markdown", "plot", "gguf", "rows", "lookup_cache_static", "lookup_cache_dynamic")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
 
@@ -349,6 +241,10 @@ def _parse(key: str, value):
         return list(gates)
     if key == "concurrency":
         return _concurrency(value)
+    if key == "where":
+        from kolibri_cli.probe.where import parse_where
+
+        return parse_where(_expect(value, key, str)).text  # a bad expression fails now
     if key == "category":
         items = value.split(",") if isinstance(value, str) else _as_list(value, key, str)
         categories = [c.strip() for c in items if c.strip()]
@@ -391,22 +287,35 @@ def select_goldens(config: ProbeConfig, most: int | None = None) -> list[Golden]
         where = ", ".join(str(p) for p in config.goldens)
         raise KolibriError(f"no golden files (*.jsonl) found in {where}; pass --goldens FILE")
     goldens = []
-    for g in iter_goldens(files):
-        if config.category and g.category not in config.category:
-            continue
+    for g in _selected(iter_goldens(files), config.category, config.where):
         if len(goldens) == config.limit:
             break
         if most is not None and len(goldens) == most:
             raise KolibriError(f"more than {most} goldens: too many to hold in memory for this; "
                                "pick some with --limit or --category")
         goldens.append(g)
-    if not goldens and config.category:
-        raise KolibriError(f"no goldens of category {', '.join(config.category)}")
+    if not goldens and (config.category or config.where):
+        raise KolibriError(nothing_selected(config))
     if config.max_tokens:
         goldens = [
             dataclasses.replace(g, output_ids=g.output_ids[: config.max_tokens]) for g in goldens
         ]
     return goldens
+
+
+def nothing_selected(config: ProbeConfig) -> str:
+    """The error when --category or --where left no golden."""
+    of = f" of category {', '.join(config.category)}" if config.category else ""
+    return f"no goldens{of}" + (f" where {config.where}" if config.where else "")
+
+
+def _selected(goldens: Iterable[Golden], category: list[str] | None,
+              where: str | None) -> Iterator[Golden]:
+    """The goldens of those categories that meet `where` (numexpr over batches), in order."""
+    from kolibri_cli.probe.where import parse_where
+
+    kept = (g for g in goldens if not category or g.category in category)
+    return parse_where(where).select(kept) if where else kept
 
 
 def _costs(value) -> dict[int, float]:
@@ -497,28 +406,28 @@ def _str_or_none(path: Path | None) -> str | None:
     return None if path is None else str(path)
 
 
-NOT_IN_COMMAND = ("json", "rows", "workers", "ray", "ray_address")  # change how, not what
+NOT_IN_COMMAND = ("json", "rows", "workers", "ray")  # change how, not what
 
 
 def command_line(cfg: "ProbeConfig") -> str:
     """The command that regenerates this report (for the Markdown header): every option given
-    that changes what it says, from the one declaration of each (ProbeConfig)."""
+    that changes what it says: field `max_tokens` is option --max-tokens."""
     if cfg.source:
         return f"kolibri probe {_rel(cfg.source)}"
     args = ["kolibri", "probe"]
     defaults = ProbeConfig(goldens=cfg.goldens)
-    for name, option in OPTIONS.items():
-        value = getattr(cfg, name)
+    for name in FIELDS:
+        value, flag = getattr(cfg, name), "--" + name.replace("_", "-")
         if name in NOT_IN_COMMAND or value in (None, "", [], False) or (
                 name != "goldens" and value == getattr(defaults, name)):
             continue
-        if option.kind == "switch":
-            args.append(option.flag)
-        elif option.kind == "list":
+        if value is True:  # a switch
+            args.append(flag)
+        elif name in REPEATED:
             for item in value:
-                args += [option.flag, _as_given(item)]
+                args += [flag, _as_given(item)]
         else:
-            args += [option.flag, _as_given(value)]
+            args += [flag, _as_given(value)]
     if cfg.costs is None and (cfg.measure_costs or not cfg.bench_costs):
         args += ["--costs", "measure" if cfg.measure_costs else "default"]
     return shlex.join(args)

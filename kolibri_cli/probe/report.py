@@ -1,12 +1,12 @@
 """The probe's outputs: the JSON document (stable schema), the Markdown report, the verdict in
-words, and the measured results' dataclasses.
+words.
 
-Scope: turning a ProbeResult (and the measured `Measured`) into JSON and Markdown. Non-goals:
+Scope: turning a ProbeResult (and its `Measured`) into JSON and Markdown; the result types are
+result.py's. Non-goals:
 terminal rendering (cli/), computing the figures or deciding anything (answer.py, result.py).
 Schema: docs/probe-json.md. Bump SCHEMA_VERSION on any incompatible change.
 """
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from kolibri_cli.costs.pricing import source_text as pricing_source
@@ -23,105 +23,18 @@ from kolibri_cli.probe.answer import (
     run_key,
 )
 from kolibri_cli.probe.load import ENGINE_SETTINGS
-from kolibri_cli.probe.result import ProbeResult
+from kolibri_cli.probe.result import (
+    MIN_TIMED_STEPS,
+    Measured,
+    MeasuredGolden,
+    ProbeResult,
+    counts_json,
+)
 from kolibri_cli.probe.seeds import FIGURES, seed_spread
 from kolibri_cli.probe.simulate import Counts, SimRun
 from kolibri_cli.text import clean
 
 SCHEMA_VERSION = 2  # 2: runs ranked by speedup ("best" the fastest), the verdict, gates
-__all__ = ["RunKey", "run_key"]
-
-
-MIN_TIMED_STEPS = 4  # decode steps: 1-3 last a few ms, where scheduling noise alone gave
-# "speedups" of 1.29x-1.43x on 1-2 token chains
-
-
-def too_short_to_time(decode_steps: int) -> bool:
-    """A golden of so few decode steps that its measured speedup is timing noise."""
-    return decode_steps < MIN_TIMED_STEPS
-
-
-def timed_only(items: list, goldens: list["MeasuredGolden"]) -> list:
-    """Of `items` (one per golden), those of the goldens long enough to time, or all of them
-    when none is: what the overall figures are taken over."""
-    return [x for x, g in zip(items, goldens, strict=True) if not g.too_short] or items
-
-
-@dataclass
-class MeasuredGolden:
-    """One golden run with the model, plain and speculative (filled by the measuring probe)."""
-
-    id: str | int
-    plain_tokens_per_s: float  # decode tok/s, prefill excluded
-    spec_tokens_per_s: float
-    speedup: float  # spec_tokens_per_s / plain_tokens_per_s
-    predicted_speedup: float | None  # cost model over this golden's simulated draft lengths
-    spec_equals_plain: bool  # spec output ids == plain output ids
-    first_divergence: int | None  # first index where the model's plain ids differ from the golden
-    counts_match_simulation: bool  # verify passes, drafts proposed/accepted == simulated
-    verify_passes: int  # of the real spec run
-    drafts_proposed: int
-    drafts_accepted: int
-    simulated_proposed: int | None = None  # a server's run: kolibri's simulated counts, which
-    simulated_accepted: int | None = None  # must equal the server's own counters above
-    too_short: bool = False  # under MIN_TIMED_STEPS decode steps: its speedup is timing noise,
-    # left out of the overall figures and the worst (kolibri's measurement and a server's)
-    # (low, high): a distribution-free 95% interval for `speedup`, the median of the rounds'
-    # paired ratios (`median_interval`); None with too few rounds or another statistic
-    speedup_interval: tuple[float, float] | None = None
-
-
-@dataclass
-class Measured:
-    """A configuration run with the model over every golden (filled by the measuring probe)."""
-
-    plain_tokens_per_s: float  # over all goldens: new tokens / decode seconds
-    spec_tokens_per_s: float
-    speedup: float  # spec / plain
-    predicted_speedup: float | None  # cost model over all goldens
-    costs: dict[int, float]  # c(n) = time(n-token forward) / time(1-token forward), n = 1..k+1
-    proposer_s_per_pass: float  # measured proposer time per verify pass
-    spec_equals_plain: bool  # on every golden
-    counts_match_simulation: bool  # on every golden
-    goldens: list[MeasuredGolden] = field(default_factory=list)
-    engine: str = "kolibri"  # or the server measured: "llama-server", a URL
-    repeats: int = 1  # plain/spec runs per golden (alternating; medians)
-    speedup_range: tuple[float, float] | None = None  # min, max of the per-repeat speedups
-    # the prediction again with c(n) on the least-squares line 1 + cost_slope (n - 1) through
-    # the measured c(n): shows how much of the prediction rests on one noisy c(n)
-    predicted_on_line: float | None = None
-    cost_slope: float | None = None
-    # ms per n-token pass in each c(n) round (a server kolibri timed): the spread behind c(n)
-    cost_ms_rounds: dict[int, list[float]] = field(default_factory=dict)
-    left_out: int = 0  # goldens too short to time, not in the overall figures nor the worst
-    # a guard measuring its own costs started from: "kept" (timings earlier runs of this kernel
-    # kept), "bench" (kolibri bench's c(n)) or "none" (it calibrated); None: not such a guard
-    guard_costs_from: str | None = None
-
-    @property
-    def worst(self) -> MeasuredGolden | None:
-        """The golden where speculation fared worst against plain (the guard's figure), of those
-        long enough to time."""
-        return min((g for g in self.goldens if not g.too_short), key=lambda g: g.speedup,
-                   default=None)
-
-    @property
-    def prediction_error(self) -> float | None:
-        """predicted / measured - 1 (0.1 = the cost model promised 10% too much)."""
-        if self.predicted_speedup is None or not self.speedup:
-            return None
-        return self.predicted_speedup / self.speedup - 1.0
-
-    def to_json(self) -> dict:
-        doc = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        doc["costs"] = {str(n): c for n, c in sorted(self.costs.items())}
-        doc["cost_ms_rounds"] = {str(n): ms for n, ms in sorted(self.cost_ms_rounds.items())}
-        doc["prediction_error"] = self.prediction_error
-        doc["goldens"] = [vars(g).copy() for g in self.goldens]
-        worst = self.worst
-        doc["worst"] = None if worst is None else {"id": worst.id, "speedup": worst.speedup,
-                                                   "interval": worst.speedup_interval}
-        return doc
 
 
 GUARD_START = {"kept": "timings kept by earlier runs", "bench": "kolibri bench's c(n)",
@@ -177,27 +90,6 @@ def guard_json(measured: dict[RunKey, Measured]) -> dict | None:
 
 
 # ---- JSON ---------------------------------------------------------------------------------
-
-
-def counts_json(counts: Counts, per_pass: bool = False) -> dict:
-    """The counts block shared by totals, categories and goldens."""
-    doc = {
-        "plain_steps": counts.plain_steps,
-        "verify_passes": counts.verify_passes,
-        "ratio": counts.ratio,
-        "drafts_proposed": counts.drafts_proposed,
-        "drafts_accepted": counts.drafts_accepted,
-        "passes_with_drafts": counts.passes_with_drafts,
-        "acceptance_rate": counts.acceptance_rate,
-        "mean_acceptance_length": counts.mean_acceptance_length,
-        "drafted_at": counts.drafted_at,
-        "accepted_at": counts.accepted_at,
-        "accepted_per_position": counts.accepted_per_position,
-    }
-    if per_pass:
-        doc["draft_lengths"] = counts.draft_lengths
-        doc["accepted_lengths"] = counts.accepted_lengths
-    return doc
 
 
 def run_json(run: SimRun, speed: Speed, best: bool, measured: Measured | None) -> dict:
@@ -353,6 +245,8 @@ def verdict_text(verdict: Verdict) -> str:
     """The answer in one sentence: pays / a wash / does not pay, the setting, by how much."""
     speed = verdict.speed
     where = "here" if verdict.scope == "all" else f"on {clean(str(verdict.scope))}"
+    if verdict.slice:  # --where
+        where = ("" if verdict.scope == "all" else where + " ") + f"where {clean(verdict.slice)}"
     figure = (f"{speed.basis} speedup {fmt_ratio(speed.value)} over plain decode"
               if speed.value is not None else "no speedup could be computed")
     if verdict.answer == TOO_FEW:

@@ -15,7 +15,7 @@ from pathlib import Path
 from kolibri_cli.costs.pricing import Pricing
 from kolibri_cli.errors import KolibriError, refuse_unused
 from kolibri_cli.goldens.stream import empty_golden_files, models_of
-from kolibri_cli.probe.config import ProbeConfig
+from kolibri_cli.probe.config import ProbeConfig, nothing_selected
 from kolibri_cli.probe.result import ProbeResult, build_result
 
 MEASURE_REPEATS = 5  # --costs measure: medians of this many interleaved timings per row count
@@ -97,7 +97,7 @@ def check(cfg: ProbeConfig) -> None:
         raise KolibriError("--baseline goes with --engine URL (a server you started)")
     if cfg.measure and cfg.ray is not None:
         raise KolibriError("--measure runs the model here, on a few goldens: drop --ray")
-    if (n := len(settings_of(cfg))) > MAX_SETTINGS:
+    if (n := len(cfg.settings())) > MAX_SETTINGS:
         raise KolibriError(f"{n:,} settings (proposers x --k x --window): at most "
                            f"{MAX_SETTINGS:,} a run (each is replayed over every golden and "
                            "kept in the report); sweep fewer at a time")
@@ -198,7 +198,7 @@ def measure_here(model, config, ticks=None) -> Pricing:
     if models and model.sha256 not in {sha for _, sha in models}:
         raise KolibriError(f"--costs measure: {model.name} is not the model these goldens were "
                            "recorded from (its weights differ); give --model the goldens' model")
-    top = max(k for k, _ in settings_of(config)) + 1
+    top = max(k for _, k, _ in config.settings()) + 1
     most = top * max(config.concurrency or [1])
     rounds = forward_rounds(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks,
                             curve_sizes(top, most))
@@ -206,14 +206,6 @@ def measure_here(model, config, ticks=None) -> Pricing:
     entry = benchcosts.save(benchcosts.entry_for(model, get_threads(), timed,
                                                  round_costs(rounds)))
     return Pricing("run", entry.costs, bench=entry, rounds=entry.rounds)
-
-
-def settings_of(config) -> list[tuple[int, tuple[int, int]]]:
-    """(k, window) of every configuration the run simulates."""
-    from kolibri_cli.decode.proposers import default_settings
-
-    return [(k, w) for p in config.proposer for k in (config.k or [default_settings(p)[0]])
-            for w in (config.window or [default_settings(p)[1]])]
 
 
 # ---- simulating -------------------------------------------------------------------------------
@@ -257,7 +249,7 @@ def simulate(cfg: ProbeConfig, tasks: list, ui: Ui) -> tuple:
     if cfg.rows:
         ui.note(f"wrote {cfg.rows}")
     if not any(run.chains for run in runs):
-        raise KolibriError(f"no goldens of category {', '.join(cfg.category or [])}")
+        raise KolibriError(nothing_selected(cfg))
     return runs, throughput
 
 
@@ -297,13 +289,12 @@ def executor_for(cfg: ProbeConfig, tasks: list, note=None):
 
 def load_model(cfg: ProbeConfig, ui: Ui, weights: bool = True, spec: str | None = None):
     """The model --measure, --bench or --costs measure runs, checked to fit the drafts."""
-    from kolibri_cli.decode.proposers import default_settings, fit_context
+    from kolibri_cli.decode.proposers import fit_context
 
     model = ui.load_model(spec or cfg.model, cfg.threads, True) if weights else \
         ui.load_tokenizer(spec or cfg.model, cfg.engine, cfg.engine_api, cfg.timeout)
-    defaults = [default_settings(name) for name in cfg.proposer]  # where k or window is not given
-    fit_context(max(cfg.k or [k for k, _ in defaults]),
-                max(w[1] for w in (cfg.window or [w for _, w in defaults])), model)
+    settings = cfg.settings()
+    fit_context(max(k for _, k, _ in settings), max(w[1] for _, _, w in settings), model)
     return model
 
 

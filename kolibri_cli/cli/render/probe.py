@@ -1,6 +1,6 @@
 """Terminal and picture rendering of probe results: rich tables, bar charts, a heat table, a PNG.
 
-Scope: presentation only; every figure comes from probe.simulate / probe.report. matplotlib is
+Scope: presentation only; every figure comes from probe.result / probe.report. matplotlib is
 optional and imported only for --plot.
 """
 
@@ -17,14 +17,13 @@ from kolibri_cli.cli.render import Col, FitTable, cell, err
 from kolibri_cli.costs.pricing import source_text
 from kolibri_cli.decode.proposers import format_window
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.probe.answer import LOSES, PAYS, TOO_FEW, WASHES
+from kolibri_cli.probe.answer import LOSES, PAYS, TOO_FEW, WASHES, run_key
 from kolibri_cli.probe.report import (
     COMPARISON_COLUMNS,
     GUARD_START,
     LOAD_CAPTION,
     LOAD_COLUMNS,
     MEASURED_COLUMNS,
-    MIN_TIMED_STEPS,
     SEED_COLUMNS,
     category_cell,
     category_line,
@@ -35,7 +34,6 @@ from kolibri_cli.probe.report import (
     load_rows,
     load_text,
     pricing_text,
-    run_key,
     seed_cells,
     setting_commands,
     speed_count_cells,
@@ -44,7 +42,7 @@ from kolibri_cli.probe.report import (
     sweep_grid,
     verdict_text,
 )
-from kolibri_cli.probe.result import ProbeResult
+from kolibri_cli.probe.result import MIN_TIMED_STEPS, ProbeResult
 from kolibri_cli.probe.seeds import seed_spread
 from kolibri_cli.probe.simulate import Counts, SimRun
 from kolibri_cli.store.atomic import atomic_path

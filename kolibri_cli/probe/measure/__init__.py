@@ -37,14 +37,8 @@ from kolibri_cli.decode.generate import GenerationResult, generate_plain, genera
 from kolibri_cli.decode.proposers import make_proposer, reads_cost_table
 from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.goldens.chains import Golden, first_divergence
-from kolibri_cli.probe.report import (
-    Measured,
-    MeasuredGolden,
-    RunKey,
-    run_key,
-    timed_only,
-    too_short_to_time,
-)
+from kolibri_cli.probe.answer import RunKey, run_key
+from kolibri_cli.probe.result import Measured, MeasuredGolden, timed_only, too_short_to_time
 from kolibri_cli.probe.simulate import (
     SimRun,
     div_or_none,

@@ -21,7 +21,7 @@ from kolibri_cli.decode.sampling import Sampling
 from kolibri_cli.engines import Completion, ServerApi
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden, first_divergence
-from kolibri_cli.probe.report import Measured, MeasuredGolden, timed_only, too_short_to_time
+from kolibri_cli.probe.result import Measured, MeasuredGolden, timed_only, too_short_to_time
 from kolibri_cli.probe.simulate import ServerCounting, SimRun, div_or_none, simulate_chain
 
 COST_ROUNDS = 3  # c(n) rounds per repeat: a round takes ~15 s, a repeat of 18 goldens minutes

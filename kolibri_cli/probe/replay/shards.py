@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kolibri_cli.decode.proposers import DEFAULT_PROPOSER, LlamaCppOptions, default_settings
+from kolibri_cli.decode.proposers import DEFAULT_PROPOSER, LlamaCppOptions
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import Golden
 from kolibri_cli.goldens.stream import (
@@ -34,7 +34,7 @@ from kolibri_cli.goldens.stream import (
 )
 from kolibri_cli.probe.config import ProbeConfig
 from kolibri_cli.probe.replay import ChainCounts, Chains, Replayer, SimConfig
-from kolibri_cli.probe.report import counts_json
+from kolibri_cli.probe.result import counts_json
 from kolibri_cli.probe.simulate import Counts, GoldenSim, SimRun
 from kolibri_cli.text import shown
 
@@ -54,6 +54,7 @@ class Task:
     piece: Piece | None = None
     goldens: tuple[Golden, ...] = ()  # in memory (the bench chain, a list handed to simulate)
     category: tuple[str, ...] | None = None  # keep only these categories
+    where: str | None = None  # and only the goldens meeting this (probe/where.py)
     max_tokens: int | None = None  # replay only the first N output ids of each golden
     keep_rows: bool = False  # send back each chain's counts (for the report)
     rows_json: bool = False  # send back each chain's counts as JSONL (for --rows FILE)
@@ -138,17 +139,12 @@ OnRows = Callable[[bytes], None]
 
 
 def configs_of(cfg: ProbeConfig) -> list[SimConfig]:
-    """Every configuration of the probe, proposer-major then k then window:
-    [(p1, k1, w1), (p1, k1, w2), ..., (p1, k2, w1), ..., (p2, k1, w1), ...]; no k or no window
-    given means each proposer's own (default_settings)."""
+    """Every configuration of the probe (ProbeConfig.settings), in its order."""
     priced = cfg.priced_costs()
     costs = None if priced is None else tuple(priced.items())
-    settings = [(p, k, w) for p in cfg.proposer
-                for k in (cfg.k or [default_settings(p)[0]])
-                for w in (cfg.window or [default_settings(p)[1]])]
     llamacpp = _absolute(cfg.llamacpp_options())
     return [SimConfig(p, k, w, costs, cfg.cross_request, i, llamacpp)
-            for i, (p, k, w) in enumerate(settings)]
+            for i, (p, k, w) in enumerate(cfg.settings())]
 
 
 def _absolute(options: LlamaCppOptions) -> LlamaCppOptions:
@@ -168,12 +164,12 @@ def plan_tasks(cfg: ProbeConfig, extra: list[Golden] | None = None, rows_json: b
     if not files:
         where = ", ".join(str(p) for p in cfg.goldens)
         raise KolibriError(f"no golden files (*.jsonl) found in {where}; pass --goldens FILE")
-    keep = _category_filter(cfg.category)
-    stops = limit_stops(files, keep, cfg.limit) if cfg.limit else {}
+    stops = limit_stops(files, _one_by_one(cfg.category, cfg.where), cfg.limit) if cfg.limit \
+        else {}
     configs = configs_of(cfg)
     ordered = tuple(c for c in configs if c.ordered)
     free = tuple(c for c in configs if not c.ordered)
-    common = dict(category=tuple(cfg.category) if cfg.category else None,
+    common = dict(category=tuple(cfg.category) if cfg.category else None, where=cfg.where,
                   max_tokens=cfg.max_tokens, rows_json=rows_json)
     tasks = []
     if ordered:
@@ -188,9 +184,14 @@ def plan_tasks(cfg: ProbeConfig, extra: list[Golden] | None = None, rows_json: b
     return [dataclasses.replace(t, keep_rows=small) for t in tasks]
 
 
-def _category_filter(categories: list[str] | None):
+def _one_by_one(categories: list[str] | None, where: str | None) -> Callable[[Golden], bool]:
+    """Whether one golden is selected (--limit counts them as it reads)."""
+    from kolibri_cli.probe.where import parse_where
+
     wanted = set(categories or ())
-    return (lambda g: g.category in wanted) if wanted else (lambda g: True)
+    kept = parse_where(where) if where else None
+    return lambda g: (not wanted or g.category in wanted) and (
+        kept is None or bool(kept.mask([g])[0]))
 
 
 # ---- one task (runs in a worker) --------------------------------------------------------------
@@ -234,12 +235,14 @@ def _run_task(task: Task) -> TaskResult:
 
 
 def _goldens(task: Task) -> Iterator[Golden]:
+    from kolibri_cli.probe.where import parse_where
+
     goldens = read_piece(task.piece) if task.piece is not None else iter(task.goldens)
-    keep = _category_filter(task.category)
-    for g in goldens:
-        if keep(g):
-            yield g if not task.max_tokens else dataclasses.replace(
-                g, output_ids=g.output_ids[: task.max_tokens])
+    wanted = set(task.category or ())
+    kept = (g for g in goldens if not wanted or g.category in wanted)
+    for g in parse_where(task.where).select(kept) if task.where else kept:
+        yield g if not task.max_tokens else dataclasses.replace(
+            g, output_ids=g.output_ids[: task.max_tokens])
 
 
 def _batches(items: Iterable, size: int) -> Iterator[list]:
