@@ -151,6 +151,16 @@ class CheckResult:
         return asdict(self) | {"explained": self.explained}
 
 
+def check_replayable(goldens: list[Golden]) -> None:
+    """Every golden can be generated again: greedy, or sampled with its seed."""
+    for g in goldens:
+        if g.unseeded:
+            raise KolibriError(
+                f"golden {g.id!r}{' (' + g.where + ')' if g.where else ''} was sampled without "
+                "a recorded seed: no run can reproduce its tokens, so it cannot be checked (the "
+                "probe still counts it, outside the spread over seeds)")
+
+
 def check_one(model, golden: Golden) -> CheckResult:
     """Replay the golden with its own sampling parameters (greedy when it has none)."""
     ours = generate_plain(model, golden.prompt_ids, len(golden.output_ids),

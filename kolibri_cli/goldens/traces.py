@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kolibri_cli.engine.template import ChatTemplateError
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.goldens.chains import Golden, kept_sampling
 from kolibri_cli.goldens.stream import text_lines
 from kolibri_cli.text import shown
 
@@ -115,26 +115,28 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
 
 
 def _sampling(request, where: str) -> dict:
-    """The request's sampling parameters as a golden keeps them ({}: greedy, or none named)."""
-    from kolibri_cli.decode.sampling import Sampling
-
+    """The request's sampling parameters as a golden keeps them ({}: greedy, or none named); a
+    sampled request that named no seed is kept without one (unseeded: not seed 0, which no
+    run used)."""
     if not isinstance(request, dict):
         return {}
     given = {k: request[k] for k in SAMPLING_FIELDS if request.get(k) is not None}
     if given.get("top_k") == -1:  # vLLM's "off"
         given["top_k"] = 0
     try:
-        return Sampling.from_dict(given).to_dict()
+        return kept_sampling(given)
     except KolibriError as e:
         raise KolibriError(f"{where}: the request's {e}") from None
 
 
-def sampled_share(goldens: list[Golden]) -> tuple[int, int]:
-    """(sampled goldens, goldens whose request named no temperature: the server's default)."""
+def sampled_share(goldens: list[Golden]) -> tuple[int, int, int]:
+    """(sampled goldens, of them unseeded, goldens whose request named no temperature: the
+    server's default)."""
     sampled = sum(1 for g in goldens if not g.sampler.greedy)
+    unseeded = sum(1 for g in goldens if g.unseeded)
     unsaid = sum(1 for g in goldens if "temperature" not in g.reference.get("request_sampling",
                                                                           {"temperature": 0}))
-    return sampled, unsaid
+    return sampled, unseeded, unsaid
 
 
 def _conversation(obj: dict, where: str) -> tuple[list[dict], str, str, dict]:
