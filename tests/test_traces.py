@@ -166,6 +166,23 @@ def test_a_sampled_trace_without_a_seed_is_kept_unseeded_not_seed_0(tmp_path, mo
     assert json.loads(r.stdout)["runs"][0]["chains"] == 3
 
 
+def test_a_trace_longer_than_any_context_is_refused_before_it_is_tokenized(tmp_path, model):
+    """Tokenizing costs ~160 bytes a character: a 12 MB answer took 1.9 GB and 23 s, and 200,000
+    one-letter messages (4 MB of JSON) 1 GB. Past MAX_TEXT characters a line is one error."""
+    from kolibri_cli.goldens.traces import MARKUP, MAX_TEXT
+
+    long_answer = pair("q", "a" * (MAX_TEXT + 1))
+    many = pair("q", "a")
+    many["request"]["messages"] = [{"role": "user", "content": "x"}] * (MAX_TEXT // MARKUP)
+    with pytest.raises(KolibriError, match=rf"traces.jsonl:1: the answer is {MAX_TEXT + 1:,} "
+                                           rf"characters, more than {MAX_TEXT:,}"):
+        import_traces(write(tmp_path, [long_answer]), model)
+    with pytest.raises(KolibriError, match=r"traces.jsonl:2: the prompt \(64 a message for its "
+                                           r"markup\) is 4,259,840 characters"):
+        import_traces(write(tmp_path, [pair("q", "a"), many]), model)
+    assert len(import_traces(write(tmp_path, [pair("q", "a" * 1000)]), model)) == 1
+
+
 def chunks(answer: str, finish: str = "stop") -> list[dict]:
     """The chunks an OpenAI-compatible server streams for `answer` (vLLM, llama-server)."""
     pieces = [answer[i : i + 2] for i in range(0, len(answer), 2)]

@@ -89,8 +89,22 @@ def _object(line: str, where: str) -> dict:
     return obj
 
 
+# The most text a trace's prompt (its messages, each counted with MARKUP characters for the
+# template's turn markers) or its answer may hold: a million tokens or so, past any model's
+# context. Tokenizing costs ~160 bytes of memory a character (a 12 MB answer took 1.9 GB), so
+# without it a 64 MB line could take 10 GB.
+MAX_TEXT = 1 << 22
+MARKUP = 64
+
+
 def _golden(obj: dict, model, category: str, lineno: int, where: str) -> Golden:
     messages, answer, finish, meta = _conversation(obj, where)
+    for what, size in ((f"prompt ({MARKUP} a message for its markup)",
+                        sum(len(m["content"]) + MARKUP for m in messages)),
+                       ("answer", len(answer))):
+        if size > MAX_TEXT:
+            raise KolibriError(f"{where}: the {what} is {size:,} characters, more than "
+                               f"{MAX_TEXT:,}: past any model's context")
     tok = model.tokenizer
     try:
         prompt_ids = tok.encode_messages(messages)
