@@ -225,3 +225,27 @@ def test_the_transformers_reference_opens_the_model_as_stored():
     assert numerics_for("transformers", None) == "float32"
     assert numerics_for("kolibri", None) is None
     assert numerics_for("kolibri", "int8") == "int8"
+
+
+@pytest.mark.parametrize("margins, expected", [([0.5, 0.25, 1], 0.25), ([0.5, "y", 1], "'y'"),
+                                               ([0.5, True], "True"), ("x", None),
+                                               ([0.5], None)])
+def test_a_reference_margin_is_a_number_or_one_error(monkeypatch, margins, expected):
+    """`goldens check` formats the reference's margin where a chain diverges: a string there
+    was an internal error (Unknown format code 'e'); a file's margin is checked where used."""
+    from types import SimpleNamespace
+
+    from kolibri_cli.goldens import record
+    from kolibri_cli.goldens.chains import Golden
+
+    monkeypatch.setattr(record, "generate_plain",
+                        lambda *a, **k: SimpleNamespace(output_ids=[1, 9, 3]))
+    golden = Golden("a", "c", "p", False, [5], [1, 2, 3], "m", "0" * 64,
+                    {"top2_margins": margins}, where="g.jsonl:4")
+    if isinstance(expected, str):
+        with pytest.raises(KolibriError, match=rf"^g.jsonl:4: reference.top2_margins of golden "
+                                               rf"'a' holds {expected}; margins are finite"):
+            record.check_one(None, golden)
+    else:
+        result = record.check_one(None, golden)
+        assert (result.index, result.reference_margin) == (1, expected)

@@ -268,6 +268,19 @@ def test_a_gguf_count_past_its_bytes_is_one_line(env):
               "10,000,000 entries", "remaining bytes")
 
 
+def test_a_gguf_of_arrays_nested_deep_is_one_line(env):
+    """Arrays of arrays 100,000 deep (12 bytes a level) overflowed the header walk's stack: the
+    line named Python's recursion limit. Real models nest none."""
+    import struct
+
+    nest = struct.pack("<IQ", 9, 1) * 100_000
+    path = env / "x.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 3) + b"x.y"
+                     + struct.pack("<I", 9) + nest + struct.pack("<IQ", 4, 1) + b"\0" * 8)
+    _one_line(_run_cli(["model", "import", path, "--name", "x"], env / "home"), "x.gguf",
+              "x.y nests arrays more than 4 deep")
+
+
 def _traces(folder):
     path = folder / "traces.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hello"},

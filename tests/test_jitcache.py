@@ -366,3 +366,40 @@ def test_folders_kolibri_makes_are_private(tmp_path):
     assert len(folders) > 2 and {p.stat().st_mode & 0o777 for p in folders} == {0o700}
     files = [*(home / "numba").glob("nrt-*.pkl"), *(home / "numba").rglob("*.nb[ic]")]
     assert {p.stat().st_mode & 0o777 for p in files} == {0o600}
+
+
+def test_a_cache_its_group_may_write_is_one_warning_with_the_fix(tmp_path, monkeypatch):
+    """~/.cache of mode 775 (a umask of 002) makes every run compile in memory: the run says so
+    once, naming the folder and the chmod that ends it, and says nothing once it is fixed."""
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+    from kolibri_cli.home import compiled_cache
+
+    home = tmp_path / "user"
+    (home / ".cache").mkdir(parents=True)
+    (home / ".cache").chmod(0o775)
+    for name in ("KOLIBRI_HOME", "XDG_CACHE_HOME", "NUMBA_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    assert compiled_cache() == (home / ".cache" / "kolibri" / "numba", home / ".cache" / "kolibri")
+    r = CliRunner().invoke(app, ["model", "list", "--json"])
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [line for line in r.stderr.splitlines() if str(home) in line]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {home / '.cache'} can be "
+                                                         "written by other users")
+    assert warnings[0].endswith(f"compiles its kernels in memory on every run (slow); fix: "
+                                f"chmod g-w {home / '.cache'}")
+    (home / ".cache").chmod(0o755)
+    r = CliRunner().invoke(app, ["model", "list", "--json"])
+    assert r.exit_code == 0 and "warning:" not in r.stderr, r.output
+
+
+def test_the_warnings_cache_is_the_one_numba_uses():
+    """home.compiled_cache says, without numba, what jitcache gives numba (this process's
+    NUMBA_CACHE_DIR: the test session's)."""
+    from kolibri_cli.engine import jitcache
+    from kolibri_cli.home import compiled_cache
+
+    assert compiled_cache() == (jitcache.numba_root(), jitcache._trusted_top())

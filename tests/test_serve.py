@@ -663,6 +663,41 @@ def test_a_second_sigterm_ends_the_drain_at_once(models, tmp_path):
     _ended_by_shutdown(server, _events(response))
 
 
+def test_sigterm_while_a_slow_client_sends_its_body_refuses_it_at_the_drains_end(models,
+                                                                                tmp_path):
+    """A large body still trickling in when SIGTERM comes holds the drain no longer than
+    --drain-timeout: the client gets a 503 (server_shutdown) and a closed connection, the
+    server exits cleanly, no traceback."""
+    server = Server(models["copier"], tmp_path / "home", "--drain-timeout", "1")
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=120)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n"
+                 b"Content-Type: application/json\r\n\r\n" + b'{"prompt": "')
+    stop = threading.Event()
+
+    def trickle() -> None:  # 2 KB/s: the body would take minutes
+        while not stop.wait(0.05):
+            try:
+                sock.sendall(b"a" * 100)
+            except OSError:
+                return
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        stop.wait(0.5)  # the body is being read
+        server.proc.send_signal(signal.SIGTERM)
+        answer = b""
+        while chunk := sock.recv(65536):  # ends when the server closes
+            answer += chunk
+    finally:
+        stop.set()
+        sock.close()
+    assert server.proc.wait(120) == 143
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"connection: close" in answer.lower()
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "server_shutdown"
+    assert not any("Traceback" in line or "ERROR" in line for line in server.err), server.err
+    assert [e["status"] for e in server.log if e["path"] == "/v1/completions"] == [503]
+
+
 def test_idle_connections_cannot_starve_others(servers):
     """Slowloris: 300 connections that never finish their headers; the server closes the
     oldest of one address's past connections.PER_CLIENT, and each after a header timeout."""

@@ -125,10 +125,62 @@ def test_the_requests_sampling_parameters_are_kept(tmp_path, model):
     assert sampled.reference["request_sampling"] == {"temperature": 0.7, "top_p": 0.9,
                                                      "top_k": -1, "seed": 3}
     assert greedy.sampling == {} and unsaid.sampling == {}
-    assert sampled_share([sampled, greedy, unsaid]) == (1, 1)
+    assert sampled_share([sampled, greedy, unsaid]) == (1, 0, 1)
     with pytest.raises(KolibriError, match=r"traces.jsonl:1: the request's sampling top-p "
                                            r"must be in \(0, 1\]"):
         import_traces(write(tmp_path, [sampled_pair("a", "b", temperature=1, top_p=2)]), model)
+
+
+def test_a_sampled_trace_without_a_seed_is_kept_unseeded_not_seed_0(tmp_path, model,
+                                                                    kolibri_home):
+    """No run used seed 0: the golden keeps no seed; the probe counts it outside the spread
+    over seeds; `goldens check` refuses it in one line, before loading any model."""
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+    from kolibri_cli.goldens.chains import load_goldens
+    from kolibri_cli.probe.replay import Chains
+
+    traces = write(tmp_path, [sampled_pair("a", "b c", temperature=0.7),
+                              sampled_pair("a", "b c", temperature=0.7, seed=0),
+                              pair("c", "d", id="g")])
+    out = tmp_path / "out.jsonl"
+    r = CliRunner().invoke(app, ["goldens", "import", str(traces), "-o", str(out), "-m",
+                                 str(tmp_path / "tok"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert (json.loads(r.stdout)["sampled"], json.loads(r.stdout)["unseeded"]) == (2, 1)
+    assert "note: 1 of the 2 sampled requests name no seed: kept unseeded" in r.stderr
+    unseeded, seeded, greedy = load_goldens(out)  # read back from the file
+    assert "seed" not in unseeded.sampling and unseeded.sampling["temperature"] == 0.7
+    assert (unseeded.unseeded, unseeded.seed) == (True, None)
+    assert (seeded.unseeded, seeded.seed, greedy.unseeded, greedy.seed) == (False, 0, False, None)
+    assert Chains([unseeded, seeded, greedy]).seeds == [None, 0, None]
+    r = CliRunner().invoke(app, ["goldens", "check", str(out), "-m", str(tmp_path / "none")])
+    assert r.exit_code == 1 and r.stdout == "" and "Traceback" not in r.output
+    assert r.stderr.strip().splitlines() == [
+        f"error: golden 1 ({out}:1) was sampled without a recorded seed: no run can reproduce "
+        "its tokens, so it cannot be checked (the probe still counts it, outside the spread "
+        "over seeds)"]
+    r = CliRunner().invoke(app, ["probe", "-g", str(out), "--k", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["runs"][0]["chains"] == 3
+
+
+def test_a_trace_longer_than_any_context_is_refused_before_it_is_tokenized(tmp_path, model):
+    """Tokenizing costs ~160 bytes a character: a 12 MB answer took 1.9 GB and 23 s, and 200,000
+    one-letter messages (4 MB of JSON) 1 GB. Past MAX_TEXT characters a line is one error."""
+    from kolibri_cli.goldens.traces import MARKUP, MAX_TEXT
+
+    long_answer = pair("q", "a" * (MAX_TEXT + 1))
+    many = pair("q", "a")
+    many["request"]["messages"] = [{"role": "user", "content": "x"}] * (MAX_TEXT // MARKUP)
+    with pytest.raises(KolibriError, match=rf"traces.jsonl:1: the answer is {MAX_TEXT + 1:,} "
+                                           rf"characters, more than {MAX_TEXT:,}"):
+        import_traces(write(tmp_path, [long_answer]), model)
+    with pytest.raises(KolibriError, match=r"traces.jsonl:2: the prompt \(64 a message for its "
+                                           r"markup\) is 4,259,840 characters"):
+        import_traces(write(tmp_path, [pair("q", "a"), many]), model)
+    assert len(import_traces(write(tmp_path, [pair("q", "a" * 1000)]), model)) == 1
 
 
 def chunks(answer: str, finish: str = "stop") -> list[dict]:

@@ -12,7 +12,7 @@ from typer._click import exceptions as click_errors  # typer's own click (privat
 from typer.core import TyperGroup
 
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.home import YES_WORDS
+from kolibri_cli.home import YES_WORDS, cache_warning
 
 
 class _Group(TyperGroup):
@@ -44,6 +44,8 @@ class _Group(TyperGroup):
 
     def invoke(self, ctx):
         debug = os.environ.get("KOLIBRI_DEBUG", "").strip().lower() in YES_WORDS
+        if ctx.parent is None and (warning := cache_warning()):  # once a run, before the work
+            typer.echo(warning, err=True)
         try:
             return super().invoke(ctx)
         except KolibriError as e:

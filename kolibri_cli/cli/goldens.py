@@ -175,17 +175,18 @@ def import_(
                     "naturally are imported without one")
     goldens = import_traces(traces, m, category)
     save_goldens(output, goldens)
-    sampled, unsaid = sampled_share(goldens)
+    sampled, unseeded, unsaid = sampled_share(goldens)
     elsewhere = served_elsewhere(goldens, m.name)
-    _import_notes(len(goldens), sampled, unsaid, elsewhere, m.name)
+    _import_notes(len(goldens), sampled, unseeded, unsaid, elsewhere, m.name)
     if as_json:
         return print_json({"output": str(output), "goldens": len(goldens), "model": m.name,
-                           "sampled": sampled, "no_temperature": unsaid,
+                           "sampled": sampled, "unseeded": unseeded, "no_temperature": unsaid,
                            "served_elsewhere": elsewhere})
     render.err.print(f"wrote {len(goldens)} goldens to {output} (re-tokenized from text)")
 
 
-def _import_notes(total: int, sampled: int, unsaid: int, elsewhere: list[str], model: str):
+def _import_notes(total: int, sampled: int, unseeded: int, unsaid: int, elsewhere: list[str],
+                  model: str):
     from kolibri_cli.cli import render
 
     if sampled:
@@ -195,6 +196,10 @@ def _import_notes(total: int, sampled: int, unsaid: int, elsewhere: list[str], m
                     "rejection sampler accepts it: the counts are one draw of sampled serving's "
                     "acceptance, not the greedy chain's; --measure cannot replay them (the "
                     "server sampled by its own rule)")
+    if unseeded:
+        render.note(f"note: {unseeded} of the {sampled} sampled requests name no seed: kept "
+                    "unseeded (no `seed` in `sampling`, not seed 0); the probe counts them and "
+                    "leaves them out of the spread over seeds; `goldens check` refuses them")
     if unsaid:
         render.note(f"note: {unsaid} of {total} requests name no temperature: the server "
                     "sampled at its default (OpenAI's is 1.0), imported as greedy")
@@ -223,6 +228,7 @@ def check(
     from kolibri_cli.goldens.chains import load_goldens
 
     chains = load_goldens(goldens)
+    recorder.check_replayable(chains)
     m = load_model(model, threads, quantize=quantize)
     recorder.check_model_matches(m, chains, allow_model_mismatch)
     results = []

@@ -68,8 +68,14 @@ class Golden:
 
     @property
     def seed(self) -> int | None:
-        """The sampling seed; None for a greedy chain."""
-        return None if self.sampler.greedy else self.sampler.seed
+        """The sampling seed; None for a greedy or an unseeded chain."""
+        return None if self.sampler.greedy or self.unseeded else self.sampler.seed
+
+    @property
+    def unseeded(self) -> bool:
+        """Sampled with a seed nobody recorded (imported traffic whose request named none): a
+        chain to count, not one any run can reproduce."""
+        return "seed" not in self.sampling and not self.sampler.greedy
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,15 @@ def _prompt_from(obj: dict, where: str) -> PromptSpec:
     return PromptSpec(id=obj["id"], category=obj["category"], prompt=obj["prompt"])
 
 
+def kept_sampling(given: dict) -> dict:
+    """Sampling parameters as a golden keeps them (Sampling.to_dict), checked; a sampled chain
+    given no seed keeps none (unseeded), rather than seed 0, which no run used."""
+    kept = Sampling.from_dict(given).to_dict()
+    if "seed" not in given:
+        kept.pop("seed", None)
+    return kept
+
+
 def golden_from(obj: dict, where: str) -> Golden:
     """The golden in a parsed JSON object; a KolibriError starting with `where` if it is bad."""
     _require(obj, GOLDEN_FIELDS, where)
@@ -245,7 +260,7 @@ def golden_from(obj: dict, where: str) -> Golden:
     if not isinstance(sampling, dict):
         raise KolibriError(f"{where}: 'sampling' must be an object, got {shown(sampling)}")
     try:
-        sampling = Sampling.from_dict(sampling).to_dict()
+        sampling = kept_sampling(sampling)
     except KolibriError as e:
         raise KolibriError(f"{where}: {e}") from None
     return Golden(**{name: obj[name] for name in GOLDEN_FIELDS}, eos_ids=eos_ids,

@@ -5,6 +5,7 @@ identical, or the first divergent index with both tokens and the reference's top
 the top-2 perturbed scores (decode/sampling.py).
 """
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from kolibri_cli.callbacks import Ticks
@@ -151,6 +152,16 @@ class CheckResult:
         return asdict(self) | {"explained": self.explained}
 
 
+def check_replayable(goldens: list[Golden]) -> None:
+    """Every golden can be generated again: greedy, or sampled with its seed."""
+    for g in goldens:
+        if g.unseeded:
+            raise KolibriError(
+                f"golden {g.id!r}{' (' + g.where + ')' if g.where else ''} was sampled without "
+                "a recorded seed: no run can reproduce its tokens, so it cannot be checked (the "
+                "probe still counts it, outside the spread over seeds)")
+
+
 def check_one(model, golden: Golden) -> CheckResult:
     """Replay the golden with its own sampling parameters (greedy when it has none)."""
     ours = generate_plain(model, golden.prompt_ids, len(golden.output_ids),
@@ -161,7 +172,19 @@ def check_one(model, golden: Golden) -> CheckResult:
         return CheckResult(golden.id, True, len(ref))
     margins = golden.reference.get("top2_margins") or []
     at = lambda ids: ids[i] if i < len(ids) else None  # noqa: E731
-    return CheckResult(golden.id, False, len(ref), i, at(ours), at(ref), at(margins))
+    return CheckResult(golden.id, False, len(ref), i, at(ours), at(ref),
+                       _margin(golden, at(margins) if isinstance(margins, list) else None))
+
+
+def _margin(golden: Golden, value) -> float | None:
+    """A reference margin as a number (the file's text, checked: a report formats it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        where = f"{golden.where}: " if golden.where else ""
+        raise KolibriError(f"{where}reference.top2_margins of golden {golden.id!r} holds "
+                           f"{shown(value)}; margins are finite numbers")
+    return float(value)
 
 
 def check_model_matches(model, goldens: list[Golden], allow_mismatch: bool) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kolibri_cli.engine.template import ChatTemplateError
 from kolibri_cli.errors import KolibriError
-from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.goldens.chains import Golden, kept_sampling
 from kolibri_cli.goldens.stream import text_lines
 from kolibri_cli.text import shown
 
@@ -89,8 +89,22 @@ def _object(line: str, where: str) -> dict:
     return obj
 
 
+# The most text a trace's prompt (its messages, each counted with MARKUP characters for the
+# template's turn markers) or its answer may hold: a million tokens or so, past any model's
+# context. Tokenizing costs ~160 bytes of memory a character (a 12 MB answer took 1.9 GB), so
+# without it a 64 MB line could take 10 GB.
+MAX_TEXT = 1 << 22
+MARKUP = 64
+
+
 def _golden(obj: dict, model, category: str, lineno: int, where: str) -> Golden:
     messages, answer, finish, meta = _conversation(obj, where)
+    for what, size in ((f"prompt ({MARKUP} a message for its markup)",
+                        sum(len(m["content"]) + MARKUP for m in messages)),
+                       ("answer", len(answer))):
+        if size > MAX_TEXT:
+            raise KolibriError(f"{where}: the {what} is {size:,} characters, more than "
+                               f"{MAX_TEXT:,}: past any model's context")
     tok = model.tokenizer
     try:
         prompt_ids = tok.encode_messages(messages)
@@ -115,26 +129,28 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
 
 
 def _sampling(request, where: str) -> dict:
-    """The request's sampling parameters as a golden keeps them ({}: greedy, or none named)."""
-    from kolibri_cli.decode.sampling import Sampling
-
+    """The request's sampling parameters as a golden keeps them ({}: greedy, or none named); a
+    sampled request that named no seed is kept without one (unseeded: not seed 0, which no
+    run used)."""
     if not isinstance(request, dict):
         return {}
     given = {k: request[k] for k in SAMPLING_FIELDS if request.get(k) is not None}
     if given.get("top_k") == -1:  # vLLM's "off"
         given["top_k"] = 0
     try:
-        return Sampling.from_dict(given).to_dict()
+        return kept_sampling(given)
     except KolibriError as e:
         raise KolibriError(f"{where}: the request's {e}") from None
 
 
-def sampled_share(goldens: list[Golden]) -> tuple[int, int]:
-    """(sampled goldens, goldens whose request named no temperature: the server's default)."""
+def sampled_share(goldens: list[Golden]) -> tuple[int, int, int]:
+    """(sampled goldens, of them unseeded, goldens whose request named no temperature: the
+    server's default)."""
     sampled = sum(1 for g in goldens if not g.sampler.greedy)
+    unseeded = sum(1 for g in goldens if g.unseeded)
     unsaid = sum(1 for g in goldens if "temperature" not in g.reference.get("request_sampling",
                                                                           {"temperature": 0}))
-    return sampled, unsaid
+    return sampled, unseeded, unsaid
 
 
 def _conversation(obj: dict, where: str) -> tuple[list[dict], str, str, dict]:

@@ -46,12 +46,18 @@ class Api:
         # the event loop goes on streaming the running request and answering the others
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="kolibri-read")
         self.live: set[asyncio.Queue] = set()  # the event queues of requests being answered
+        self.reading: set[asyncio.Timeout] = set()  # the deadlines of bodies being read
+        self.ended = False  # the drain is over: a request not yet answering is refused
 
     def abort(self) -> None:
         """The drain is over: every request still open ends now, with an error (on the event
-        loop's thread)."""
+        loop's thread); a body still arriving is refused at once (its deadline brought
+        forward), and one read meanwhile is refused before it is queued."""
+        self.ended = True
         for events in self.live:
             events.put_nowait(("shutdown", None))
+        for deadline in self.reading:
+            deadline.reschedule(asyncio.get_running_loop().time())
         self.worker.cancel_all()
 
     async def health(self, request: Request) -> Response:
@@ -93,12 +99,11 @@ class Api:
         """A body read and answered on the reader thread (tokenizing a megabyte takes a
         second): the answer's JSON, or the refusal."""
         try:
-            raw = await _body(request, self.served.limits.max_body)
+            raw = await self._body(request)
             return JSONResponse(await asyncio.get_running_loop().run_in_executor(
                 self.reader, lambda: answer(parse_body(raw))))
         except ApiError as e:
-            self.metrics.count("invalid")
-            return error(e, {"Connection": "close"} if e.status in (408, 413) else None)
+            return self._refused(request, e)
         except ClientDisconnect:
             return error(CLOSED)
 
@@ -110,13 +115,13 @@ class Api:
 
     async def _generate(self, request: Request, parse, prefix: str) -> Response:
         try:
-            raw = await _body(request, self.served.limits.max_body)
+            raw = await self._body(request)
             ask = await asyncio.get_running_loop().run_in_executor(
                 self.reader, lambda: parse(parse_body(raw), self.served))
+            if self.ended:  # parsed after the drain ended: nothing will answer it
+                raise _shutdown()
         except ApiError as e:
-            self.metrics.count("invalid")
-            # a body left unread (413) or late (408) leaves the connection in no state to reuse
-            return error(e, {"Connection": "close"} if e.status in (408, 413) else None)
+            return self._refused(request, e)
         except ClientDisconnect:  # gone before its body was all sent: nobody reads an answer
             self.metrics.count("cancelled")
             return error(CLOSED)
@@ -145,6 +150,39 @@ class Api:
             return await _whole(request, job, events, head)
         finally:
             self.live.discard(events)
+
+
+    async def _body(self, request: Request) -> bytes:
+        """The body (`_body`), refused with SHUTDOWN if the drain ends before it is all in."""
+        limit = self.served.limits.max_body
+        try:
+            async with asyncio.timeout(BODY_S) as deadline:
+                self.reading.add(deadline)
+                try:
+                    return await _body(request, limit)
+                finally:
+                    self.reading.discard(deadline)
+        except TimeoutError:
+            if self.ended:
+                raise _shutdown() from None
+            raise ApiError(408, f"the request body took longer than {BODY_S:g} s to arrive"
+                           ) from None
+
+    def _refused(self, request: Request, e: ApiError) -> Response:
+        """A request refused before it was queued; a body left unread (413, 408, the server
+        ending) leaves the connection in no state to reuse."""
+        ending = e.code == SHUTDOWN.code
+        if ending:
+            request.state.error = SHUTDOWN.code
+        else:
+            self.metrics.count("invalid")
+        closes = e.status in (408, 413) or ending
+        return error(e, {"Connection": "close"} if closes else None)
+
+
+def _shutdown() -> ApiError:
+    """SHUTDOWN, raised (a new instance: a raised one keeps its traceback)."""
+    return ApiError(SHUTDOWN.status, SHUTDOWN.message, code=SHUTDOWN.code, kind=SHUTDOWN.kind)
 
 
 def _emitter(loop, events: asyncio.Queue, job: Job):
@@ -239,21 +277,17 @@ def _note_usage(request: Request, results: list, usage) -> None:
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) past `limit` bytes before it is all read, and (408) when it
-    takes more than BODY_S to arrive."""
+    """The body, refused (413) past `limit` bytes before it is all read (the caller bounds
+    the time it may take)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit}")
     chunks, size = [], 0
-    try:
-        async with asyncio.timeout(BODY_S):
-            async for piece in request.stream():
-                size += len(piece)
-                if size > limit:
-                    raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
-                chunks.append(piece)
-    except TimeoutError:
-        raise ApiError(408, f"the request body took longer than {BODY_S:g} s to arrive") from None
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit:
+            raise ApiError(413, f"the request body exceeds the limit of {limit} bytes")
+        chunks.append(piece)
     return b"".join(chunks)
 
 

@@ -18,6 +18,7 @@ MAX_ARRAY = 2**24  # elements in any other metadata array (merges are ~ the voca
 MAX_TENSORS = 2**16
 MAX_KEYS = 2**16
 MAX_DIMS = 8
+MAX_NESTING = 4  # arrays of arrays: real models nest none (a deep file overflowed the stack)
 
 # GGUF value types: fixed sizes in bytes; 8 = string, 9 = array
 SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -59,17 +60,19 @@ class _Walk:
         self.skip(n)
         return bytes(self.view[self.pos - n:self.pos]) if n <= 256 else b""
 
-    def value(self, kind: int, key: str) -> None:
+    def value(self, kind: int, key: str, depth: int = 0) -> None:
         if kind in SIZES:
             self.skip(SIZES[kind])
         elif kind == STRING:
             self.string()
         elif kind == ARRAY:
-            self.array(key)
+            self.array(key, depth + 1)
         else:
             raise _Bad(f"{key} has unknown value type {kind}")
 
-    def array(self, key: str) -> None:
+    def array(self, key: str, depth: int = 1) -> None:
+        if depth > MAX_NESTING:
+            raise _Bad(f"{key} nests arrays more than {MAX_NESTING} deep")
         kind, n = self.take("<IQ")
         limit = MAX_VOCABULARY if key == "tokenizer.ggml.tokens" else MAX_ARRAY
         least = SIZES.get(kind, 8 if kind == STRING else 12)
@@ -78,7 +81,7 @@ class _Walk:
             self.skip(n * SIZES[kind])
             return
         for _ in range(n):
-            self.value(kind, key)
+            self.value(kind, key, depth)
 
 
 def check(path: Path) -> None:

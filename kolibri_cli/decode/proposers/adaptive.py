@@ -60,7 +60,13 @@ class AdaptiveProposer(Proposer):
 
     def propose(self, context, max_tokens: int) -> list[int]:
         tokens = np.ascontiguousarray(context, dtype=np.int64)  # [T]
-        start, n = longest_match(tokens, self.window_min, self.window_max)
+        return self.propose_matched(tokens, max_tokens,
+                                    longest_match(tokens, self.window_min, self.window_max))
+
+    def propose_matched(self, tokens: np.ndarray, max_tokens: int, match) -> list[int]:
+        """`propose` for the context `tokens` (int64[T]) given its longest_match (start, n):
+        a replay that indexed the chain once need not search the context at every call."""
+        start, n = int(match[0]), int(match[1])
         self._last_n = n if start >= 0 else 0
         if start < 0:
             return []

@@ -77,6 +77,9 @@ SEEN, MADE_SO_FAR, HAS_LAST = 0, 1, 2
 ORIGIN, GAIN, OPEN_AT, OPEN_COST = 0, 1, 2, 3
 
 
+_SEARCH = np.array([-2, 0], np.int64)  # propose_grown's match: not known, search it
+
+
 def candidate_rows(k: int) -> int:
     return k + 2
 
@@ -200,17 +203,19 @@ def _choose(c, weighted, weight, succession, tried, accepted, state, run, began,
 
 @njit(cache=True)
 def _advance(tokens, seen, book, candidates, tried, accepted, ledger, k, window_min,
-             window_max):
+             window_max, known, vouched):
     """One guard step before pricing: recognise a new request (the context is not the last one
     grown by 1..k + 1 tokens: the estimates and the ledger restart) or learn from the tokens
     produced since and settle the last pass; match; enter the candidate (none: the ledger opens
     a plain step). -> (source, length, state, run, began), source -1 when nothing matched
     (began: the match length that started the run, the state itself when fresh).
     tokens: int64[T]; seen: int64[>= T] the context at the last call; book: int64[3];
-    candidates: int64[rows, COLUMNS]; tried, accepted: float64[states, k]; ledger: float64[4]."""
+    candidates: int64[rows, COLUMNS]; tried, accepted: float64[states, k]; ledger: float64[4];
+    known: int64[2] longest_match(tokens, ...) if known[0] >= -1, else it is searched here;
+    vouched: the caller knows the context starts with the last one (not compared again)."""
     total, had = tokens.shape[0], book[SEEN]
     grown = 0 < had < total <= had + k + 1
-    for i in range(had if grown else 0):
+    for i in range(had if grown and not vouched else 0):
         if tokens[i] != seen[i]:
             grown = False
             break
@@ -226,7 +231,9 @@ def _advance(tokens, seen, book, candidates, tried, accepted, ledger, k, window_
     ledger[OPEN_AT] = -1
     seen[had:total] = tokens[had:]
     book[SEEN] = total
-    source, n = longest_match(tokens, window_min, window_max)
+    source, n = known[0], known[1]
+    if source < -1:
+        source, n = longest_match(tokens, window_min, window_max)
     if source < 0:
         book[HAS_LAST] = 0
         ledger[OPEN_AT], ledger[OPEN_COST] = total, 1.0
@@ -319,6 +326,13 @@ class GuardProposer(Proposer):
         self._acceptance = Acceptance(self.prior, self.window_max + 1, self.k)
 
     def propose(self, context, max_tokens: int) -> list[int]:
+        return self.propose_grown(context, max_tokens, _SEARCH, False)
+
+    def propose_grown(self, context, max_tokens: int, match: np.ndarray,
+                      vouched: bool) -> list[int]:
+        """`propose`, given the context's longest_match (int64[2]; _SEARCH: search it) and,
+        if `vouched`, the caller's word that the context extends the last call's (a replay
+        walking one chain): each call then costs what the context grew by, not its length."""
         # one compiled call for the bookkeeping and the match: a guard step runs right after
         # a forward has evicted the caches, where every Python and numpy call is slow
         tokens = np.ascontiguousarray(context, dtype=np.int64)  # [T]
@@ -327,7 +341,7 @@ class GuardProposer(Proposer):
         a = self._acceptance
         source, limit, state, run, began = _advance(
             tokens, self._seen, self._book, self._candidates, a.tried, a.accepted, self._ledger,
-            self.k, self.window_min, self.window_max)
+            self.k, self.window_min, self.window_max, match, vouched)
         if source < 0:
             return []
         length = self._choose(state, min(limit, max(max_tokens, 0)), len(tokens), run,

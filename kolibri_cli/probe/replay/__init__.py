@@ -12,10 +12,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from kolibri_cli.decode.proposers import (
+    AdaptiveProposer,
+    GuardProposer,
     HfProposer,
+    LlamaCppMapK4vProposer,
+    LlamaCppMapKProposer,
     LlamaCppOptions,
     LlamaCppSimpleProposer,
     NgramProposer,
+    Proposer,
     SuffixProposer,
     make_proposer,
 )
@@ -149,7 +154,7 @@ class Replayer:
         self.config = config
         self.proposer = config.make_proposer()
         self.ordered = self.proposer.shares_state
-        self._fast = _fast_replay(self.proposer) if fast_path else None
+        self._fast = _fast_replay(self.proposer, config) if fast_path else None
 
     def replay(self, chains: Chains) -> ChainCounts:
         if self._fast is not None:
@@ -223,12 +228,66 @@ class SuffixReplay:
         self.last = _padded(self.last, int(np.diff(chains.starts).max(initial=0)), 0)
 
 
-def _fast_replay(proposer):
-    """The compiled replay of this exact proposer type, or None (the generic path)."""
+class IndexedReplay:
+    """guard, adaptive, llamacpp-map-k(4v): the reference loop over the proposer's own code,
+    told what walking one chain makes cheap: the longest match at every prefix, from one pass of
+    compiled.longest_matches (guard, adaptive search the whole context at each call), that each
+    context extends the last (the guard compares them otherwise), the chain as one list (map-k
+    lists the context at each call). Linear in a chain's length; the same counts."""
+
+    def __init__(self, config: SimConfig, proposer):
+        self.config, self.proposer = config, proposer
+
+    def replay(self, chains: Chains) -> ChainCounts:
+        counts = []
+        for c, g in enumerate(chains.goldens):
+            ctx = chains.tokens[chains.starts[c] : chains.starts[c + 1]]  # [T]
+            proposer = self.proposer if self.proposer.shares_state else (
+                self.config.make_proposer(g.eos_ids))
+            walk = _ChainWalk(proposer, ctx, len(g.prompt_ids))
+            counts.append(simulate_chain(g.prompt_ids, g.output_ids, walk, self.config.k))
+        return ChainCounts.of(counts, self.config.k)
+
+
+class _ChainWalk(Proposer):
+    """One proposer walking the prefixes of one chain, in order (IndexedReplay)."""
+
+    def __init__(self, proposer, ctx: np.ndarray, n_prompt: int):
+        self.inner, self.name, self.k = proposer, proposer.name, proposer.k
+        self.window_min, self.window_max = proposer.window_min, proposer.window_max
+        self.observes, self.shares_state = proposer.observes, proposer.shares_state
+        if isinstance(proposer, LlamaCppMapKProposer):
+            self.ids = ctx.tolist()
+        else:
+            self.matches = compiled.longest_matches(ctx, n_prompt + 1, self.window_min,
+                                                    self.window_max)  # [T + 1, 2]
+
+    def begin(self, prompt_ids) -> None:
+        self.inner.begin(prompt_ids)
+
+    def propose(self, context, max_tokens: int) -> list[int]:
+        if isinstance(self.inner, GuardProposer):
+            return self.inner.propose_grown(context, max_tokens, self.matches[len(context)], True)
+        if isinstance(self.inner, AdaptiveProposer):
+            return self.inner.propose_matched(context, max_tokens, self.matches[len(context)])
+        return self.inner.propose_listed(self.ids, len(context), max_tokens)
+
+    def observe(self, context, drafted: int, accepted: int) -> None:
+        self.inner.observe(context, drafted, accepted)
+
+
+INDEXED = (GuardProposer, AdaptiveProposer, LlamaCppMapKProposer, LlamaCppMapK4vProposer)
+
+
+def _fast_replay(proposer, config: SimConfig | None = None):
+    """The compiled (or indexed) replay of this exact proposer type, or None (the generic
+    path)."""
     if type(proposer) in NGRAM_RULES:
         return NgramReplay(proposer)
     if type(proposer) is SuffixProposer:
         return SuffixReplay(proposer)
+    if type(proposer) in INDEXED and config is not None:
+        return IndexedReplay(config, proposer)
     return None
 
 

@@ -237,13 +237,33 @@ def _grow(states, edges, keys, vals, meta, token, i, wmax):
 def _leftmost(states, meta, wmin, wmax):
     """The index after the leftmost earlier occurrence of the longest suffix of length
     wmin..wmax, or -1 (ngram.longest_match's start)."""
+    return _longest(states, meta, wmin, wmax)[0]
+
+
+@njit(cache=True)
+def _longest(states, meta, wmin, wmax):
+    """ngram.longest_match of the context the automaton holds: (start, n) or (-1, 0)."""
     u = states[meta[2], 1]
     n = states[u, 0] if u > 0 else 0
     if n < wmin:
-        return -1
+        return -1, 0
     if n > wmax:
-        u = meta[3]
-    return states[u, 2] + 1
+        u, n = meta[3], wmax
+    return states[u, 2] + 1, n
+
+
+@njit(cache=True)
+def longest_matches(ctx, first, wmin, wmax):  # ctx: int64[T] -> int64[T + 1, 2]
+    """ngram.longest_match(ctx[:t], wmin, wmax) for every t >= first (rows below: (-1, 0)), in
+    one pass: what guard and adaptive search the whole context for at every call."""
+    out = np.empty((ctx.shape[0] + 1, 2), np.int64)
+    out[:, 0], out[:, 1] = -1, 0
+    states, edges, keys, vals, meta = _automaton(ctx.shape[0])
+    for i in range(ctx.shape[0]):
+        _grow(states, edges, keys, vals, meta, ctx[i], i, wmax)
+        if i + 1 >= first:
+            out[i + 1, 0], out[i + 1, 1] = _longest(states, meta, wmin, wmax)
+    return out
 
 
 # ---- llamacpp-simple: n-grams hashed to their most recent start -------------------------------

@@ -77,6 +77,13 @@ class LlamaCppMapKProposer(_ServerSlot):
     def _draft(self, history: np.ndarray, sampled: int) -> list[int]:
         return self._state.draft(history.tolist(), sampled)
 
+    def propose_listed(self, ids: list[int], length: int, max_tokens: int) -> list[int]:
+        """`propose` for the context ids[:length]: a replay lists its chain once instead of
+        the context at every call."""
+        if max_tokens <= 0:
+            return []
+        return self._state.draft(ids, ids[length - 1], length - 1)[:max_tokens]
+
     def server_args(self) -> tuple[str, ...]:
         kind = self.llama_server.removeprefix("ngram-")
         flags = ("--spec-type", self.llama_server, f"--spec-ngram-{kind}-size-n",
