@@ -22,11 +22,17 @@ The synthetic-acceptance servers run one at a time: each round starts the server
 warms it with one short request, times one and stops it, so memory holds one such server
 whatever k is (k + 1 of them at once took ~12 GB at k = 48). Above TIMED_EVERY tokens n is timed
 on a half-octave grid, linear between (timing.curve_sizes).
+- batched decode (`decode_costs`): d(B), one decode step of B sequences, one token each, each
+  at its own context, over one sequence's step (as llama-batched-bench times it): one
+  llama-server with -np B, B requests at once, the step time per request its decode time over
+  its tokens. What a plain step of B sequences costs; a B-token prompt reads one cache and runs
+  one attention, so it underprices it (probe/load.py).
 Non-goals: vLLM/SGLang (they report no per-request timings; give their c(n) with --costs).
 """
 
 import statistics
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -56,6 +62,8 @@ NEW_TOKENS = 120  # decode steps per timed request (about the goldens' length)
 PROMPT_SEED = 5
 TIMED_EVERY = 8  # c(n) timed at every n up to this, on a grid above (a pass of k + 1 tokens)
 WARM_TOKENS = 8  # a server just started answers one request this long before it is timed
+
+MAX_DECODE_SLOTS = 64  # the most sequences a batched decode is timed with (beyond: the line)
 
 Opener = Callable[[], AbstractContextManager[ServerApi]]  # `with opener() as server:` ...
 
@@ -321,3 +329,45 @@ def server_costs(engine: str, model, k: int, repeats: int, threads: int | None,
         raise KolibriError("c(n) from a URL needs llama.cpp's per-request timings; for other "
                            "servers pass c(n) to the probe with --costs")
     return prompt_eval_costs(server, prompt, list(range(1, k + 2)), repeats, engine, step)
+
+
+def decode_costs(server: ServerApi, prompts: list[list[int]], batches: list[int], repeats: int,
+                 step: Ticks | None = None, new_tokens: int = NEW_TOKENS) -> dict[int, float]:
+    """d(B) for each B of `batches` (1 among them, at most len(prompts)) on a server with at least
+    max(B) slots: per round and B (ascending, or descending), B requests at once, request i on
+    prompts[i], each decoding `new_tokens` with eos ignored; a step's ms is the median over the
+    B requests of decode time / decoded tokens; d(B) the median over rounds of step(B) /
+    step(1) of the same round (drift cancels)."""
+    rounds = []
+    with ThreadPoolExecutor(max(batches)) as pool:
+        for r in range(repeats):
+            ms = {b: _batch_step_ms(server, prompts[:b], new_tokens, pool)
+                  for b in sorted(batches, reverse=r % 2 == 1)}
+            rounds.append({b: t / ms[1] for b, t in ms.items()})
+            if step:
+                step(r + 1, repeats)
+    return {b: statistics.median(x[b] for x in rounds) for b in sorted(batches)}
+
+
+def _batch_step_ms(server: ServerApi, prompts: list[list[int]], new_tokens: int,
+                   pool: ThreadPoolExecutor) -> float:
+    answers = list(pool.map(lambda p: server.complete(p, new_tokens, ignore_eos=True), prompts))
+    if any(a.decode_s is None or len(a.output_ids) < 2 for a in answers):
+        raise KolibriError("the server reports no decode time (timings); d(B) needs llama-server")
+    return statistics.median(1e3 * a.decode_s / (len(a.output_ids) - 1) for a in answers)
+
+
+def local_decode_costs(model, batches: list[int], repeats: int, gguf=None,
+                       threads: int | None = None, timeout: float = 600.0,
+                       step: Ticks | None = None) -> dict[int, float]:
+    """d(B) of a llama-server started here with -np max(B) slots (B capped at
+    MAX_DECODE_SLOTS; the B asked for above it are priced on the line beyond), each request its
+    own periodic prompt."""
+    beyond = any(b > MAX_DECODE_SLOTS for b in batches)
+    batches = sorted({1, *(b for b in batches if b <= MAX_DECODE_SLOTS)}
+                     | ({MAX_DECODE_SLOTS} if beyond else set()))
+    prompts = [periodic_prompt(model, PROMPT_SEED + 1 + i) for i in range(max(batches))]
+    with serving(LOCAL, model, gguf=gguf, threads=threads, timeout=timeout,
+                 slots=max(batches)) as server:
+        server.complete(prompts[0], WARM_TOKENS, ignore_eos=True)
+        return decode_costs(server, prompts, batches, repeats, step)

@@ -21,6 +21,7 @@ __all__ = ["APIS", "LOCAL", "Completion", "LlamaServer", "ServerApi", "ServerSpe
            "synth_args", "tokenizing_model"]
 
 LOCAL = "llama-server"  # --engine value: start a local llama-server
+SLOT_CONTEXT = 512  # KV positions each slot of a started llama-server holds at least
 
 
 def is_server(engine: str) -> bool:
@@ -36,7 +37,7 @@ def serving(engine: str, model, api: str | None = None, gguf: Path | None = None
     afterwards."""
     if engine == LOCAL:
         spec = ServerSpec(_gguf(model, gguf), threads or os.cpu_count() or 1, args=tuple(args),
-                          slots=slots)
+                          slots=slots, ctx=max(ServerSpec.ctx, SLOT_CONTEXT * slots))
         with LlamaServer(spec) as server:
             api = connect(server.url, "llama.cpp", model.tokenizer, model.eos_ids, timeout,
                           vocab=model.vocab_size)
