@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kolibri_cli.bench.timing import curve_sizes
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import line_slope
+from kolibri_cli.costs.timing import curve_sizes
 from kolibri_cli.decode.proposers import LlamaCppSimpleProposer, draft
 from kolibri_cli.engines import (
     LOCAL,

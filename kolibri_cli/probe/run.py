@@ -208,33 +208,17 @@ def measured_model(goldens: list) -> str:
 
 
 def measure_here(model, config, ticks=None) -> Pricing:
-    """c(1..n) timed now on `model` with this host's kernel, for every row count the run's
+    """c(1..n) timed now on `model` (costs/timing.py time_here) for every row count the run's
     configurations verify (k + 1) — with --concurrency, a curve up to the most tokens a step
-    holds (B x (k + 1)) — kept in the bench store as `kolibri bench` keeps its own, its rounds
-    with it; priced with the median of this kernel's stored rounds (source "run")."""
-    from kolibri_cli.bench.timing import (
-        costs,
-        curve_sizes,
-        forward_rounds,
-        median_times,
-        round_costs,
-    )
-    from kolibri_cli.costs import store as benchcosts
-    from kolibri_cli.costs.model import BENCH_CONTEXT
-    from kolibri_cli.engine.jit import get_threads
+    holds (B x (k + 1)) — kept in the bench store; priced with their median (source "run")."""
+    from kolibri_cli.costs.timing import time_here
 
     models = models_of(config.goldens)
     if models and model.sha256 not in {sha for _, sha in models}:
         raise KolibriError(f"--costs measure: {model.name} is not the model these goldens were "
                            "recorded from (its weights differ); give --model the goldens' model")
     top = max(k for k, _ in settings_of(config)) + 1
-    most = top * max(config.concurrency or [1])
-    rounds = forward_rounds(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks,
-                            curve_sizes(top, most))
-    timed = costs(median_times(rounds))
-    entry = benchcosts.save(benchcosts.entry_for(model, get_threads(), timed,
-                                                 round_costs(rounds)))
-    return Pricing("run", entry.costs, bench=entry, rounds=entry.rounds)
+    return time_here(model, top, top * max(config.concurrency or [1]), MEASURE_REPEATS, ticks)
 
 
 def settings_of(config) -> list[tuple[int, tuple[int, int]]]:
