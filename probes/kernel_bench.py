@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from kolibri_cli.bench import timing as bench
+from kolibri_cli.costs import timing
 from kolibri_cli.engine.config import ModelConfig
 from kolibri_cli.engine.jit import set_threads
 from kolibri_cli.engine.kernel import Transformer
@@ -34,7 +35,7 @@ def measure_interleaved(model, a) -> tuple[float, dict[int, float]]:
     bws, runs = [], []
     for _ in range(rounds):
         bws.append(bench.measure_read_bandwidth(repeats=3))
-        runs.append(bench.forward_times(model, a.max_n, a.context, repeats=3))
+        runs.append(timing.forward_times(model, a.max_n, a.context, repeats=3))
     times = {n: float(np.median([r[n] for r in runs])) for n in runs[0]}
     return float(np.median(bws)), times
 
@@ -60,7 +61,7 @@ def main() -> None:
     print(f"threads {a.threads}, layers {a.layers}, context {a.context}, "
           f"repeats {a.repeats} (medians)")
     print(" L   ms/forward   c(L)")
-    for n, c in bench.costs(times).items():
+    for n, c in timing.costs(times).items():
         print(f"{n:2d}   {times[n] * 1e3:9.2f}   {c:5.2f}")
     print(f"read bandwidth      {bandwidth / 1e9:.1f} GB/s")
     print(f"weights per token   {weights.nbytes_per_token() / 1e6:.0f} MB")

@@ -277,7 +277,7 @@ def test_probe_costs_measure_times_c_n_on_the_goldens_model_and_prices_with_them
     """`kolibri probe --costs measure` end to end: c(n) timed now, on the goldens' model, for
     every row count the run verifies, kept with its rounds, and every prediction priced with
     their median."""
-    from kolibri_cli.bench import timing
+    from kolibri_cli.costs import timing
     from kolibri_cli.engine import loader
     from kolibri_cli.probe.run import MEASURE_REPEATS
 

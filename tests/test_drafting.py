@@ -44,10 +44,36 @@ def test_only_a_table_reader_warms_and_keeps_its_timings(kolibri_home):
     for rows, seconds in ((1, 0.01), (1, 0.01), (3, 0.012)):
         guard.costs.add(rows, 100, seconds)
     notes = []
-    drafting.keep_costs(guard, MODEL, given, notes.append)  # --costs given: nothing kept
+    asked = drafting.Drafting.checked(None, None, "guard", costs="default").for_model(
+        MODEL, notes.append, 2)
+    asked.keep(guard.costs, notes.append)  # --costs given: nothing kept
     assert drafting.warm_costs("guard", None, MODEL).cells() == []
-    drafting.keep_costs(guard, MODEL, None, notes.append)
-    assert drafting.warm_costs("guard", None, MODEL).cells() == guard.costs.cells() != []
+    drafting.Drafting.checked(None, None, "guard").for_model(MODEL, notes.append, 2).keep(
+        guard.costs, notes.append)
+    assert drafting.warm_costs("guard", None, MODEL, 2).cells() == guard.costs.cells() != []
+    assert notes == []
+
+
+def test_one_set_up_drafts_as_the_options_and_the_model_say(kolibri_home):
+    """Drafting: bad settings refused before a model loads; then each generation's proposer
+    drafts by the chosen c(n) (numbers), or by the table the last generation kept (a table)."""
+    with pytest.raises(KolibriError, match="--k must be at least 1"):
+        drafting.Drafting.checked(0, None, "guard")
+    with pytest.raises(KolibriError, match="drafts without c"):
+        drafting.Drafting.checked(None, None, "ngram", costs="1,1.2")
+    notes = []
+    adaptive = drafting.Drafting.checked(2, "1-3", "adaptive", costs="1,1.2").for_model(
+        MODEL, notes.append)
+    proposer = adaptive.new()
+    assert (proposer.name, proposer.k, adaptive.pricing.source) == ("adaptive", 2, "given")
+    assert proposer.costs == {1: 1.0, 2: 1.2} and notes == []
+    guard = drafting.Drafting.checked(None, None, "guard").for_model(MODEL, notes.append, 2)
+    first = guard.new()
+    assert guard.pricing is None and first.costs.cells() == []
+    for rows, seconds in ((1, 0.01), (1, 0.01), (3, 0.012)):
+        first.costs.add(rows, 100, seconds)
+    guard.keep(first.costs, notes.append)
+    assert guard.new().costs.cells() == first.costs.cells() != []  # the next answer starts warm
     assert notes == []
 
 

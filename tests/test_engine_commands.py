@@ -52,6 +52,20 @@ def test_sglang_counts_the_root_among_its_draft_tokens():
                      "--speculative-ngram-max-match-window-size": "6"}
 
 
+def test_sglang_s_default_k_is_sglangs_default_draft_tokens():
+    """SGLang's ngram default is speculative_num_draft_tokens = 12 (server_args.py,
+    _handle_ngram: "set to 12 by default for ngram speculative decoding"), and those 12 count
+    the root, the last token already decoded (cpp_ngram/result.cpp fillResult: the draft's first
+    token is last_token): 11 tree nodes, kolibri's k, so the default setting's command is
+    SGLang's default."""
+    from kolibri_cli.decode.proposers import default_settings
+
+    k, window = default_settings("sglang")
+    assert (k, window) == (11, (1, 12))
+    args = shlex.split(_by_engine(engine_commands("sglang", k, window))["SGLang"].command)
+    assert dict(zip(args[::2], args[1::2], strict=True))["--speculative-num-draft-tokens"] == "12"
+
+
 def test_rules_no_other_engine_runs_are_kolibris_alone():
     for name in ("guard", "adaptive", "suffix-tree", "adaptive-tree"):
         assert [c.engine for c in engine_commands(name, 5, (1, 4))] == ["kolibri"]

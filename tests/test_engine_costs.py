@@ -1,6 +1,8 @@
 """c(n) of a server from synthetic-acceptance requests: pass lengths replayed from the returned
 ids, the per-round solve, the least-squares line. Fake servers with known pass costs; no timing."""
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -88,15 +90,48 @@ def test_pass_lengths_refuse_counters_that_do_not_add_up():
         pass_lengths(PROMPT, c, 2, 61)
 
 
+class Openers:
+    """Openers of fake synthetic-acceptance servers that count how many are open at once."""
+
+    def __init__(self, sizes):
+        self.servers = {n: FakeSynthServer(n - 1) for n in sizes}
+        self.open = self.most_open = 0
+
+    @contextmanager
+    def opened(self, n):
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            yield self.servers[n]
+        finally:
+            self.open -= 1
+
+    def __call__(self) -> dict:
+        return {n: (lambda n=n: self.opened(n)) for n in self.servers}
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_cost_round_recovers_every_pass_cost_despite_short_passes(reverse):
-    servers = {n: FakeSynthServer(n - 1) for n in range(1, 7)}
+    openers = Openers(range(1, 7))
+    servers = openers.servers
     times = {n: PassTimes(n) for n in servers}
-    cost_round(servers, PROMPT, times, new_tokens=120, reverse=reverse)
+    cost_round(openers(), PROMPT, times, new_tokens=120, reverse=reverse)
     assert {n: t.ms[0] for n, t in times.items()} == pytest.approx(
         {n: pass_ms(n) for n in servers})
     assert all(s.calls == [True] for s in servers.values())  # every request ignores eos
     assert times[1].full == [1.0] and all(0 < t.full[0] < 1 for n, t in times.items() if n > 1)
+    assert openers.most_open == 1  # one synthetic-acceptance server at a time
+
+
+def test_a_large_k_is_timed_on_a_grid_of_servers_one_at_a_time():
+    """k = 48: a grid of n (not 49 servers), timed never more than one server up."""
+    from kolibri_cli.bench.engine_costs import cost_sizes, measure_costs
+
+    sizes = cost_sizes(48)
+    assert sizes[:8] == list(range(1, 9)) and sizes[-1] == 49 and len(sizes) < 16
+    openers = Openers(sizes[:6])  # the fake prices passes of up to 6 tokens
+    measured = measure_costs(openers(), PROMPT, 2, "llama-server")
+    assert openers.most_open == 1 and [len(p.ms) for p in measured.passes] == [2] * 6
 
 
 def test_server_costs_report_raw_medians_and_the_line():

@@ -571,8 +571,9 @@ def test_greedy_ids_match_transformers():
 
 def test_bench_helpers_shapes():
     from kolibri_cli.bench import timing as bench
+    from kolibri_cli.costs import timing
 
     model = Transformer(TINY, random_weights(TINY))
     assert bench.measure_read_bandwidth(nbytes=1 << 20, repeats=2) > 0
-    c = bench.verify_costs(model, 4, context_len=10, repeats=2)
+    c = timing.verify_costs(model, 4, context_len=10, repeats=2)
     assert sorted(c) == [1, 2, 3, 4] and c[1] == 1.0

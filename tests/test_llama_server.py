@@ -315,3 +315,23 @@ def test_a_gguf_given_as_the_model_is_run_by_llama_server_not_imported(bare, pul
         assert g.prompt_ids == shipped[g.id].prompt_ids and 1 <= len(g.output_ids) <= 4
         assert set(g.identity) == {"tokenizer_sha256", "served_model", "fingerprint"}
     assert not bare.home.joinpath("models").exists()
+
+
+def test_measured_probe_under_load_prices_plain_by_the_servers_batched_decode(
+        cli, llama_server_binary):
+    """--measure --engine llama-server --concurrency: the load is priced by llama-server's own
+    c(T) and its batched decode d(B) (-np B), and B = 1 is the measured headline."""
+    result = cli("probe", "--measure", "--engine", "llama-server", "--proposer",
+                 "llamacpp-simple", "--k", 2, "--window", 2, "--category", "extraction",
+                 "--repeats", 1, "-t", 1, "--concurrency", "1,2", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    load = doc["load"]
+    assert load["decode"]["source"].startswith("llama-server -np 2")
+    assert sorted(map(int, load["decode"]["costs"])) == [1, 2]
+    assert load["decode"]["costs"]["2"] > 1.0  # two sequences' step costs more than one's
+    assert "batched decode" in load["plain_priced"] and load["costs"]["source"] == "run"
+    first = load["points"][0]
+    verdict = doc["verdict"]
+    assert first["basis"] == "measured" and first["answer"] == verdict["answer"]
+    assert first["speedup"] == verdict["setting"]["measured_speedup"]

@@ -176,3 +176,64 @@ def test_probe_concurrency_through_the_cli(tmp_path):
     assert gate.exit_code == 1 and "crossover" in gate.stderr
     bad = CliRunner().invoke(app, ["probe", "--goldens", str(path), "--concurrency", "0"])
     assert bad.exit_code == 1 and "concurrency must be a whole number >= 1" in bad.stderr
+
+
+@pytest.mark.parametrize("b", [1, 2, 3, 5])
+def test_plain_decode_of_b_sequences_is_priced_by_the_batched_decode_curve(b):
+    """With the engine's batched decode d(B) timed, every step at B costs d(B) + c(T) - c(B):
+    plain steps d(B), drafted rows at the prompt curve's price; d(1) = 1 leaves B = 1 as it was."""
+    from kolibri_cli.probe.load import DecodeCurve
+
+    c = cost_model({1: 1.0, 2: 1.1, 4: 1.3, 8: 3.0})
+    decode = DecodeCurve({1: 1.0, 2: 1.6, 4: 2.9, 8: 5.5}, "fake")
+    d = decode(b) - c(b)
+    shifted = lambda t: c(t) + d  # noqa: E731
+    got = load_point(passes_run(TWO), b, c, decode=decode).speedup
+    assert got == pytest.approx(naive_speedup(TWO, b, shifted))
+    if b == 1:
+        assert got == pytest.approx(load_point(passes_run(TWO), 1, c).speedup)
+    else:  # a dearer plain step leaves drafting relatively cheaper
+        assert got > load_point(passes_run(TWO), b, c).speedup
+
+
+def test_the_report_says_which_curve_priced_plain_decoding():
+    from kolibri_cli.costs.pricing import Pricing
+    from kolibri_cli.probe.load import DecodeCurve
+    from kolibri_cli.probe.report import load_text
+
+    costs = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.5, 8: 3.0, 16: 7.0, 32: 15.0}
+    run = passes_run(spread_goldens(), 3)
+    run.costs = costs
+    pricing = Pricing("given", costs)
+    prompt = load_report([run], run, [1, 2, 4], costs, None, pricing)
+    assert "as one B-token forward" in load_text(prompt, pricing)
+    decode = DecodeCurve({1: 1.0, 2: 1.8, 4: 3.4}, "llama-server -np 4, timed in this run")
+    batched = load_report([run], run, [1, 2, 4], costs, None, pricing, decode)
+    assert "batched decode (llama-server -np 4" in load_text(batched, pricing)
+    for p, q in zip(prompt.fastest.points[1:], batched.fastest.points[1:], strict=True):
+        assert q.speedup > p.speedup and q.interval[0] < q.speedup < q.interval[1]
+    assert batched.fastest.points[0] == prompt.fastest.points[0]
+
+
+def test_a_measured_headline_is_the_b_1_row_of_the_load_table():
+    """--measure --concurrency: B = 1 of the load table is the measured verdict's figure,
+    interval and answer, labelled measured; the crossover reads it."""
+    from kolibri_cli.probe.answer import Speed, verdict_of
+    from kolibri_cli.probe.load import measured_at_one
+    from kolibri_cli.probe.report import load_rows
+
+    costs = {1: 1.0, 2: 1.1, 3: 1.2, 4: 1.5, 8: 3.0, 16: 7.0, 32: 15.0}
+    run = passes_run(spread_goldens(), 3)
+    run.costs = costs
+    report = load_report([run], run, [1, 2], costs, None)
+    assert report.fastest.points[0].answer == "pays"
+    measured = verdict_of(Speed(run, report.fastest.points[0].speedup, 0.97, (0.93, 1.01)))
+    agreed = measured_at_one(report, measured)
+    first = agreed.fastest.points[0]
+    assert (first.speedup, first.interval, first.answer, first.basis) == (
+        0.97, (0.93, 1.01), measured.answer, "measured")
+    assert measured.answer == "a wash" and agreed.crossover is None
+    assert agreed.fastest.points[1] == report.fastest.points[1]
+    assert load_rows(agreed)[0][0] == "1 (measured)" and load_rows(report)[0][0] == "1"
+    other = verdict_of(Speed(passes_run(TWO), 1.2, 1.1))  # another setting's: left as it is
+    assert measured_at_one(report, other) is report

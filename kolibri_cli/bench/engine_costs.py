@@ -18,19 +18,29 @@ Two methods:
   one per sequence (the output head is a small share of a large model, not of a 135M one).
 Rounds alternate over n, in alternating order (drift hits every n alike), and are repeated;
 medians reported, with the least-squares line c(n) = 1 + slope (n - 1) through them beside.
+The synthetic-acceptance servers run one at a time: each round starts the server of each n,
+warms it with one short request, times one and stops it, so memory holds one such server
+whatever k is (k + 1 of them at once took ~12 GB at k = 48). Above TIMED_EVERY tokens n is timed
+on a half-octave grid, linear between (timing.curve_sizes).
+- batched decode (`decode_costs`): d(B), one decode step of B sequences, one token each, each
+  at its own context, over one sequence's step (as llama-batched-bench times it): one
+  llama-server with -np B, B requests at once, the step time per request its decode time over
+  its tokens. What a plain step of B sequences costs; a B-token prompt reads one cache and runs
+  one attention, so it underprices it (probe/load.py).
 Non-goals: vLLM/SGLang (they report no per-request timings; give their c(n) with --costs).
 """
 
 import statistics
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from kolibri_cli.bench.timing import curve_sizes
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import line_slope
+from kolibri_cli.costs.timing import curve_sizes
 from kolibri_cli.decode.proposers import LlamaCppSimpleProposer, draft
 from kolibri_cli.engines import (
     LOCAL,
@@ -50,6 +60,12 @@ PERIOD = 32  # tokens in the repeating unit: longer than any pass, so drafts are
 PERIODS = 2  # the prompt holds the unit this many times (64 tokens)
 NEW_TOKENS = 120  # decode steps per timed request (about the goldens' length)
 PROMPT_SEED = 5
+TIMED_EVERY = 8  # c(n) timed at every n up to this, on a grid above (a pass of k + 1 tokens)
+WARM_TOKENS = 8  # a server just started answers one request this long before it is timed
+
+MAX_DECODE_SLOTS = 64  # the most sequences a batched decode is timed with (beyond: the line)
+
+Opener = Callable[[], AbstractContextManager[ServerApi]]  # `with opener() as server:` ...
 
 
 def check_engine(engine: str) -> None:
@@ -178,7 +194,7 @@ def solve_pass_ms(total_ms: float, lengths: list[int], known: dict[int, float]) 
     return rest / weight
 
 
-def measure_costs(servers: dict[int, ServerApi], prompt: list[int], repeats: int,
+def measure_costs(servers: dict[int, Opener], prompt: list[int], repeats: int,
                   engine: str, threads: int | None = None, step: Ticks | None = None,
                   new_tokens: int = NEW_TOKENS) -> ServerCosts:
     """Time every server's passes, `repeats` rounds, each round in the other order."""
@@ -191,15 +207,17 @@ def measure_costs(servers: dict[int, ServerApi], prompt: list[int], repeats: int
                        list(times.values()))
 
 
-def cost_round(servers: dict[int, ServerApi], prompt: list[int], times: dict[int, PassTimes],
+def cost_round(servers: dict[int, Opener], prompt: list[int], times: dict[int, PassTimes],
                new_tokens: int = NEW_TOKENS, reverse: bool = False) -> None:
-    """One request per server (in ascending n, or descending); `times` gains one value per n."""
+    """One request per server (in ascending n, or descending), each opened only for its request
+    (`servers[n]()`: one server at a time); `times` gains one value per n."""
     if 1 not in servers:
         raise KolibriError("no plain server among the engines: c(n) needs c(1)")
     answers = {}
     for n in sorted(servers, reverse=reverse):
         steps = new_tokens // n * n  # whole passes: the last one is not cut by the budget
-        answers[n] = (servers[n].complete(prompt, 1 + steps, ignore_eos=True), 1 + steps)
+        with servers[n]() as server:
+            answers[n] = (server.complete(prompt, 1 + steps, ignore_eos=True), 1 + steps)
     known: dict[int, float] = {}
     for n, (c, max_tokens) in sorted(answers.items()):
         if c.decode_s is None:
@@ -215,15 +233,32 @@ def cost_round(servers: dict[int, ServerApi], prompt: list[int], times: dict[int
         times[n].full.append(lengths.count(n) / len(lengths))
 
 
+def cost_sizes(k: int) -> list[int]:
+    """The n a server's c(1..k+1) is timed at: every n up to TIMED_EVERY, a grid above."""
+    return curve_sizes(min(k + 1, TIMED_EVERY), k + 1)
+
+
+def kept(server: ServerApi) -> Opener:
+    """An opener of a server that stays up (the caller's)."""
+    return lambda: nullcontext(server)
+
+
+def cost_servers(model, sizes: list[int], prompt: list[int], gguf=None,
+                 threads: int | None = None, timeout: float = 600.0) -> dict[int, Opener]:
+    """Openers of local llama-servers for each n of `sizes`: a plain one (n = 1), synthetic
+    acceptance of n-1 drafts; each starts its server when opened and stops it when closed."""
+    return {n: lambda n=n: _started(model, synth_args(n - 1) if n > 1 else (), prompt, gguf,
+                                    threads, timeout)
+            for n in sizes}
+
+
 @contextmanager
-def cost_servers(model, max_n: int, gguf=None, threads: int | None = None,
-                 timeout: float = 600.0) -> Iterator[dict[int, ServerApi]]:
-    """Local llama-servers for n = 1..max_n: a plain one, and synthetic acceptance of n-1 drafts."""
-    with ExitStack() as stack:
-        yield {n: stack.enter_context(serving(LOCAL, model, gguf=gguf, threads=threads,
-                                              args=synth_args(n - 1) if n > 1 else (),
-                                              timeout=timeout))
-               for n in range(1, max_n + 1)}
+def _started(model, args, prompt: list[int], gguf, threads, timeout) -> Iterator[ServerApi]:
+    """A llama-server started with `args`, warmed: a new process's first request pays for its
+    page faults and allocations, which no timed pass should."""
+    with serving(LOCAL, model, gguf=gguf, threads=threads, args=args, timeout=timeout) as server:
+        server.complete(prompt, WARM_TOKENS, ignore_eos=True)
+        yield server
 
 
 def prompt_eval_costs(api, prompt: list[int], sizes: list[int], repeats: int, engine: str,
@@ -284,12 +319,55 @@ def server_costs(engine: str, model, k: int, repeats: int, threads: int | None,
         return curve_costs(engine, model, k, curve, repeats, api, gguf, threads, timeout, step)
     prompt = periodic_prompt(model, longest=k + 1)
     if engine == LOCAL:
-        note(f"starting {k + 1} llama-servers ...")
-        with cost_servers(model, k + 1, gguf, threads, timeout) as servers:
-            return measure_costs(servers, prompt, repeats, LOCAL, threads, step)
+        sizes = cost_sizes(k)
+        note(f"timing c(n) on {len(sizes)} llama-servers, one at a time ...")
+        servers = cost_servers(model, sizes, prompt, gguf, threads, timeout)
+        return measure_costs(servers, prompt, repeats, LOCAL, threads, step)
     server = connect(engine, api or "llama.cpp", model.tokenizer, model.eos_ids, timeout,
                      vocab=model.vocab_size)
     if server.api != "llama.cpp":
         raise KolibriError("c(n) from a URL needs llama.cpp's per-request timings; for other "
                            "servers pass c(n) to the probe with --costs")
     return prompt_eval_costs(server, prompt, list(range(1, k + 2)), repeats, engine, step)
+
+
+def decode_costs(server: ServerApi, prompts: list[list[int]], batches: list[int], repeats: int,
+                 step: Ticks | None = None, new_tokens: int = NEW_TOKENS) -> dict[int, float]:
+    """d(B) for each B of `batches` (1 among them, at most len(prompts)) on a server with at least
+    max(B) slots: per round and B (ascending, or descending), B requests at once, request i on
+    prompts[i], each decoding `new_tokens` with eos ignored; a step's ms is the median over the
+    B requests of decode time / decoded tokens; d(B) the median over rounds of step(B) /
+    step(1) of the same round (drift cancels)."""
+    rounds = []
+    with ThreadPoolExecutor(max(batches)) as pool:
+        for r in range(repeats):
+            ms = {b: _batch_step_ms(server, prompts[:b], new_tokens, pool)
+                  for b in sorted(batches, reverse=r % 2 == 1)}
+            rounds.append({b: t / ms[1] for b, t in ms.items()})
+            if step:
+                step(r + 1, repeats)
+    return {b: statistics.median(x[b] for x in rounds) for b in sorted(batches)}
+
+
+def _batch_step_ms(server: ServerApi, prompts: list[list[int]], new_tokens: int,
+                   pool: ThreadPoolExecutor) -> float:
+    answers = list(pool.map(lambda p: server.complete(p, new_tokens, ignore_eos=True), prompts))
+    if any(a.decode_s is None or len(a.output_ids) < 2 for a in answers):
+        raise KolibriError("the server reports no decode time (timings); d(B) needs llama-server")
+    return statistics.median(1e3 * a.decode_s / (len(a.output_ids) - 1) for a in answers)
+
+
+def local_decode_costs(model, batches: list[int], repeats: int, gguf=None,
+                       threads: int | None = None, timeout: float = 600.0,
+                       step: Ticks | None = None) -> dict[int, float]:
+    """d(B) of a llama-server started here with -np max(B) slots (B capped at
+    MAX_DECODE_SLOTS; the B asked for above it are priced on the line beyond), each request its
+    own periodic prompt."""
+    beyond = any(b > MAX_DECODE_SLOTS for b in batches)
+    batches = sorted({1, *(b for b in batches if b <= MAX_DECODE_SLOTS)}
+                     | ({MAX_DECODE_SLOTS} if beyond else set()))
+    prompts = [periodic_prompt(model, PROMPT_SEED + 1 + i) for i in range(max(batches))]
+    with serving(LOCAL, model, gguf=gguf, threads=threads, timeout=timeout,
+                 slots=max(batches)) as server:
+        server.complete(prompts[0], WARM_TOKENS, ignore_eos=True)
+        return decode_costs(server, prompts, batches, repeats, step)

@@ -9,17 +9,10 @@ from dataclasses import asdict, dataclass
 
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
 from kolibri_cli.bench.peers import PeerResult
-from kolibri_cli.bench.timing import (
-    costs,
-    curve_sizes,
-    forward_rounds,
-    measure_read_bandwidth,
-    median_times,
-    prefill_time,
-    round_costs,
-)
+from kolibri_cli.bench.timing import measure_read_bandwidth, prefill_time
 from kolibri_cli.bench.versus import DecodeRounds
 from kolibri_cli.costs.pricing import Pricing
+from kolibri_cli.costs.timing import costs, curve_sizes, forward_rounds, median_times, round_costs
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.sampling import GREEDY, Sampling
 

@@ -55,18 +55,13 @@ def chat(
 
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     proposer_name = proposer_name or DEFAULT_SPEC_PROPOSER
-    drafter = drafting.new_proposer(k, window, proposer_name)  # bad settings: before the load
-    given_costs = drafting.asked_costs(costs, proposer_name)
+    draft = drafting.Drafting.checked(k, window, proposer_name, costs=costs)  # before the load
     system, stop = opt.typed(system, escape, "--system"), opt.typed_stops(stop, escape)
-    m = opt.load_model(model, threads, drafter=drafter if spec else None)
+    m = opt.load_model(model, threads, drafter=draft.settings() if spec else None)
     conversation = Conversation(m, system)
     _check_template(conversation)
-    pricing = drafting.pricing(proposer_name, given_costs, m, render.note)
     settings = {"sampling": opt.resolve_sampling(m, given), "stop": stop,
-                "new_proposer": lambda: drafting.new_proposer(  # a table: the last answer's timings
-                    k, window, proposer_name,
-                    costs=drafting.drafts_by(proposer_name, given_costs, m, pricing)),
-                "given_costs": given_costs,
+                "drafting": draft.for_model(m, render.note),  # a table: each answer's timings
                 "spec": spec}
     reader = LineReader(history, _say)
     _say(f"kolibri chat with {m.name}. /help lists the commands; Ctrl-D leaves, Ctrl-C stops "
@@ -146,12 +141,12 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
     from kolibri_cli.cli import render
     from kolibri_cli.cli.app import interrupt_between_tokens
     from kolibri_cli.cli.generate import stats_line
-    from kolibri_cli.decode.drafting import keep_costs
     from kolibri_cli.engine.template import ChatTemplateError
     from kolibri_cli.errors import KolibriError
 
     streamer = render.TextStreamer(conversation.model.tokenizer, settings["stop"])
-    drafter = settings["new_proposer"]() if settings["spec"] else None
+    draft = settings["drafting"]
+    drafter = draft.new() if settings["spec"] else None
     try:
         with interrupt_between_tokens(streamer) as on_tokens:
             result = conversation.reply(line, max_tokens, drafter, settings["sampling"],
@@ -165,7 +160,8 @@ def _turn(conversation, line: str, max_tokens: int, settings: dict) -> None:
         _say(f"error: {_template_text(e) if isinstance(e, ChatTemplateError) else e}")
         return
     streamer.finish()
-    keep_costs(drafter, conversation.model, settings.get("given_costs"), render.note)
+    if drafter:
+        draft.keep(drafter.costs, render.note)
     _say(stats_line(result))
 
 

@@ -54,9 +54,8 @@ def generate(
     given = opt.sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, seed, greedy)
     llamacpp = opt.llamacpp_options(min_hits, n_min, lookup_cache_static, lookup_cache_dynamic)
     given_proposer, proposer_name = proposer_name, proposer_name or DEFAULT_SPEC_PROPOSER
-    drafter = drafting.new_proposer(k, window, proposer_name, llamacpp)  # validated when unused
-    drafter = drafter if (spec or compare) else None
-    given_costs = drafting.asked_costs(costs, proposer_name)
+    draft = drafting.Drafting.checked(k, window, proposer_name, llamacpp, costs)  # even unused
+    drafter = draft.settings() if (spec or compare) else None
     if drafter is None:
         opt.refuse_unused({"--k": k, "--window": window, "--min-hits": min_hits,
                            "--n-min": n_min, "--lookup-cache-static": lookup_cache_static,
@@ -66,16 +65,14 @@ def generate(
     text = opt.read_prompt(prompt, escape)
     system, stop = opt.typed(system, escape, "--system"), opt.typed_stops(stop, escape)
     m = opt.load_model(model, threads, quantize=quantize, drafter=drafter)
-    pricing = drafting.pricing(proposer_name, given_costs, m, render.note) if drafter else None
-    drafts_by = drafting.drafts_by(proposer_name, given_costs, m, pricing) if drafter else None
-    if drafts_by is not None:  # a new proposer drafting by them
-        drafter = drafting.new_proposer(k, window, proposer_name, llamacpp, drafts_by)
     if drafter:
+        drafter = draft.for_model(m, render.note).new()
         opt.fit_context(drafter.k, drafter.window_max, m)
+    pricing = draft.pricing
     ids, max_tokens = prompt_ids(m, text, raw, max_tokens, system, render.note)
     how = {"sampling": opt.resolve_sampling(m, given), "stop": stop}
     if compare:
-        return _compare(m, ids, max_tokens, drafter, as_json, how, pricing, given_costs)
+        return _compare(m, ids, max_tokens, drafter, as_json, how, draft)
     streamer = None if as_json else render.TextStreamer(m.tokenizer, how["stop"])
     try:
         with interrupt_between_tokens(streamer) as on_tokens:
@@ -86,7 +83,8 @@ def generate(
     finally:
         if streamer:
             streamer.finish()
-    drafting.keep_costs(drafter, m, given_costs, render.note)
+    if drafter:
+        draft.keep(drafter.costs, render.note)
     if as_json:
         return opt.print_json(_with_proposer(result.to_dict(m.name, m.numerics), drafter, pricing))
     render.err.print(stats_line(result), highlight=False)
@@ -117,14 +115,13 @@ def _with_proposer(obj: dict, drafter, pricing=None) -> dict:
         {"pricing": pricing.to_json()} if pricing else {})
 
 
-def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, pricing=None,
-             given_costs=None) -> None:
+def _compare(m, ids, max_tokens, drafter, as_json: bool, how: dict, draft) -> None:
     from kolibri_cli.cli import render
-    from kolibri_cli.decode.drafting import keep_costs
     from kolibri_cli.decode.generate import compare
 
     both = compare(m, ids, max_tokens, drafter, **how)
-    keep_costs(drafter, m, given_costs, render.note)
+    draft.keep(drafter.costs, render.note)
+    pricing = draft.pricing
     plain, spec, ratio = both.plain, both.spec, both.speedup
     if as_json:
         opt.print_json({"identical": both.identical, "speedup": ratio,

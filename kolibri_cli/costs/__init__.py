@@ -8,7 +8,8 @@
 - store: the c(n) each `kolibri bench` (or `probe --costs measure`) timed, kept per model,
   threads and numerics in KOLIBRI_HOME/bench-costs.json;
 - samples: the guard's own timings, kept per kernel between runs (guard-costs.json).
-Timing forwards is the bench's (bench/timing.py). Docs: docs/costs.md.
+- timing: c(n) timed on this host's kernel (`kolibri bench`, `probe --costs measure`).
+Docs: docs/costs.md.
 """
 
 

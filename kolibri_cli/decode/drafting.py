@@ -93,18 +93,56 @@ def warm_costs(name: str, given: Pricing | None, model,
     return warm_table(model.sha256, model.numerics, threads or get_threads())[0]
 
 
-def drafts_by(name: str, given: Pricing | None, model, priced: Pricing | None):
-    """What a new proposer `name` drafts by: the c(n) `pricing` chose, else, for one reading a
-    table, the table earlier runs warmed (`warm_costs`), else None (new_proposer's default)."""
-    return priced.costs if priced else warm_costs(name, given, model)
+class Drafting:
+    """The one drafting set-up of `kolibri generate`, `chat` and `serve`: the proposer's
+    settings (checked before a model loads: `checked`), then, given the model (`drafting_for`),
+    the c(n) it drafts by and where they came from, a fresh proposer per generation (`new`) and
+    its timings kept for the next run (`keep`)."""
 
+    def __init__(self, name: str, k: int | None, window: str | None,
+                 llamacpp: LlamaCppOptions | None, given: Pricing | None):
+        self.name, self.k, self.window, self.llamacpp, self.given = name, k, window, llamacpp, given
+        self.model, self.pricing, self.threads = None, None, None
 
-def keep_costs(drafter: Proposer | None, model, given: Pricing | None, note: Note) -> None:
-    """Keep the timings of a proposer reading a table for the next run, unless --costs was given
-    (a home that cannot be written: a note)."""
-    if drafter is None or drafter.costs_kind != "table" or given is not None:
-        return
-    try:
-        keep_table(drafter.costs, model.sha256, model.numerics, get_threads())
-    except KolibriError as e:
-        note(f"note: the {drafter.name}'s timings were not kept: {e}")
+    @classmethod
+    def checked(cls, k: int | None, window: str | None, name: str = DEFAULT_PROPOSER,
+                llamacpp: LlamaCppOptions | None = None, costs: str | None = None) -> "Drafting":
+        """The command line's settings (--k, --window, --proposer, llama.cpp's, --costs), each
+        refused here with one error line when bad."""
+        new_proposer(k, window, name, llamacpp)
+        return cls(name, k, window, llamacpp, asked_costs(costs, name))
+
+    def settings(self) -> Proposer:
+        """A proposer of these settings drafting by nothing chosen yet (what fits the model)."""
+        return new_proposer(self.k, self.window, self.name, self.llamacpp)
+
+    def for_model(self, model, note: Note, threads: int | None = None) -> "Drafting":
+        """Choose the c(n) it drafts by on `model` (`pricing`: a guess is said through `note`),
+        the kernel running `threads` (default: the caller's)."""
+        self.model, self.threads = model, threads
+        self.pricing = pricing(self.name, self.given, model, note)
+        return self
+
+    def costs(self):
+        """What a new proposer drafts by: the chosen c(n), else the table earlier runs warmed
+        (read afresh: the last generation's timings), else None (new_proposer's default)."""
+        if self.pricing is not None:
+            return self.pricing.costs
+        return warm_costs(self.name, self.given, self.model, self.threads)
+
+    def new(self, costs=None) -> Proposer:
+        """A fresh proposer for one generation, drafting by `costs` (default: `costs()`)."""
+        return new_proposer(self.k, self.window, self.name, self.llamacpp,
+                            self.costs() if costs is None else costs)
+
+    def keep(self, table, note: Note) -> None:
+        """Keep the timings of a proposer reading a table (`table`: its CostTable) for the next
+        run, unless --costs was given (a home that cannot be written: a note)."""
+        if proposer_class(self.name).costs_kind != "table" or self.given is not None \
+                or table is None:
+            return
+        try:
+            keep_table(table, self.model.sha256, self.model.numerics,
+                       self.threads or get_threads())
+        except KolibriError as e:
+            note(f"note: the {self.name}'s timings were not kept: {e}")

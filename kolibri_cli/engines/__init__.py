@@ -21,6 +21,7 @@ __all__ = ["APIS", "LOCAL", "Completion", "LlamaServer", "ServerApi", "ServerSpe
            "synth_args", "tokenizing_model"]
 
 LOCAL = "llama-server"  # --engine value: start a local llama-server
+SLOT_CONTEXT = 512  # KV positions each slot of a started llama-server holds at least
 
 
 def is_server(engine: str) -> bool:
@@ -30,11 +31,13 @@ def is_server(engine: str) -> bool:
 @contextmanager
 def serving(engine: str, model, api: str | None = None, gguf: Path | None = None,
             threads: int | None = None, args: tuple[str, ...] = (), timeout: float = 600.0,
-            served_model: str | None = None) -> Iterator[ServerApi]:
+            served_model: str | None = None, slots: int = 1) -> Iterator[ServerApi]:
     """A client for `engine`: a URL is connected to as it is; `llama-server` is started on the
-    model's GGUF (or `gguf`) with `args` (speculative flags) and stopped afterwards."""
+    model's GGUF (or `gguf`) with `args` (speculative flags) and `slots` (-np) and stopped
+    afterwards."""
     if engine == LOCAL:
-        spec = ServerSpec(_gguf(model, gguf), threads or os.cpu_count() or 1, args=tuple(args))
+        spec = ServerSpec(_gguf(model, gguf), threads or os.cpu_count() or 1, args=tuple(args),
+                          slots=slots, ctx=max(ServerSpec.ctx, SLOT_CONTEXT * slots))
         with LlamaServer(spec) as server:
             api = connect(server.url, "llama.cpp", model.tokenizer, model.eos_ids, timeout,
                           vocab=model.vocab_size)

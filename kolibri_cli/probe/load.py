@@ -12,6 +12,15 @@ walks every golden exactly once, so spec and plain produce the same tokens and
 
 i.e. sum(plain_steps) x c(B) / sum_s c(T_s) per slot, the B = 1 prediction when B = 1.
 
+c(T) is a prompt's curve: one forward of T tokens of one sequence. A plain step of B sequences
+reads B caches and runs B attentions, which one B-token prompt does not (llama-server: a batched
+decode's c(8) 7.19 where a prompt of 8 tokens costs 4.73). Where the engine's batched decode was
+timed (`DecodeCurve`, d(B): B sequences one token each, over one sequence's step), every step at
+B is priced d(B) + c(T) - c(B): plain steps at d(B), the drafted rows beyond them at the
+prompt curve's price. kolibri's own engine decodes one sequence at a time (serve/worker.py: one
+worker, one sequence), so it has no batched decode to time: its load is priced with c(T) alone,
+and the report says which curve priced plain decoding.
+
 Proposers whose drafts do not depend on c(n) replay the per-pass rows the B = 1 simulation
 kept; those that draft by c(n) (the guard, adaptive) run live, each pass priced at the step's
 load: drafting n rows beside T' tokens of the other slots costs c(T' + n) - c(T'), relative to
@@ -58,6 +67,7 @@ class LoadPoint:
     per_sequence: float  # spec speed of one sequence, relative to plain decoding alone (B = 1)
     interval: Interval | None = None  # of `speedup` on new traffic (the module's docstring)
     answer: str = ""  # answer.judge's: PAYS, WASHES, LOSES or TOO_FEW ("": not judged)
+    basis: str = "predicted"  # "measured": B = 1 of a measured run, the headline's own figures
 
     @property
     def pays(self) -> bool:
@@ -79,17 +89,47 @@ class LoadCurve:
         return next(p for p in self.points if p.concurrency == concurrency)
 
 
+@dataclass(frozen=True)
+class DecodeCurve:
+    """d(B): one decode step of B sequences, one token each, each at its own context, over one
+    sequence's step (d(1) = 1; linear between the B timed), and what timed it."""
+
+    costs: dict[int, float]  # B -> d(B)
+    source: str  # e.g. "llama-server -np 8, timed in this run"
+
+    def __call__(self, b: int) -> float:
+        return cost_model(self.costs)(b)
+
+
+PROMPT_PRICED = ("as one B-token forward (a prompt's c(T); on llama-server that underpriced a "
+                 "batched decode of 8 sequences by 34%: c(8) 4.73 against 7.19)")
+
+
+def plain_priced(decode: DecodeCurve | None) -> str:
+    """Which curve priced plain decoding of B sequences, in a few words."""
+    if decode is None:
+        return f"plain decoding of B sequences priced {PROMPT_PRICED}"
+    return f"plain decoding of B sequences priced by its batched decode ({decode.source})"
+
+
+def decode_offset(c, b: int, decode: DecodeCurve | None) -> float:
+    """What every step at B costs beyond c(T): d(B) - c(B) (0 without a decode curve)."""
+    return 0.0 if decode is None else decode(b) - c(b)
+
+
 def slot_orders(goldens: int, concurrency: int) -> list[np.ndarray]:
     """[B] permutations of range(goldens): slot b's order of the goldens (slot 0: as given)."""
     rng = np.random.default_rng(ORDER_SEED)
     return [np.arange(goldens)] + [rng.permutation(goldens) for _ in range(concurrency - 1)]
 
 
-def load_point(run: SimRun, concurrency: int, c, goldens: list | None = None) -> LoadPoint:
-    """The configuration `run` at concurrency B under c(T) (a function of tokens in flight);
-    `goldens` (the Golden chains) are needed to run a cost-driven proposer live."""
+def load_point(run: SimRun, concurrency: int, c, goldens: list | None = None,
+               decode: DecodeCurve | None = None) -> LoadPoint:
+    """The configuration `run` at concurrency B under c(T) (a function of tokens in flight) and
+    the engine's batched decode d(B) if timed; `goldens` (the Golden chains) are needed to run a
+    cost-driven proposer live."""
     drafted, accepted, _ = _passes(run, concurrency, c, goldens)
-    return _point(run, concurrency, c, drafted, accepted)
+    return _point(run, concurrency, c, drafted, accepted, decode_offset(c, concurrency, decode))
 
 
 def _passes(run: SimRun, concurrency: int, c, goldens: list | None):
@@ -122,12 +162,13 @@ def step_weights(run: SimRun, b: int, c, goldens: list | None) -> tuple[np.ndarr
     return plain, spec
 
 
-def _point(run: SimRun, b: int, c, drafted: np.ndarray, accepted: np.ndarray) -> LoadPoint:
+def _point(run: SimRun, b: int, c, drafted: np.ndarray, accepted: np.ndarray,
+           offset: float = 0.0) -> LoadPoint:
     plain_steps = sum(g.counts.plain_steps for g in run.goldens)  # per slot
     in_flight = (1 + drafted).sum(axis=0)  # [S] tokens per step
     priced = np.array([c(t) for t in range(int(in_flight.max(initial=0)) + 1)])  # c(0..max T)
-    step_costs = priced[in_flight]  # [S]
-    spec_cost, plain_cost = float(step_costs.sum()), plain_steps * c(b)
+    step_costs = priced[in_flight] + offset  # [S]
+    spec_cost, plain_cost = float(step_costs.sum()), plain_steps * (c(b) + offset)
     tokens = float((1 + accepted).sum())  # == b * plain_steps
     proposed = int(drafted.sum())
     return LoadPoint(
@@ -212,10 +253,10 @@ class _Slot:
 
 
 def load_curve(run: SimRun, concurrencies: list[int], costs: dict[int, float] | None,
-               goldens: list | None = None) -> LoadCurve:
-    """The configuration at every concurrency asked for, under c(T) = `costs`."""
+               goldens: list | None = None, decode: DecodeCurve | None = None) -> LoadCurve:
+    """The configuration at every concurrency asked for, under c(T) = `costs` (and d(B))."""
     c = cost_model(costs)
-    return LoadCurve(run, [load_point(run, b, c, goldens) for b in concurrencies])
+    return LoadCurve(run, [load_point(run, b, c, goldens, decode) for b in concurrencies])
 
 
 def crossover(curve: LoadCurve) -> int | None:
@@ -243,6 +284,12 @@ class LoadReport:
     best_crossover: int | None  # how far drafting pays choosing the setting per B
     best_judged: list[LoadPoint] = field(default_factory=list)  # best_at's points, judged with
     # the choice re-made at B
+    decode: DecodeCurve | None = None  # the engine's batched decode, where it was timed
+    pricing: object = None  # the Pricing of c(T), where it is not the run's (a server's own)
+
+    @property
+    def plain_priced(self) -> str:
+        return plain_priced(self.decode)
 
     @property
     def best_points(self) -> list[LoadPoint]:
@@ -251,13 +298,14 @@ class LoadReport:
 
 def load_report(runs: list[SimRun], fastest: SimRun, concurrencies: list[int],
                 costs: dict[int, float] | None, goldens: list | None,
-                pricing=None) -> LoadReport:
-    """Every configuration at every concurrency under c(T) = `costs`, the fastest setting (at
-    B = 1) and the fastest at each B judged per B (answer.judge, `pricing` drawing c(T))."""
+                pricing=None, decode: DecodeCurve | None = None) -> LoadReport:
+    """Every configuration at every concurrency under c(T) = `costs` (and the engine's batched
+    decode d(B), if timed), the fastest setting (at B = 1) and the fastest at each B judged per
+    B (answer.judge, `pricing` drawing c(T))."""
     concurrencies = sorted(set(concurrencies))
-    curves = [load_curve(run, concurrencies, costs, goldens) for run in runs]
+    curves = [load_curve(run, concurrencies, costs, goldens, decode) for run in runs]
     best_at = [max(curves, key=lambda c, b=b: c.at(b).speedup) for b in concurrencies]
-    judged = _Judge(runs, costs, goldens, pricing, concurrencies)
+    judged = _Judge(runs, costs, goldens, pricing, concurrencies, decode)
     shown = {id(fastest)} | {id(c.run) for c in best_at}  # the curves the report judges
     curves = [LoadCurve(c.run, [judged(c.run, p, "chosen at 1" if c.run is fastest else "fixed")
                                 for p in c.points]) if id(c.run) in shown else c
@@ -267,7 +315,25 @@ def load_report(runs: list[SimRun], fastest: SimRun, concurrencies: list[int],
     envelope = LoadCurve(fastest, [judged(c.run, c.at(b), "chosen at B")
                                    for c, b in zip(best_at, concurrencies, strict=True)])
     return LoadReport(concurrencies, curves, headline, crossover(headline), best_at,
-                      crossover(envelope), envelope.points)
+                      crossover(envelope), envelope.points, decode)
+
+
+def measured_at_one(report: LoadReport, verdict) -> LoadReport:
+    """A measured run's load, agreeing with its headline: the fastest setting's B = 1 point is
+    the measured verdict's own speedup, interval and answer (labelled measured), the crossover
+    read again. Unchanged when the verdict is predicted, is another setting's, or B = 1 was not
+    asked for."""
+    speed = verdict.speed
+    if speed.measured is None or speed.run is not report.fastest.run \
+            or 1 not in report.concurrencies:
+        return report
+    headline = LoadCurve(report.fastest.run, [
+        replace(p, speedup=speed.measured, per_sequence=speed.measured,
+                interval=verdict.interval, answer=verdict.answer, basis="measured")
+        if p.concurrency == 1 else p for p in report.fastest.points])
+    swap = lambda c: headline if c is report.fastest else c  # noqa: E731
+    return replace(report, curves=[swap(c) for c in report.curves], fastest=headline,
+                   crossover=crossover(headline), best_at=[swap(c) for c in report.best_at])
 
 
 class _Judge:
@@ -276,8 +342,9 @@ class _Judge:
     resample (the headline's, so B = 1 reads exactly as the verdict); "chosen at B", re-made at
     B itself (the fastest setting at B); "fixed", the setting alone."""
 
-    def __init__(self, runs: list[SimRun], costs, goldens, pricing, concurrencies: list[int]):
-        self.runs, self.goldens, self.c = runs, goldens, cost_model(costs)
+    def __init__(self, runs: list[SimRun], costs, goldens, pricing, concurrencies: list[int],
+                 decode: DecodeCurve | None = None):
+        self.runs, self.goldens, self.c, self.decode = runs, goldens, cost_model(costs), decode
         self.count = None if runs[0].goldens is None else len(runs[0].goldens)
         self.cache: dict = {}
         if self.count is None or self.count < MIN_GOLDENS:
@@ -298,14 +365,18 @@ class _Judge:
             return replace(point, answer=answer)
         b, first = point.concurrency, self.runs.index(run)
         plain, choose, among = self.plain, self.choose, list(range(len(self.runs)))
+        offset = decode_offset(self.c, b, self.decode)  # every step at B: c(T) + offset
+        base, curves = self.base.copy(), self.curves.copy()
+        base[1:] += offset
+        curves[:, 1:] += offset
         if mode == "chosen at B":  # the choice among the settings as priced at B
             ws = [self.weights(r, b) for r in among]
-            plain = ws[0][0] @ self.base[:ws[0][0].shape[1]]
-            choose = np.array([s @ self.base[:s.shape[1]] for _, s in ws])  # [R, G]
+            plain = ws[0][0] @ base[:ws[0][0].shape[1]]
+            choose = np.array([s @ base[:s.shape[1]] for _, s in ws])  # [R, G]
         elif mode == "fixed":
             choose, among = choose[[first]], [first]
         spread = spread_of(choose, plain, lambda r: self.weights(among[r], b),
-                           among.index(first), self.base, self.curves)
+                           among.index(first), base, curves)
         interval = None if spread is None else spread.combined
         return replace(point, interval=interval,
                        answer=judge(point.speedup, interval, self.count))

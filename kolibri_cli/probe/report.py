@@ -189,6 +189,7 @@ def build_report(result: ProbeResult) -> dict:
 def load_json(load, pricing) -> dict:
     """--concurrency: per B the fastest setting's figures and the best setting there, every
     setting's speedup, the crossovers and the engines' settings for them."""
+    pricing = load.pricing or pricing
     def point(p) -> dict:
         return p.to_json()
 
@@ -207,6 +208,11 @@ def load_json(load, pricing) -> dict:
         "engines": {engine: {"setting": text, "value": load.crossover}
                     for engine, text in ENGINE_SETTINGS.items()},
         "costs_measured_up_to": max(pricing.costs) if pricing and pricing.costs else None,
+        "costs": None if load.pricing is None else load.pricing.to_json(),
+        "plain_priced": load.plain_priced,
+        "decode": None if load.decode is None else {
+            "source": load.decode.source,
+            "costs": {str(b): d for b, d in sorted(load.decode.costs.items())}},
     }
 
 
@@ -287,7 +293,7 @@ def load_text(load, pricing=None) -> str:
     """Under load in one or two sentences: the fastest setting's verdict at each B (the rule of
     B = 1, answer.judge), the setting that turns drafting off above the crossover, and a setting
     that pays longer if there is one."""
-    curve, cross = load.fastest, load.crossover
+    curve, cross, pricing = load.fastest, load.crossover, load.pricing or pricing
     name, last = curve.run.name, curve.points[-1]
     text = f"under load: {name} {per_b_text(curve.points)}"
     if cross is not None and cross < last.concurrency:
@@ -304,7 +310,7 @@ def load_text(load, pricing=None) -> str:
     if pricing is not None and pricing.costs and max(pricing.costs) < top:
         text += (f" (c(T) known up to T = {max(pricing.costs)}, extrapolated to {top}: "
                  "`--costs measure` times the curve)")
-    return text
+    return f"{text}; {load.plain_priced}"
 
 
 def per_b_text(points: list) -> str:
@@ -580,7 +586,7 @@ LOAD_COLUMNS = ["B", "speedup", "95% interval", "verdict", "tokens / step", "tok
 
 def load_rows(load) -> list[list[str]]:
     """One LOAD_COLUMNS row per concurrency (terminal and Markdown share them)."""
-    return [[str(b), fmt_ratio(p.speedup),
+    return [[f"{b} ({p.basis})" if p.basis != "predicted" else str(b), fmt_ratio(p.speedup),
              "-" if p.interval is None else "-".join(f"{x:.2f}" for x in p.interval),
              p.answer or "-", fmt_num(p.tokens_per_step, 1), fmt_num(p.in_flight, 1),
              fmt_pct(p.acceptance), fmt_ratio(p.per_sequence), best.run.name,

@@ -180,14 +180,17 @@ class ProbeResult:
 def build_result(config, runs: list[SimRun], pricing, measured: dict | None = None,
                  throughput=None, load=None) -> ProbeResult:
     """Rank the runs by speed, draw the verdict (overall and per category), apply the gates."""
+    from kolibri_cli.probe.load import measured_at_one
+
     measured = measured or {}
     ranked = ranking(runs, measured)
     fastest = with_interval(ranked[0])
     ranked[0] = fastest
     compared = [with_interval(s) for s in fastest_per_proposer(runs, ranked)]
     sliced = lambda v: replace(v, slice=config.where)  # noqa: E731
-    result = ProbeResult(config, runs, pricing, measured, throughput, ranked,
-                         sliced(verdict(runs, fastest, pricing)), compared,
+    said = sliced(verdict(runs, fastest, pricing))
+    load = None if load is None else measured_at_one(load, said)  # B = 1 reads as the headline
+    result = ProbeResult(config, runs, pricing, measured, throughput, ranked, said, compared,
                          {c: sliced(v) for c, v in category_verdicts(runs, pricing).items()},
                          load, gates_of(config))
     result.failures = check(result)

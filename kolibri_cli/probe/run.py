@@ -50,7 +50,7 @@ def run(cfg: ProbeConfig, ui: Ui) -> ProbeResult:
     if cfg.measure:
         measured = measure(cfg, model, goldens, runs, ui)
     if cfg.concurrency:
-        load = under_load(cfg, runs, measured, goldens, ui)
+        load = under_load(cfg, runs, measured, goldens, ui, model)
     return build_result(cfg, runs, cfg.pricing, measured, throughput, load)
 
 
@@ -59,19 +59,48 @@ def note_empty_files(cfg: ProbeConfig, ui: Ui) -> None:
         ui.note(f"note: {path} is empty: skipped")
 
 
-def under_load(cfg: ProbeConfig, runs: list, measured: dict | None, goldens: list, ui: Ui):
+def under_load(cfg: ProbeConfig, runs: list, measured: dict | None, goldens: list, ui: Ui,
+               model=None):
     """Every configuration at every concurrency asked for (probe/load.py), under the run's c(n)
-    as a curve over tokens in flight."""
+    as a curve over tokens in flight; measured on llama-server, under its own curves."""
+    from kolibri_cli.engines import LOCAL
     from kolibri_cli.probe.answer import ranking
     from kolibri_cli.probe.load import load_report
 
     fastest = ranking(runs, measured)[0].run
+    pricing, decode = cfg.pricing, None
+    if cfg.measure and cfg.engine == LOCAL:
+        pricing, decode = server_load_costs(cfg, model, ui)
     with ui.progress("simulating under load ") as ticks:
         ticks(0, 1)
-        report = load_report(runs, fastest, cfg.concurrency, cfg.pricing.costs, goldens,
-                             cfg.pricing)
+        report = load_report(runs, fastest, cfg.concurrency, pricing.costs, goldens, pricing,
+                             decode)
         ticks(1, 1)
+    report.pricing = pricing
     return report
+
+
+def server_load_costs(cfg: ProbeConfig, model, ui: Ui):
+    """(Pricing, DecodeCurve) of a llama-server started here, for the load: c(T) by prompt
+    evaluation on a one-slot server up to the most tokens a step holds (unless --costs gave a
+    curve), and its batched decode d(B) on one server with -np B; one server at a time."""
+    from kolibri_cli.bench.engine_costs import curve_costs, local_decode_costs
+    from kolibri_cli.engines import LOCAL
+    from kolibri_cli.probe.load import DecodeCurve
+
+    k = max(k for _, k, _ in cfg.settings())
+    pricing, how = cfg.pricing, "--costs"
+    if pricing.source != "given":
+        with ui.progress("timing llama-server's c(T) ") as ticks:
+            curve = curve_costs(LOCAL, model, k, max(cfg.concurrency) * (k + 1),
+                                MEASURE_REPEATS, gguf=cfg.gguf, threads=cfg.threads,
+                                timeout=cfg.timeout, step=ticks)
+        pricing, how = Pricing("run", curve.costs), "prompt evaluation"
+    with ui.progress("timing llama-server's batched decode ") as ticks:
+        d = local_decode_costs(model, cfg.concurrency, MEASURE_REPEATS, cfg.gguf, cfg.threads,
+                               cfg.timeout, ticks)
+    return pricing, DecodeCurve(d, f"llama-server -np {max(d)}, timed in this run; c(T) by "
+                                f"{how}")
 
 
 # ---- checks -----------------------------------------------------------------------------------
@@ -179,33 +208,17 @@ def measured_model(goldens: list) -> str:
 
 
 def measure_here(model, config, ticks=None) -> Pricing:
-    """c(1..n) timed now on `model` with this host's kernel, for every row count the run's
+    """c(1..n) timed now on `model` (costs/timing.py time_here) for every row count the run's
     configurations verify (k + 1) — with --concurrency, a curve up to the most tokens a step
-    holds (B x (k + 1)) — kept in the bench store as `kolibri bench` keeps its own, its rounds
-    with it; priced with the median of this kernel's stored rounds (source "run")."""
-    from kolibri_cli.bench.timing import (
-        costs,
-        curve_sizes,
-        forward_rounds,
-        median_times,
-        round_costs,
-    )
-    from kolibri_cli.costs import store as benchcosts
-    from kolibri_cli.costs.model import BENCH_CONTEXT
-    from kolibri_cli.engine.jit import get_threads
+    holds (B x (k + 1)) — kept in the bench store; priced with their median (source "run")."""
+    from kolibri_cli.costs.timing import time_here
 
     models = models_of(config.goldens)
     if models and model.sha256 not in {sha for _, sha in models}:
         raise KolibriError(f"--costs measure: {model.name} is not the model these goldens were "
                            "recorded from (its weights differ); give --model the goldens' model")
     top = max(k for _, k, _ in config.settings()) + 1
-    most = top * max(config.concurrency or [1])
-    rounds = forward_rounds(model.transformer, top, BENCH_CONTEXT, MEASURE_REPEATS, ticks,
-                            curve_sizes(top, most))
-    timed = costs(median_times(rounds))
-    entry = benchcosts.save(benchcosts.entry_for(model, get_threads(), timed,
-                                                 round_costs(rounds)))
-    return Pricing("run", entry.costs, bench=entry, rounds=entry.rounds)
+    return time_here(model, top, top * max(config.concurrency or [1]), MEASURE_REPEATS, ticks)
 
 
 # ---- simulating -------------------------------------------------------------------------------

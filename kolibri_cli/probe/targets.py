@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from kolibri_cli.bench.chain import BENCH_NEW_TOKENS, BENCH_SEED, bench_prompt
-from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.costs.model import (
     BENCH_CONTEXT,
     CostTable,
@@ -30,6 +29,7 @@ from kolibri_cli.costs.model import (
     octave,
     warm_table,
 )
+from kolibri_cli.costs.timing import verify_costs
 from kolibri_cli.decode.generate import generate_plain, generate_spec
 from kolibri_cli.decode.proposers import (
     GUARD_K,

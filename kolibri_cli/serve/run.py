@@ -17,7 +17,6 @@ from pathlib import Path
 
 import uvicorn
 
-from kolibri_cli.costs.model import keep_table
 from kolibri_cli.decode.proposers import default_settings
 from kolibri_cli.engine.config import generation_defaults
 from kolibri_cli.errors import KolibriError
@@ -151,9 +150,5 @@ def _bind(host: str, port: int) -> tuple[socket.socket, str]:
 
 def _keep_costs(worker: Worker, model, note) -> None:
     """The guard's timings, for the next run of this kernel (as `kolibri generate` keeps them)."""
-    if worker.costs is None or worker.kernel_threads is None:
-        return
-    try:
-        keep_table(worker.costs, model.sha256, model.numerics, worker.kernel_threads)
-    except KolibriError as e:
-        note(f"note: the guard's timings were not kept: {e}")
+    if worker.drafting is not None:
+        worker.drafting.keep(worker.costs, note)

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kolibri_cli.decode.drafting import warm_costs
+from kolibri_cli.decode.drafting import Drafting
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
 from kolibri_cli.decode.proposers import DEFAULT_SPEC_PROPOSER, default_settings, make_proposer
 from kolibri_cli.decode.sampling import Logprobs, Sampler, Sampling
@@ -124,6 +124,7 @@ class Worker:
         self.model, self.spec, self.metrics, self.threads = model, spec, metrics, threads
         self.log, self.note = log, note  # a goldens.log.GoldenLog (--record) or None
         self.costs = None  # the proposer's measuring CostTable (the guard's), shared by all
+        self.drafting: Drafting | None = None  # --spec: what every request drafts with
         self.kernel_threads: int | None = None  # the threads the worker's kernel calls use
         self._queue: queue.Queue[Job | None] = queue.Queue()  # bounded by _slots
         # the running request and those waiting behind it; a Queue's maxsize cannot say
@@ -179,7 +180,9 @@ class Worker:
             set_threads(self.threads)
         self.kernel_threads = get_threads()
         if self.spec:
-            self.costs = warm_costs(PROPOSER, None, self.model, self.kernel_threads)
+            self.drafting = Drafting.checked(None, None, PROPOSER).for_model(
+                self.model, self.note, self.kernel_threads)
+            self.costs = self.drafting.costs()
         ids = self.model.tokenizer.encode_nogil("Hello")[:4] or [0]  # as requests are read
         generate_plain(self.model, ids, 2)
         if self.spec:  # frozen default c(n): the warm-up's timings stay out of the table
@@ -250,7 +253,7 @@ class Worker:
         how = {"sampling": sampling, "stop": list(a.stop), "logprobs": logprobs}
         if not self.spec:
             return generate_plain(self.model, a.prompt_ids, a.max_tokens, on_tokens, **how)
-        proposer = make_proposer(PROPOSER, *default_settings(PROPOSER), self.costs)
+        proposer = self.drafting.new(self.costs)
         return generate_spec(self.model, a.prompt_ids, a.max_tokens, proposer, on_tokens, **how)
 
     def _record(self, job: Job, result: GenerationResult, index: int) -> None:

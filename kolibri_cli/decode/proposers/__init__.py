@@ -78,8 +78,9 @@ PROPOSERS: dict[str, type[Proposer]] = {
 }
 ALIASES = {"ngram": "vllm"}
 # (k, window) where a proposer's own defaults differ from kolibri's shared ones; for tree
-# proposers k counts tree nodes; the guard's k is a wide cap (it chooses each draft's length)
-DEFAULTS = LLAMACPP_DEFAULTS | {"sglang": (12, (1, 12)), "suffix-tree": (12, (1, 4)),
+# proposers k counts tree nodes (sglang: 11, SGLang's default of 12 draft tokens counting the
+# root); the guard's k is a wide cap (it chooses each draft's length)
+DEFAULTS = LLAMACPP_DEFAULTS | {"sglang": (11, (1, 12)), "suffix-tree": (12, (1, 4)),
                                 "adaptive-tree": (16, (1, 4)), "guard": (GUARD_K, DEFAULT_WINDOW)}
 
 

@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from kolibri_cli.bench.timing import verify_costs
 from kolibri_cli.callbacks import Ticks
 from kolibri_cli.costs.model import CostTable, ReplayedCosts, warm_table
+from kolibri_cli.costs.timing import verify_costs
 from kolibri_cli.decode.generate import GenerationResult, generate_plain, generate_spec
 from kolibri_cli.decode.proposers import make_proposer, reads_cost_table
 from kolibri_cli.decode.sampling import Sampling

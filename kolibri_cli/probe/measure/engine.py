@@ -147,13 +147,22 @@ def _overall(per, goldens, runs: dict, c, engine: str, repeats: int,
 def measure_local(model, goldens: list[Golden], run: SimRun, repeats: int, threads: int | None,
                   gguf=None, timeout: float = 600.0, step: Ticks | None = None,
                   sampling: Sampling | None = None) -> Measured:
-    """Start llama-servers on the model's GGUF — plain, speculative with the run's llamacpp-simple
-    settings, and synthetic-acceptance ones for c(2..k+1) — and measure the run on them; c(n) is
-    timed COST_ROUNDS times per repeat (alternating the order of n), between the goldens."""
+    """Start llama-servers on the model's GGUF — plain and speculative with the run's
+    llamacpp-simple settings, kept up — and measure the run on them; c(n) is timed COST_ROUNDS
+    times per repeat (alternating the order of n), between the goldens, on synthetic-acceptance
+    servers started one at a time (engine_costs.cost_servers): three servers at most at once,
+    whatever k is."""
     from contextlib import ExitStack
 
-    from kolibri_cli.bench.engine_costs import PassTimes, cost_round, periodic_prompt
-    from kolibri_cli.engines import LOCAL, serving, spec_args, synth_args
+    from kolibri_cli.bench.engine_costs import (
+        PassTimes,
+        cost_round,
+        cost_servers,
+        cost_sizes,
+        kept,
+        periodic_prompt,
+    )
+    from kolibri_cli.engines import LOCAL, serving, spec_args
 
     if proposer_class(run.proposer).llama_server != LOCAL_SPEC:
         raise KolibriError(f"--engine {LOCAL} runs llama.cpp's {LOCAL_SPEC}: measure it with "
@@ -165,9 +174,10 @@ def measure_local(model, goldens: list[Golden], run: SimRun, repeats: int, threa
 
         plain = start(())
         spec = start(spec_args(LOCAL_SPEC, run.window[1], run.k))
-        servers = {1: plain} | {n: start(synth_args(n - 1)) for n in range(2, run.k + 2)}
-        times = {n: PassTimes(n) for n in servers}
         prompt = periodic_prompt(model, longest=run.k + 1)
+        servers = cost_servers(model, cost_sizes(run.k), prompt, gguf, threads, timeout)
+        servers[1] = kept(plain)
+        times = {n: PassTimes(n) for n in servers}
 
         def cost_rounds():
             for _ in range(COST_ROUNDS):
