@@ -109,7 +109,7 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
     with render.progress_bar() as bar:
         return open_model(spec, notify=render.note, progress=bar, weights=weights,
                           numerics=quantize, compiling=bar.compiling,
-                          kernels=_kernels(drafter))
+                          kernels=_kernels(drafter), preparing=bar.preparing)
 
 
 def _kernels(drafter) -> tuple[str, ...] | None:
