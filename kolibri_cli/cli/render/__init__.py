@@ -12,11 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     Progress,
+    ProgressColumn,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 from rich.table import Table
 from rich.text import Text
@@ -47,14 +50,15 @@ class Bars:
 
     def __init__(self, description: str = ""):
         columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                   TimeRemainingColumn(), TimeElapsedColumn())
+                   _Bytes(), TimeRemainingColumn(), TimeElapsedColumn())
         self.bar = Progress(*columns, console=err, transient=False, disable=not err.is_terminal)
         self.description, self.tasks, self.compiled = description, {}, 0
         self.part = ("compiled code", 0, 1)  # (words, parts done, parts in all)
 
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        self._task(f"{self.description}{stage}", total)
-        self.bar.update(self.tasks[f"{self.description}{stage}"], completed=done, total=total)
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        key = f"{self.description}{stage}"
+        self._task(key, total, bytes=stage in BYTE_STAGES)
+        self.bar.update(self.tasks[key], completed=done, total=total)
 
     def preparing(self, what: str, done: int, total: int) -> None:
         """The next part to prepare; drawn at its first compile (or now, when a line is up)."""
@@ -77,11 +81,11 @@ class Bars:
                 f"{self.compiled} functions so far)")
         self.bar.update(self.tasks["compile"], description=text, completed=done, total=total)
 
-    def _task(self, key: str, total: int | None) -> int:
+    def _task(self, key: str, total: int | None, **fields) -> int:
         if not self.tasks:
             self.bar.start()
         if key not in self.tasks:
-            self.tasks[key] = self.bar.add_task(key, total=total)
+            self.tasks[key] = self.bar.add_task(key, total=total, **fields)
         return self.tasks[key]
 
     def stop(self) -> None:
@@ -91,6 +95,23 @@ class Bars:
                             description=f"compiled {self.compiled} functions")
         if self.tasks:
             self.bar.stop()
+
+
+BYTE_STAGES = {"download"}  # stages whose counts are bytes: drawn with their size and speed
+
+
+class _Bytes(ProgressColumn):
+    """A byte count's "12.3/92.9 MB 8.1 MB/s" (rich's own columns), for a task counting bytes;
+    nothing for the others."""
+
+    def __init__(self):
+        super().__init__()
+        self.size, self.speed = DownloadColumn(), TransferSpeedColumn()
+
+    def render(self, task) -> Text:
+        if not task.fields.get("bytes"):
+            return Text("")
+        return Text.assemble(self.size.render(task), " ", self.speed.render(task))
 
 
 @contextmanager
