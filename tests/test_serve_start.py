@@ -67,7 +67,8 @@ def test_the_port_answers_503_loading_until_the_model_is_ready(monkeypatch, tiny
 
     folder, go = tiny_llama_folder(), threading.Event()
 
-    def load():
+    def load(stage):
+        stage("compiling or loading the kernel (1 of 3)")
         assert go.wait(WAIT_S)
         return open_model(str(folder))
 
@@ -76,7 +77,8 @@ def test_the_port_answers_503_loading_until_the_model_is_ready(monkeypatch, tiny
         for path in ("/health", "/v1/models", "/metrics"):
             status, headers, body = _get(serving.url, path)
             assert status == 503 and headers["Retry-After"] == "1", path
-            assert body["error"]["message"].startswith("Loading model")
+            assert body["error"]["message"] == ("Loading model: compiling or loading the kernel "
+                                                "(1 of 3); retry shortly")
             assert body["error"]["type"] == "unavailable_error"
         assert _get(serving.url, "/version")[0] == 200
         go.set()
@@ -92,7 +94,7 @@ def test_the_port_answers_503_loading_until_the_model_is_ready(monkeypatch, tiny
 
 
 def test_a_load_that_fails_stops_the_server_and_is_raised(monkeypatch):
-    def load():
+    def load(stage):
         raise KolibriError("no model named 'nope'")
 
     serving = _Serving(monkeypatch, load)

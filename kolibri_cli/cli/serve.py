@@ -69,8 +69,13 @@ def serve(
         render.note(f"kolibri serve: {url} ({cfg.name or m.name}, {mode}); access log on "
                     "stdout; Ctrl-C or SIGTERM drains and stops")
 
-    run(lambda: opt.load_model(model, threads, quantize=quantize), cfg, listening, ready,
-        _log_line, _note)
+    def load(stage):
+        def preparing(what: str, done: int, total: int) -> None:
+            stage(f"compiling or loading {what} ({done + 1} of {total})")
+
+        return opt.load_model(model, threads, quantize=quantize, preparing=preparing)
+
+    run(load, cfg, listening, ready, _log_line, _note)
 
 
 def _note(text: str) -> None:

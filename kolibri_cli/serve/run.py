@@ -56,12 +56,14 @@ def exposure_note(host: str, api_key: str | None) -> str | None:
             "the model")
 
 
-def serve(load: Callable[[], object], cfg: ServeConfig, on_listening: Callable[[str], None],
-          on_ready: Callable[[str, object], None], log: Log, note: Callable[[str], None]) -> None:
-    """Serve until a signal; `on_listening(url)` once the port is open, `load()` -> the model
-    meanwhile, `on_ready(url, model)` once requests are answered, `log(entry)` per request,
-    `note(line)` for what an operator should see (a recording that stopped, a bug). A load
-    that fails stops the server and is raised here."""
+def serve(load: Callable[[Callable[[str], None]], object], cfg: ServeConfig,
+          on_listening: Callable[[str], None], on_ready: Callable[[str, object], None], log: Log,
+          note: Callable[[str], None]) -> None:
+    """Serve until a signal; `on_listening(url)` once the port is open, `load(stage)` -> the
+    model meanwhile (`stage(words)`: what it does now, for the 503's message), `on_ready(url,
+    model)` once requests are answered, `log(entry)` per request, `note(line)` for what an
+    operator should see (a recording that stopped, a bug). A load that fails stops the server
+    and is raised here."""
     sock, url = _bind(cfg.host, cfg.port)
     api = Api(cfg.spec)
     server = _Server(uvicorn.Config(
@@ -99,7 +101,7 @@ class _Start:
 
     def _run(self) -> None:
         try:
-            worker = self._worker(self.load())
+            worker = self._worker(self.load(self._stage))
             worker.start()
         except BaseException as e:  # noqa: BLE001 - raised by serve(), in the main thread
             self.failed = e
@@ -112,6 +114,9 @@ class _Start:
             self.worker = worker
             self.api.ready(self.served, worker, worker.metrics)
         self.on_ready(self.model)
+
+    def _stage(self, words: str) -> None:
+        self.api.stage = words
 
     def _worker(self, model) -> Worker:
         from kolibri_cli.goldens.log import GoldenLog
