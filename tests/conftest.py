@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+os.environ.setdefault("KOLIBRI_WARM", "0")  # no background compile behind the tests' runs
+
 # One numba cache for the whole session, this process and every kolibri it starts: kolibri keeps
 # compiled code under KOLIBRI_HOME, and most tests use a fresh one, so each would compile the
 # kernel again (minutes of a test run, and a "compiling" note on stderr where a test expects one

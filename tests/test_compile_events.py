@@ -1,6 +1,7 @@
 """The compile progress line is driven by numba's own compile events (numba.core.event), not by
 a clock: each start and end of a compile is reported with the kolibri function being compiled,
-a cache hit reports nothing, and the CLI's line shows what, how many, and the time."""
+a cache hit reports nothing, and the CLI's line shows what is prepared in the user's words (never
+numba's names), which part of how many, the functions compiled, and the time."""
 
 import io
 import time
@@ -50,12 +51,14 @@ def test_no_listener_is_left_behind():
     assert seen == []
 
 
-def test_the_cli_line_says_what_how_many_and_the_time(monkeypatch):
+def test_the_cli_line_says_what_in_words_which_part_how_many_and_the_time(monkeypatch):
     """numba's compile events, sent here in a fixed order (a kolibri function, a numba helper it
-    needs, their ends), each drawn as it arrives: rich redraws on its own clock, and on a fast
-    host a real compile ends before the first redraw."""
+    needs, their ends, then the next part), each drawn as it arrives: rich redraws on its own
+    clock, and on a fast host a real compile ends before the first redraw."""
+    from kolibri_cli.engine.kernel import KERNEL_WORDS
+
     buf = io.StringIO()
-    monkeypatch.setattr(render, "err", Console(file=buf, force_terminal=True, width=160))
+    monkeypatch.setattr(render, "err", Console(file=buf, force_terminal=True, width=200))
     ours, helper = fresh(matmul._padded), numba.njit(lambda x: x)
     lines = []
     with render.progress_bar() as bars:
@@ -65,15 +68,22 @@ def test_the_cli_line_says_what_how_many_and_the_time(monkeypatch):
             lines.append(buf.getvalue())
 
         with compile_events(draw):
+            bars.preparing(KERNEL_WORDS["lean"], 0, 2)
             for start, dispatcher in [(1, ours), (1, helper), (0, helper), (0, ours)]:
                 (event.start_event if start else event.end_event)(
                     "numba:compile", data={"dispatcher": dispatcher})
+            bars.preparing(KERNEL_WORDS["verify"], 1, 2)
+            event.start_event("numba:compile", data={"dispatcher": ours})
     drawn = [text[len(before):] for before, text in zip(["", *lines], lines, strict=False)]
-    assert "compiling matmul._padded (0 functions compiled)" in drawn[0]
-    assert "compiling matmul._padded (0 functions compiled)" in drawn[1]  # the helper: unnamed
-    assert "compiling matmul._padded (1 functions compiled)" in drawn[2]
-    assert "compiled 2 functions" in drawn[3]
+    lean = f"compiling {KERNEL_WORDS['lean']} for this machine (1 of 2 parts"
+    assert lean + "; 0 functions so far)" in drawn[0]
+    assert lean + "; 1 functions so far)" in drawn[2]
+    assert f"compiling {KERNEL_WORDS['verify']} for this machine (2 of 2 parts; 2 functions" \
+        in drawn[4]
+    assert not any("matmul" in text or "_padded" in text for text in drawn)  # numba's names
     assert all("0:00:0" in text for text in drawn)  # the elapsed time column
+    assert "50%" in drawn[4]  # a part of two done (rich estimates the time left from it)
+    assert "compiled 2 functions" in buf.getvalue()
 
 
 def test_the_lines_clock_runs_across_several_top_level_compiles(monkeypatch):
@@ -88,4 +98,5 @@ def test_the_lines_clock_runs_across_several_top_level_compiles(monkeypatch):
     (task,) = bars.bar.tasks
     shown = task.finished_time if task.finished else task.elapsed  # as TimeElapsedColumn
     assert task.start_time + shown >= after_pause  # rich's clock is time.monotonic
-    assert task.description == f"compiled {int(task.completed)} functions" and task.finished
+    assert task.description == f"compiled {bars.compiled} functions"
+    assert task.finished

@@ -57,3 +57,25 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     commands = fence.strip().splitlines()
     assert len(commands) == 2 and "kolibri generate" in commands[0] and "pytest" in commands[1]
     assert commands[1] in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+@pytest.mark.model
+def test_the_readmes_stop_example_stops_on_the_default_model(pulled_default, monkeypatch):
+    """The README's `--stop "\\n\\n"` example, run as a shell passes it (a backslash and an n),
+    ends at its stop string, not at the end of the answer or of --max-tokens."""
+    import json
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from kolibri_cli.cli import app
+
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines()
+                if line.startswith("kolibri generate --stop "))
+    args = shlex.split(line.split("#", 1)[0])[1:]
+    assert args[args.index("--stop") + 1] == "\\n\\n"  # as bash passes it
+    monkeypatch.setenv("KOLIBRI_HOME", str(pulled_default.home))
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer["stop_reason"] == "stop" and answer["text"].strip(), answer

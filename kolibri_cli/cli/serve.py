@@ -56,17 +56,26 @@ def serve(
 
     if exposed := exposure_note(host, api_key):
         render.note(exposed)
-    m = opt.load_model(model, threads, quantize=quantize)
     cfg = ServeConfig(host, port, spec, api_key or None, record,
                       Limits(max_tokens, max_body, max_queue), threads, served_model_name,
                       drain_timeout)
     mode = "speculation on (guard)" if spec else "speculation off"
 
-    def ready(url: str) -> None:
+    def listening(url: str) -> None:
+        render.note(f"kolibri serve: listening on {url}; loading the model (/health answers 503 "
+                    "until it is ready) ...")
+
+    def ready(url: str, m) -> None:
         render.note(f"kolibri serve: {url} ({cfg.name or m.name}, {mode}); access log on "
                     "stdout; Ctrl-C or SIGTERM drains and stops")
 
-    run(m, cfg, ready, _log_line, _note)
+    def load(stage):
+        def preparing(what: str, done: int, total: int) -> None:
+            stage(f"compiling or loading {what} ({done + 1} of {total})")
+
+        return opt.load_model(model, threads, quantize=quantize, preparing=preparing)
+
+    run(load, cfg, listening, ready, _log_line, _note)
 
 
 def _note(text: str) -> None:

@@ -50,6 +50,7 @@ from numba import njit
 from numba.extending import overload
 from numba.typed import List
 
+from kolibri_cli.callbacks import Preparing
 from kolibri_cli.engine import clock, int8, int16, jitcache
 from kolibri_cli.engine.attention import (
     add_bias,
@@ -204,6 +205,11 @@ def _forward(tokens, start, embed, layers, norm, head, k, v, cos, sin, eps, n_he
 
 CHUNK = 256  # most tokens per kernel call: longer inputs run in chunks of this many
 KERNELS = ("lean", "verify", "tree")  # the specializations (Transformer._spec)
+KERNEL_WORDS = {  # each specialization as a user knows what it serves
+    "lean": "the forward kernel (plain decoding, prefill)",
+    "verify": "the kernel that checks drafts (speculative decoding)",
+    "tree": "the kernel that checks draft trees",
+}
 
 
 def _untouched_zeros(shape: tuple[int, ...]) -> np.ndarray:
@@ -266,10 +272,13 @@ class Transformer:
         self._specs = _specs(weights)
         start_threads()
 
-    def warm_up(self, kernels=KERNELS) -> None:
+    def warm_up(self, kernels=KERNELS, preparing: Preparing | None = None) -> None:
         """Compile (first run) or load from numba's cache now, not inside a timing, the kernel's
-        specializations named: "lean" (decode, prefill), "verify" (2..FEW rows), "tree"."""
-        for kind in kernels:
+        specializations named: "lean" (decode, prefill), "verify" (2..FEW rows), "tree".
+        `preparing(words, i, n)` is told before each (KERNEL_WORDS)."""
+        for i, kind in enumerate(kernels):
+            if preparing:
+                preparing(KERNEL_WORDS[kind], i, len(kernels))
             parents = [-1, 0] if kind == "tree" else None
             self.forward([0] * (1 if kind == "lean" else 2), 0, self.new_cache(2), parents)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from kolibri_cli.callbacks import Compiling
+from kolibri_cli.callbacks import Compiling, Preparing
 from kolibri_cli.engine import blockfile, blocks, loader, simd8
 from kolibri_cli.engine.config import (
     ModelConfig,
@@ -138,12 +138,14 @@ def load_weights(path: Path, config: ModelConfig, numerics: str) -> Weights:
 
 def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
                weights: bool = True, numerics: str | None = None,
-               compiling: Compiling | None = None, kernels=None) -> Model:
+               compiling: Compiling | None = None, kernels=None,
+               preparing: Preparing | None = None) -> Model:
     """The model in a model folder, its kernel compiled (or loaded) and warm; `weights=False`:
     config and tokenizer only (what a remote engine's client needs). `numerics`: one of STORAGE,
     None = the folder's default (`folder_numerics`). `kernels`: the kernel's specializations to
     warm (Transformer.warm_up; default all), the others compile when first used. `compiling` is
-    told of each function numba compiles for the warm-up (none when its cache has them)."""
+    told of each function numba compiles for the warm-up (none when its cache has them),
+    `preparing` of each specialization before it is compiled or loaded."""
     if weights and Path(path).is_dir() and not has_weights(path) \
             and (Path(path) / "tokenizer.json").is_file():
         raise loader.no_weights(path)  # a tokenizer-only folder: say so before its config
@@ -156,7 +158,7 @@ def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
     if not weights:
         return model
     from kolibri_cli.engine.jitcache import distrusted, numba_root
-    from kolibri_cli.engine.kernel import compiles_in_memory, is_compiled
+    from kolibri_cli.engine.kernel import KERNELS, compiles_in_memory, is_compiled
 
     if notify and compiles_in_memory() and (why := distrusted()):
         notify(f"compiling the forward kernel in memory, as on every run: {why}, so no "
@@ -167,7 +169,7 @@ def load_model(path: Path, name: str, source_sha256: str = "", notify=None,
     elif notify and not is_compiled():
         notify("compiling the forward kernel for this machine (first run only) ...")
     with compile_events(compiling):
-        model.transformer.warm_up(*([kernels] if kernels else []))
+        model.transformer.warm_up(kernels or KERNELS, preparing)
     return model
 
 

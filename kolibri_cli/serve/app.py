@@ -37,10 +37,14 @@ SHUTDOWN = ApiError(503, "the server shut down before this request finished (pas
 
 
 class Api:
-    """The state the routes share: what is served, the worker, the metrics."""
+    """The state the routes share: what is served, the worker, the metrics — None until
+    `ready` (the model loads meanwhile, and `Loading` answers 503 saying `stage`)."""
 
-    def __init__(self, served: Served, worker, metrics, spec: bool):
-        self.served, self.worker, self.metrics, self.spec = served, worker, metrics, spec
+    def __init__(self, spec: bool):
+        self.spec = spec
+        self.served: Served | None = None
+        self.worker = self.metrics = None
+        self.stage = "loading the model"  # what the 503 says the server is doing
         self.started = int(time.time())
         # tokenizing a body near --max-body takes a second or more: done on this one thread,
         # the event loop goes on streaming the running request and answering the others
@@ -48,6 +52,11 @@ class Api:
         self.live: set[asyncio.Queue] = set()  # the event queues of requests being answered
         self.reading: set[asyncio.Timeout] = set()  # the deadlines of bodies being read
         self.ended = False  # the drain is over: a request not yet answering is refused
+
+    def ready(self, served: Served, worker, metrics) -> None:
+        """The model is loaded and the worker warm: requests are answered from now on."""
+        self.worker, self.metrics = worker, metrics
+        self.served = served  # last: the routes answer once it is set
 
     def abort(self) -> None:
         """The drain is over: every request still open ends now, with an error (on the event
@@ -58,7 +67,8 @@ class Api:
             events.put_nowait(("shutdown", None))
         for deadline in self.reading:
             deadline.reschedule(asyncio.get_running_loop().time())
-        self.worker.cancel_all()
+        if self.worker is not None:
+            self.worker.cancel_all()
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -325,7 +335,24 @@ def build(api: Api, key: str | None, log: Log) -> Starlette:
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error,
                                                        Exception: _bug})
-    return AccessLog(BearerKey(app, key), log)
+    return AccessLog(BearerKey(Loading(app, api), key), log)
+
+
+class Loading:
+    """Until the model is ready (`Api.ready`), every route but /version answers 503 with
+    llama-server's "Loading model" error and Retry-After: /health too, so a client, a load
+    balancer or `kolibri probe --engine` waits for its 200 (engines.transport retries a 503)."""
+
+    def __init__(self, app, api: Api):
+        self.app, self.api = app, api
+
+    async def __call__(self, scope, receive, send) -> None:
+        if self.api.served is None and scope["type"] == "http" and scope["path"] != "/version":
+            response = error(ApiError(503, f"Loading model: {self.api.stage}; retry shortly",
+                                      code="model_loading", kind="unavailable_error"),
+                             {"Retry-After": "1"})
+            return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class BearerKey:

@@ -1,16 +1,19 @@
-"""`serve(model, config, ...)`: bind, warm the worker up, run the app on uvicorn until SIGTERM or
+"""`serve(load, config, ...)`: bind and listen, load the model and warm the worker up while the
+app answers 503 ("Loading model", as llama-server does), run on uvicorn until SIGTERM or
 Ctrl-C, then drain: no new connections, every request in flight (and in the queue) answered,
 for at most `drain_s` seconds; the guard's timings are kept for the next run. Past `drain_s`,
 or at a second SIGTERM or Ctrl-C, the requests still open end at once, each with an error (a
 stream: an error event and `[DONE]`), never cut mid-stream.
 
-The socket is bound before the warm-up (a port in use fails at once) and listened on only when
-the model is ready, so a client never reaches a server that cannot answer yet.
+The port opens at once (a port in use fails before anything loads): a first run that compiles
+the kernel for a minute is a server that says so (503 on /health and every route but /version,
+with Retry-After), not a closed port; a client or load balancer waits for /health's 200.
 """
 
 import asyncio
 import logging
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,36 +55,93 @@ def exposure_note(host: str, api_key: str | None) -> str | None:
             "the model")
 
 
-def serve(model, cfg: ServeConfig, on_ready: Callable[[str], None], log: Log,
+def serve(load: Callable[[Callable[[str], None]], object], cfg: ServeConfig,
+          on_listening: Callable[[str], None], on_ready: Callable[[str, object], None], log: Log,
           note: Callable[[str], None]) -> None:
-    """Serve until a signal; `on_ready(url)` once listening, `log(entry)` per request,
-    `note(line)` for what an operator should see (a recording that stopped, a bug)."""
-    from kolibri_cli.goldens.log import GoldenLog
-
+    """Serve until a signal; `on_listening(url)` once the port is open, `load(stage)` -> the
+    model meanwhile (`stage(words)`: what it does now, for the 503's message), `on_ready(url,
+    model)` once requests are answered, `log(entry)` per request, `note(line)` for what an
+    operator should see (a recording that stopped, a bug). A load that fails stops the server
+    and is raised here."""
     sock, url = _bind(cfg.host, cfg.port)
-    name = cfg.name or model.name
-    metrics = Metrics(name, default_settings(PROPOSER)[0])
-    record = GoldenLog(cfg.record) if cfg.record else None
-    worker = Worker(model, cfg.spec, cfg.limits.max_queue, metrics, cfg.threads, record, note)
+    api = Api(cfg.spec)
+    server = _Server(uvicorn.Config(
+        build(api, cfg.api_key, log), log_level="warning", access_log=False,
+        lifespan="off", server_header=False, http=bounded_protocol(),
+        timeout_graceful_shutdown=cfg.drain_s + ENDING_S,
+        limit_concurrency=CONNECTIONS + cfg.limits.max_queue), api.abort, cfg.drain_s)
+    start = _Start(load, cfg, api, server, note, lambda model: on_ready(url, model))
     try:
-        worker.start()
-        served = Served(model, name, generation_defaults(model.path), cfg.limits)
-        api = Api(served, worker, metrics, cfg.spec)
-        server = _Server(uvicorn.Config(
-            build(api, cfg.api_key, log), log_level="warning", access_log=False,
-            lifespan="off", server_header=False, http=bounded_protocol(),
-            timeout_graceful_shutdown=cfg.drain_s + ENDING_S,
-            limit_concurrency=CONNECTIONS + cfg.limits.max_queue), api.abort, cfg.drain_s)
-        sock.listen(server.config.backlog)  # connections wait in the backlog from now on
-        on_ready(url)
+        sock.listen(server.config.backlog)
+        on_listening(url)
+        start.thread.start()
         server.run(sockets=[sock])
     finally:
-        worker.cancel_all()  # after a full drain: nothing left to cancel
-        worker.stop()
         sock.close()
-        if record is not None:
-            record.close()
-        _keep_costs(worker, model, note)
+        start.end(note)
+    if start.failed is not None:
+        raise start.failed
+
+
+class _Start:
+    """The model loaded and the worker warmed up on a thread of their own, then handed to the
+    app (`Api.ready`); a failure ends the server (`failed`, raised by `serve`)."""
+
+    def __init__(self, load, cfg: ServeConfig, api: Api, server, note, on_ready):
+        self.load, self.cfg, self.api, self.server = load, cfg, api, server
+        self.note, self.on_ready = note, on_ready
+        self.failed: BaseException | None = None
+        self.worker: Worker | None = None
+        self.record = None
+        self.model = self.served = None
+        self.ended = False
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="kolibri-load", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            worker = self._worker(self.load(self._stage))
+            worker.start()
+        except BaseException as e:  # noqa: BLE001 - raised by serve(), in the main thread
+            self.failed = e
+            self.server.should_exit = True
+            return
+        with self.lock:
+            if self.ended:  # stopped while it loaded: nobody will be served
+                worker.stop()
+                return
+            self.worker = worker
+            self.api.ready(self.served, worker, worker.metrics)
+        self.on_ready(self.model)
+
+    def _stage(self, words: str) -> None:
+        self.api.stage = words
+
+    def _worker(self, model) -> Worker:
+        from kolibri_cli.goldens.log import GoldenLog
+
+        self.api.stage = "warming the kernels up"
+        self.model, cfg = model, self.cfg
+        name = cfg.name or model.name
+        self.served = Served(model, name, generation_defaults(model.path), cfg.limits)
+        metrics = Metrics(name, default_settings(PROPOSER)[0])
+        self.record = GoldenLog(cfg.record) if cfg.record else None
+        return Worker(model, cfg.spec, cfg.limits.max_queue, metrics, cfg.threads, self.record,
+                      self.note)
+
+    def end(self, note) -> None:
+        """After the server stopped: the worker (if it started) stopped, the recording closed,
+        the guard's timings kept."""
+        with self.lock:
+            self.ended = True
+            worker = self.worker
+        if worker is not None:
+            worker.cancel_all()  # after a full drain: nothing left to cancel
+            worker.stop()
+        if self.record is not None:
+            self.record.close()
+        if worker is not None:
+            _keep_costs(worker, self.model, note)
 
 
 class _Server(uvicorn.Server):

