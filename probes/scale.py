@@ -7,6 +7,8 @@
     python probes/scale.py parts [N]           where a worker's CPU time goes: reading, parsing
                                                and checking goldens, tables, replay (N chains)
     python probes/scale.py memory              peak RSS of `kolibri probe` at 2k and 200k chains
+    python probes/scale.py where [N] [EXPR]    `kolibri probe --workers 2` over N chains without
+                                               and with --where EXPR: chains, time, peak RSS
 
 Run from the repo root with kolibri installed (`throughput` needs kolibri-cli[ray] for its Ray row).
 Speed figures are per CPU-second of the replaying process (time.process_time), so other work on
@@ -165,6 +167,33 @@ def memory() -> None:
               f"{sizes[200_000]} MB at 200,000 chains")
 
 
+def probe_with_rss(args: list[str]) -> tuple[dict, int]:
+    """`kolibri probe ARGS --json`'s report and its peak RSS in MB (every process it started)."""
+    out = BUILD / "probe-report.json"
+    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[2:], check=True, "
+            "stdout=open(sys.argv[1], 'w')); print(resource.getrusage(resource.RUSAGE_CHILDREN)"
+            ".ru_maxrss)")
+    cmd = [sys.executable, "-c", code, str(out), sys.executable, "-m", "kolibri_cli", "probe",
+           *args, "--json"]
+    print("+ kolibri probe", " ".join(args), file=sys.stderr, flush=True)
+    rss = subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.read_text()), int(rss.strip()) // 1024
+
+
+def where(n: int, expr: str) -> None:
+    """`kolibri probe --workers 2` over N chains, then the same with --where EXPR: the chains
+    simulated, the simulation's wall and CPU seconds (the report's throughput block), the
+    peak RSS of the largest process."""
+    path = str(traces(n))
+    print(f"{n:,} chains, vllm k=5 window=1-4, --workers 2; load average "
+          f"{os.getloadavg()[0]:.1f}")
+    for extra in ([], ["--where", expr]):
+        doc, rss = probe_with_rss(["--goldens", path, "--workers", "2", *extra])
+        t = doc["throughput"]
+        print(f"{' '.join(extra) or '(all)':32s} {doc['runs'][0]['chains']:>10,} chains  "
+              f"{t['seconds']:6.1f} s  {t['cpu_seconds']:6.1f} CPU-s  peak RSS {rss} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -177,6 +206,9 @@ def main() -> None:
     speed.add_argument("--repeats", type=int, default=3)
     speed.add_argument("--proposer", default="vllm")
     sub.add_parser("memory")
+    sliced = sub.add_parser("where")
+    sliced.add_argument("n", type=int, nargs="?", default=1_000_000)
+    sliced.add_argument("expr", nargs="?", default="output_tokens >= 100")
     split = sub.add_parser("parts")
     split.add_argument("n", type=int, nargs="?", default=7_000)
     args = parser.parse_args()
@@ -186,6 +218,8 @@ def main() -> None:
         replay_speed()
     elif args.what == "throughput":
         throughput(args.n, args.repeats, args.proposer)
+    elif args.what == "where":
+        where(args.n, args.expr)
     elif args.what == "parts":
         parts(args.n)
     else:
