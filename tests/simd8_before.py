@@ -1,8 +1,6 @@
-"""Frozen copies of `kolibri_cli.engine.simd8`'s primitives that `int16_before` uses, as the
-int16 path first landed, in their portable forms only: the integer multiply-add from widened
-products, the scale spread by lane extracts (the same integers and floats as AVX2's
-`vpmaddwd`/`vpermps`, by definition). Own vector types, so a later change to simd8 moves the
-kernel and not this oracle, and the oracle does not depend on which CPU runs it."""
+"""Frozen copies of the `kolibri_cli.engine.simd8` float ops that `int16_before` uses (an
+8-lane load, zero, fused multiply-add and the fixed tree sum), on their own vector type, so a
+change to simd8 moves the kernel and not this oracle."""
 
 import llvmlite.ir as ir
 from numba import types
@@ -10,36 +8,21 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 
-class _I16x16(types.Type):
-    def __init__(self):
-        super().__init__(name="i16x16_before")
-
-
-class _I32x8(types.Type):
-    def __init__(self):
-        super().__init__(name="i32x8_before")
-
-
 class _F32x8(types.Type):
     def __init__(self):
         super().__init__(name="f32x8_before")
 
 
-i16x16, i32x8, f32x8 = _I16x16(), _I32x8(), _F32x8()
-_I16, _I32 = ir.IntType(16), ir.IntType(32)
-_VW = ir.VectorType(_I16, 16)
+f32x8 = _F32x8()
+_I32 = ir.IntType(32)
 _VI = ir.VectorType(_I32, 8)
 _VF = ir.VectorType(ir.FloatType(), 8)
-_VH = ir.VectorType(ir.HalfType(), 8)
 
 
-for _t, _llvm in ((_I16x16, _VW), (_I32x8, _VI), (_F32x8, _VF)):
-    def _model(llvm_type):
-        class Model(models.PrimitiveModel):
-            def __init__(self, dmm, fe_type):
-                super().__init__(dmm, fe_type, llvm_type)
-        return Model
-    register_model(_t)(_model(_llvm))
+@register_model(_F32x8)
+class _F32x8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VF)
 
 
 def _ptr(context, builder, arrty, arr, i, elty):
@@ -57,48 +40,7 @@ def _const(vt, values):
     return ir.Constant(vt, values)
 
 
-# ---------------------------------------------------------------- loads
-
-
-def _bytes16(builder, context, arrty, arr, i):
-    return builder.load(_ptr(context, builder, arrty, arr, i, ir.VectorType(ir.IntType(8), 16)),
-                        align=1)
-
-
-@intrinsic
-def wload_u4(typingctx, arr, i):
-    """The 16 bytes at byte i of a uint8 array -> (low nibbles, high nibbles) as 16 x int16"""
-    sig = types.UniTuple(i16x16, 2)(arr, types.intp)
-
-    def codegen(context, builder, signature, args):
-        w = builder.zext(_bytes16(builder, context, arr, args[0], args[1]), _VW)
-        lo = builder.and_(w, _const(_VW, [15] * 16))
-        hi = builder.lshr(w, _const(_VW, [4] * 16))
-        return context.make_tuple(builder, signature.return_type, [lo, hi])
-
-    return sig, codegen
-
-
-@intrinsic
-def wload_i8(typingctx, arr, i):
-    """The 16 bytes at byte i of a uint8 array, sign-extended to 16 x int16"""
-    sig = i16x16(arr, types.intp)
-
-    def codegen(context, builder, signature, args):
-        return builder.sext(_bytes16(builder, context, arr, args[0], args[1]), _VW)
-
-    return sig, codegen
-
-
-@intrinsic
-def xload(typingctx, arr, i):
-    """16 int16 at element i of an int16 array"""
-    sig = i16x16(arr, types.intp)
-
-    def codegen(context, builder, signature, args):
-        return builder.load(_ptr(context, builder, arr, args[0], args[1], _VW), align=2)
-
-    return sig, codegen
+# ---------------------------------------------------------------- the float ops
 
 
 @intrinsic
@@ -113,59 +55,8 @@ def fload(typingctx, arr, i):
 
 
 @intrinsic
-def hload(typingctx, arr, i, n):
-    """The first n (even, <= 8) float16 at byte i of a uint8 array, widened; zeros after
-    (read as n/2 32-bit words, masked: a row's last scales may end the buffer)"""
-    sig = f32x8(arr, types.intp, types.intp)
-    v4 = ir.VectorType(_I32, 4)
-
-    def codegen(context, builder, signature, args):
-        p = _ptr(context, builder, arr, args[0], args[1], v4)
-        words = builder.trunc(builder.lshr(args[2], ir.Constant(args[2].type, 1)), _I32)
-        splat = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(v4, ir.Undefined), words, ir.Constant(_I32, 0)),
-            ir.Constant(v4, ir.Undefined), ir.Constant(v4, [0] * 4))
-        mask = builder.icmp_unsigned("<", ir.Constant(v4, [0, 1, 2, 3]), splat)
-        w = _call(builder, "llvm.masked.load.v4i32.p0", v4,
-                  [p, ir.Constant(_I32, 2), mask, ir.Constant(v4, None)])
-        return builder.fpext(builder.bitcast(w, _VH), _VF)
-
-    return sig, codegen
-
-
-# ---------------------------------------------------------------- arithmetic
-
-
-def _madd_portable(builder, a, b):
-    w = ir.VectorType(_I32, 16)
-    prod = builder.mul(builder.sext(a, w), builder.sext(b, w))
-    even = builder.shuffle_vector(prod, prod, _const(_VI, list(range(0, 16, 2))))
-    odd = builder.shuffle_vector(prod, prod, _const(_VI, list(range(1, 16, 2))))
-    return builder.add(even, odd)
-
-
-@intrinsic
-def vmadd16(typingctx, a, b):
-    """lane i = a[2i]*b[2i] + a[2i+1]*b[2i+1] as int32, exact (no two products reach 2^31)"""
-    sig = i32x8(i16x16, i16x16)
-
-    def codegen(context, builder, signature, args):
-        return _madd_portable(builder, *args)
-
-    return sig, codegen
-
-
-@intrinsic
-def vadd32(typingctx, a, b):
-    sig = i32x8(i32x8, i32x8)
-    return sig, lambda context, builder, signature, args: builder.add(*args)
-
-
-@intrinsic
-def vcvt8(typingctx, v):
-    """int32 lanes -> float32 (exact below 2^24)"""
-    sig = f32x8(i32x8)
-    return sig, lambda context, builder, signature, args: builder.sitofp(args[0], _VF)
+def vzero8(typingctx):
+    return f32x8(), lambda context, builder, signature, args: ir.Constant(_VF, [0.0] * 8)
 
 
 @intrinsic
@@ -174,41 +65,6 @@ def vfma8(typingctx, a, b, c):
     sig = f32x8(f32x8, f32x8, f32x8)
     return sig, lambda context, builder, signature, args: _call(builder, "llvm.fma.v8f32", _VF,
                                                                  list(args))
-
-
-@intrinsic
-def vmul8(typingctx, a, b):
-    sig = f32x8(f32x8, f32x8)
-    return sig, lambda context, builder, signature, args: builder.fmul(*args)
-
-
-@intrinsic
-def vzero8(typingctx):
-    return f32x8(), lambda context, builder, signature, args: ir.Constant(_VF, [0.0] * 8)
-
-
-@intrinsic
-def vpair(typingctx, v, p):
-    """[v[2p] x 4, v[2p+1] x 4]: a pair of blocks' scales spread over their lanes"""
-    sig = f32x8(f32x8, types.intp)
-
-    def codegen(context, builder, signature, args):
-        v, p = args
-        idx = builder.add(_const(_VI, [0, 0, 0, 0, 1, 1, 1, 1]),
-                          builder.shl(_splat32(builder, builder.trunc(p, _I32)),
-                                      _const(_VI, [1] * 8)))
-        out = ir.Constant(_VF, ir.Undefined)
-        for k in range(8):
-            e = builder.extract_element(v, builder.extract_element(idx, ir.Constant(_I32, k)))
-            out = builder.insert_element(out, e, ir.Constant(_I32, k))
-        return out
-
-    return sig, codegen
-
-
-def _splat32(builder, x):
-    v = builder.insert_element(ir.Constant(_VI, ir.Undefined), x, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(v, v, _const(_VI, [0] * 8))
 
 
 @intrinsic
@@ -223,29 +79,5 @@ def vsum8(typingctx, v):
             hi = builder.shuffle_vector(v, v, _const(_VI, [half + i % half for i in range(8)]))
             v = builder.fadd(lo, hi)
         return builder.extract_element(v, ir.Constant(_I32, 0))
-
-    return sig, codegen
-
-
-# ---------------------------------------------------------------- quantizing activations
-
-
-@intrinsic
-def vround8_store(typingctx, x, i, inv, q, j):
-    """q[j : j+8] = rint(x[i : i+8] * inv) as int16 (|values| <= 32767 by the caller's scale);
-    returns the 8 codes' sum (exact)"""
-    sig = types.int32(x, types.intp, types.float32, q, types.intp)
-
-    def codegen(context, builder, signature, args):
-        xs, i, inv, qs, j = args
-        v = builder.load(_ptr(context, builder, x, xs, i, _VF), align=4)
-        scale = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(_VF, ir.Undefined), inv, ir.Constant(_I32, 0)),
-            ir.Constant(_VF, ir.Undefined), _const(_VI, [0] * 8))
-        r = _call(builder, "llvm.rint.v8f32", _VF, [builder.fmul(v, scale)])
-        n = builder.fptosi(r, _VI)
-        builder.store(builder.trunc(n, ir.VectorType(_I16, 8)),
-                      _ptr(context, builder, q, qs, j, ir.VectorType(_I16, 8)), align=2)
-        return _call(builder, "llvm.vector.reduce.add.v8i32", _I32, [n])
 
     return sig, codegen

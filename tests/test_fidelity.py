@@ -13,14 +13,17 @@ from conftest import tiny_llama_tensors
 from tiny_models import TINY, _Tok
 from typer.testing import CliRunner
 
-from kolibri_cli.bench.fidelity import float32_reference, measure_fidelity, teacher_forced
+from kolibri_cli.bench.fidelity import (
+    LOGIT_LAW,
+    float32_reference,
+    measure_fidelity,
+    teacher_forced,
+)
 from kolibri_cli.cli import app
 from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.engine.kernel import Transformer
 from kolibri_cli.engine.weights import random_weights
 from kolibri_cli.goldens.chains import Golden
-
-LOGIT_LAW = 1e-2  # the largest |logit - float32 path's| a default path may have
 
 
 def _model(numerics: str):
@@ -71,6 +74,38 @@ def test_another_path_is_measured_not_assumed():
     same = sum(generate_plain(q8, g.prompt_ids, len(g.output_ids)).output_ids == g.output_ids
                for g in goldens)
     assert f.reproduced == same
+
+
+def test_divergences_are_placed_and_classified_by_the_reference_margin():
+    """A chain the path does not reproduce is reported with its step, both tokens and the
+    reference's top-2 margin there; below the law's bound it is a near-tie, at or above it (or
+    unrecorded) a fidelity failure. The JSON and the rendered table carry the same."""
+    from kolibri_cli.cli.render import fidelity_table, out
+
+    f32 = _model("float32")
+    goldens = _goldens(f32, 4)
+    for g, step, margin in ((goldens[1], 5, LOGIT_LAW / 2), (goldens[2], 9, LOGIT_LAW),
+                            (goldens[3], 0, None)):
+        g.output_ids[step] = (g.output_ids[step] + 1) % 64  # the reference chose otherwise
+        if margin is not None:
+            g.reference["top2_margins"] = [1.0] * step + [margin] + [1.0] * 30
+    f = measure_fidelity(f32, f32, goldens)
+    assert (f.reproduced, f.at_near_tie, f.failures) == (1, 1, 2)
+    got = [(d.golden, d.step, d.margin, d.near_tie) for d in f.divergences]
+    assert got == [("1", 5, LOGIT_LAW / 2, True), ("2", 9, LOGIT_LAW, False),
+                   ("3", 0, None, False)]
+    d = f.divergences[0]
+    assert d.reference == goldens[1].output_ids[5] != d.ours
+    j = json.loads(json.dumps(f.to_dict()))
+    assert (j["at_near_tie"], j["failures"]) == (1, 2)
+    assert [r["near_tie"] for r in j["divergences"]] == [True, False, False]
+    assert j["divergences"][1]["step"] == 9 and j["divergences"][1]["margin"] == LOGIT_LAW
+    with out.capture() as cap:
+        out.print(fidelity_table(f))
+    text = " ".join(cap.get().split())
+    assert "1 at a near-tie" in text and "2 above it" in text
+    assert "step 5" in text and "(at a near-tie)" in text
+    assert text.count("a fidelity failure") == 2 and "not recorded" in text
 
 
 def test_teacher_forced_rows_are_the_chains_own_logits():

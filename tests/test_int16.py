@@ -84,25 +84,27 @@ def test_int16_matmul_is_the_quantized_dot(name, k):
             assert np.array_equal(part, out16[s:s + n]), (n, s)
 
 
-def test_quantize_rounds_half_to_even_per_token_in_the_pairs_order():
+def test_quantize_rounds_half_to_even_per_token_in_the_groups_order():
     x = np.zeros((2, 96), np.float32)
     x[0, :32] = np.linspace(-1, 1, 32, dtype=np.float32)
     x[0, 40:43] = 2.5, 32767, 3.5  # the run's scale is 1: codes 2.5 -> 2, 3.5 -> 4
     x[1, 70] = np.float32(1e-40)  # subnormal: its inverse overflows -> a run of zeros
-    xq, xsp, xs, nb = int16.quantize(x)
-    assert nb == 4  # 3 blocks, padded to 2 pairs
-    q, d = quantized_activations(x)
-    for b in range(3):  # block b's run r of 8 sits at chunk _CHUNK[r], half b % 2 of its pair
-        for r in range(4):
-            at = 64 * (b // 2) + 16 * int16._CHUNK[r] + 8 * (b % 2)
-            assert xq[0, at:at + 8].tolist() == q[0, 32 * b + 8 * r:32 * b + 8 * r + 8].tolist()
-    assert xq[0, 40:43].tolist() == [2, 32767, 4]  # block 1's run 1: chunk 2, second half
+    xq, xsg, xs, nb = int16.quantize(x)
+    assert nb == 4 and int16.group_sizes(nb) == [4]  # 3 blocks, padded: one group of 4
+    q, d = quantized_activations(np.concatenate([x, np.zeros((2, 32), np.float32)], axis=1))
+    layout = int16.LAYOUT[1, :128]  # slot -> value of a group of 4 blocks
+    assert sorted(layout) == list(range(128))
+    assert xq[0, :128].tolist() == q[0, layout].tolist()
+    # block 1's values 8, 9, 10: run 0, int32 lanes 2 (values 8, 9) and 3 (10) of chunk 2
+    assert xq[0, 36:39].tolist() == [2, 32767, 4] and xq[0, 38] == q[0, 42]
+    assert xsg[0, :16].tolist() == [d[0, 32 * (i // 2) + 16 * r] for r in range(2)
+                                    for i in range(8)]  # 2 lanes per block, per run
     assert xs[0, 0] == np.float32(sum(d[0, 16 * g] * np.float32(q[0, 16 * g:16 * g + 16].sum())
                                       for g in range(2)))
     assert not xq[1].any() and not xs[1].any()
     one = int16.quantize(x[:1])
     assert all(np.array_equal(a[0], b) for a, b in
-               zip(one[:3], (xq[0], xsp[0], xs[0]), strict=True))
+               zip(one[:3], (xq[0], xsg[0], xs[0]), strict=True))
 
 
 @pytest.mark.parametrize("repack", [int16_matrix, int8_matrix], ids=["int16", "int8"])
@@ -312,10 +314,11 @@ def test_portable_int16_code_gives_the_avx2_bits(kolibri_home, tmp_path):
 
 @pytest.mark.bitwise
 @pytest.mark.parametrize("name", list(INT16))
-def test_int16_tiles_give_the_first_tiles_bits(name):
+def test_int16_tiles_give_the_oracles_bits(name):
     """Every tile (one token x 4 rows, 4 tokens x 1 row, short and lone-token tiles) gives, for
-    each (row, token), the bits of the path's first tiles (`int16_before`): the same integers,
-    the same float operations in the same order, so the path's measured fidelity holds"""
+    each (row, token), the bits of the path's arithmetic written out once (`int16_before`): the
+    same integers, the same float operations in the same order, so the path's measured fidelity
+    holds"""
     from int16_before import reference_matmul
 
     rng = np.random.default_rng(len(name))

@@ -2,18 +2,38 @@
 file recorded with `kolibri goldens record --engine transformers`, e.g. on Spec-Bench prompts):
 how many of their chains (the float32 transformers reference) it reproduces token for token, and
 the largest absolute difference of any logit at any of their positions from the float32 path (the
-model's stored values decoded exactly, which transformers on the dequantized weights matches).
+model's stored values decoded exactly, which transformers on the dequantized weights matches),
+and for each chain it does not reproduce, where and how: the first divergent step and the
+reference's top-2 logit margin there. A path whose logits may differ from the float32 path's
+by up to the law's bound (LOGIT_LAW) can flip a step whose margin is below it by rounding alone
+(a divergence "at a near-tie"); one at a margin at or above it is a fidelity failure.
 
 Non-goals: sampled goldens (a path's greedy chains are what it changes), other models' goldens.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import SHIPPED, Golden, load_goldens
 from kolibri_cli.goldens.record import check_fits, check_one
+
+LOGIT_LAW = 1e-2  # the largest |logit - float32 path's| a default path may have (docs/bench.md)
+
+
+@dataclass
+class Divergence:
+    golden: str  # its id
+    step: int  # the first output index where the path's chain differs
+    ours: int | None  # the path's token there
+    reference: int | None  # the golden's token there
+    margin: float | None  # the reference's top-2 logit margin there (None: not recorded)
+
+    @property
+    def near_tie(self) -> bool:
+        """At a margin below the law's bound: rounding within the law can flip it."""
+        return self.margin is not None and self.margin < LOGIT_LAW
 
 
 @dataclass
@@ -25,9 +45,23 @@ class Fidelity:
     reproduced: int  # of them, chains equal token for token
     max_logit_diff: float  # largest |logit - float32 path's| over every golden position
     at: str  # the golden holding it
+    divergences: list[Divergence] = field(default_factory=list)  # the chains not reproduced
+    bound: float = LOGIT_LAW  # a divergence at a reference margin below it is at a near-tie
+
+    @property
+    def at_near_tie(self) -> int:
+        return sum(d.near_tie for d in self.divergences)
+
+    @property
+    def failures(self) -> int:
+        """Divergences at a margin >= the bound (or not recorded): not explained by rounding"""
+        return len(self.divergences) - self.at_near_tie
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self) | {"at_near_tie": self.at_near_tie, "failures": self.failures}
+        for row, v in zip(d["divergences"], self.divergences, strict=True):
+            row["near_tie"] = v.near_tie
+        return d
 
 
 def teacher_forced(model, g: Golden) -> np.ndarray:
@@ -48,13 +82,17 @@ def measure_fidelity(model, reference, goldens: list[Golden], source: str = "shi
         if reference is not model:
             diff = float(np.abs(teacher_forced(model, g) - teacher_forced(reference, g)).max())
             worst, at = max((worst, at), (diff, str(g.id)))
-    reproduced = 0
+    divergences = []
     for i, g in enumerate(greedy):
-        reproduced += check_one(model, g).identical
+        c = check_one(model, g)
+        if not c.identical:
+            divergences.append(Divergence(str(g.id), c.index, c.ours, c.reference,
+                                          c.reference_margin))
         if progress:
             progress(i + 1)
     engines = sorted({g.reference.get("engine", "kolibri") for g in greedy})
-    return Fidelity(model.numerics, source, engines, len(greedy), reproduced, worst, at)
+    return Fidelity(model.numerics, source, engines, len(greedy), len(greedy) - len(divergences),
+                    worst, at, divergences)
 
 
 def float32_reference(model, load_float32):

@@ -1,6 +1,6 @@
 """The int16 numeric path: the weights' own Q4_1/Q8_0 codes times activations quantized to int16
-per SUB (16) values, summed as exact integers (AVX2 `vpmaddwd`), each block's affine
-dequantization applied once per integer sum.
+per SUB (16) values, summed as integers (AVX2 `vpmaddwd`), each block's affine dequantization
+applied once per SUB-run's integer sum.
 
 Not bit-identical to the float32 path (an activation is rounded to 1/65534 of its run's largest
 magnitude, 256 times finer than the int8 path), so its fidelity is measured, not assumed
@@ -10,24 +10,25 @@ operations in one fixed order, whatever L is or which tile computes it. Without 
 CPU, KOLIBRI_SIMD=portable) `simd8` computes the same integers in portable code: the same bits.
 
 Layout (repacked at load, the GGUF's bytes per block: float16 scales, no padding for an even
-number of blocks). A row's blocks form groups of 8 (the last of 2, 4 or 6; an odd count gets a
-zero block): per group the n float16 scales d, for Q4_1 the n float16 minimums m, then the
-codes in pairs of blocks (a, b): Q4_1 16 words (a[i], a[8+i]) for i < 8, then (b[i], b[8+i]),
-of the 16 code bytes (the low nibbles are weights 0..15, the high ones 16..31), so a word's four
-nibbles are weights i, 16+i, 8+i, 24+i; Q8_0 the 32 codes in runs of 8 as
-`a[0:8] b[0:8] a[16:24] b[16:24] a[8:16] b[8:16] a[24:32] b[24:32]`. A token's activations are
-stored per pair in the order the weights unpack (runs 0, 2, 1, 3 of 8 values: a's then b's), so
-one `vpmaddwd` of 16 weights and 16 codes gives int32 lanes 0..3 of block a and 4..7 of block b.
-Its activation scales are stored per group, pair p's blocks in lanes p and 4 + p.
+number of blocks). A row's blocks form groups of n = 8 blocks, the last ones of 4 and 2 (an odd
+count gets a zero block): per group the n float16 scales d, for Q4_1 the n float16 minimums m,
+then the codes as 2n chunks of 16 (chunks 0..n-1 hold values 0..15 of every block, chunks
+n..2n-1 values 16..31): int32 lane i of a chunk (its int16 lanes 2i, 2i+1) belongs to block
+i*n/8, so one `vpmaddwd` of a chunk of weights and of activations adds to each lane the
+products of ONE block and one SUB-run. Q8_0 stores a chunk as its 16 bytes; Q4_1 four chunks in
+16 words, chunk k of them in nibble k of each word. A token's activations are stored alike
+(`LAYOUT`: the value of the group each of its 32n slots holds), and its scales per group and
+SUB-run spread over the lanes: lane i holds block i*n/8's.
 
 Per group of a row, token by token:
     Q4_1: acc = fma(m[8], s_x[8], acc)              s_x = sum over the block of d_x * codes
-    then per pair p and run of SUB values g: acc = fma(float(isum), spread(d * d_x, p), acc)
-(the products d * d_x of the group's 8 blocks in one multiply, their lanes dealt as above;
-spread(v, p) = pair p's first block's in lanes 0..3, its second's in 4..7), then the fixed tree
-of 8 lanes. Tiles share loads (a token's codes over 4 rows, a pair's weights over 4 tokens),
-never an operation: every tile gives these bits. Each row's stream prefetches AHEAD bytes in
-front of its reads (a hint: no result depends on it).
+    then per run s of SUB values: acc = fma(float(isum_s), spread(d) * d_x[s], acc)
+(isum_s: the integer sum of the group's n chunks of run s, lane by lane; lanes n..7 of m and
+s_x are zeros), then the fixed tree of 8 lanes. A lane's integer sum covers 16 products: exact
+in int32, and converted exactly to float32 below 2^24 (Q4_1 always; Q8_0 codes near the int8
+limit can round there, alike in every tile). Tiles share loads (a token's codes over 4 rows, a
+group's weights over 4 tokens), never an operation: every tile gives these bits. Each row's
+stream prefetches AHEAD bytes in front of its reads (a hint: no result depends on it).
 """
 
 import numpy as np
@@ -41,12 +42,11 @@ from kolibri_cli.engine.simd8 import (
     prefetch,
     vadd32,
     vcvt8,
-    vdeal8,
     vfma8,
     vmadd16,
     vmul8,
     vround8_store,
-    vspread,
+    vspreadn,
     vsum8,
     vzero8,
     wload_i8,
@@ -55,36 +55,59 @@ from kolibri_cli.engine.simd8 import (
 )
 
 Q4_1W, Q8_0W = 113, 118  # kernel storage codes of the int16 layouts (no GGML type uses them)
-GROUP = 8  # blocks per group
+GROUP = 8  # blocks per group (a row's last groups: 4 and 2)
 AHEAD = 4096  # bytes: each row's stream asks for its lines this far ahead of its reads (the
 # hardware prefetcher alone left a 1-token forward's matmuls waiting on memory: docs/bench.md,
 # "The int16 path"; see `_ahead`)
+SUB = 16  # activations per scale: each block's values 0..15 share one, 16..31 another
+RUNS = 32 // SUB  # scales per block
+assert RUNS == 2, "the group layout holds two runs of 16 values per block"
+
+
+def group_sizes(nb: int) -> list[int]:
+    """The blocks of each group of a row of nb (even) blocks: 8s, then a 4 and a 2 if left"""
+    sizes = [GROUP] * (nb // GROUP)
+    for n in (4, 2):
+        if nb % (2 * n) >= n:
+            sizes.append(n)
+    return sizes
+
+
+def _layout(n: int) -> np.ndarray:
+    """Slot -> value of a group of n blocks (32 * block + index in the block): chunk c (run
+    c // n) lane 2i + e holds block i*n/8's value 16 (c // n) + 2 ((c % n) * 8/n + i % (8/n))
+    + e"""
+    per = GROUP // n  # int32 lanes per block
+    out = np.zeros(32 * n, np.int64)
+    for c in range(2 * n):
+        run, cc = divmod(c, n)
+        for lane in range(16):
+            i, e = divmod(lane, 2)
+            b, j = divmod(i, per)
+            out[16 * c + lane] = 32 * b + SUB * run + 2 * (cc * per + j) + e
+    return out
+
+
+LAYOUT = np.zeros((3, 32 * GROUP), np.int64)  # rows: groups of 2, 4, 8 blocks (first 32n used)
+for _k, _n in enumerate((2, 4, 8)):
+    LAYOUT[_k, :32 * _n] = _layout(_n)
 
 
 # ---------------------------------------------------------------- weights: repacked at load
 
 
-def _pairs_q4_1(qs: np.ndarray) -> np.ndarray:
-    """[..., 2, 16] code bytes of blocks (a, b) -> [..., 32]: 16 words (a[i], a[8+i]) for i < 8,
-    then (b[i], b[8+i])"""
-    return np.stack([qs[..., :8], qs[..., 8:]], axis=-1).reshape(*qs.shape[:-2], 32)
-
-
-def _pairs_q8_0(qs: np.ndarray) -> np.ndarray:
-    """[..., 2, 32] codes of blocks (a, b) -> [..., 64]: runs 0, 2, 1, 3 of 8, a then b"""
-    runs = [qs[..., k, 8 * r:8 * r + 8] for r in (0, 2, 1, 3) for k in (0, 1)]
-    return np.concatenate(runs, axis=-1)
-
-
-def _group(d: np.ndarray, m: np.ndarray | None, qs: np.ndarray, pairs) -> np.ndarray:
-    """One group of n blocks of every row: d, m [N, n] float16, qs [N, n, code bytes]
-    -> [N, group bytes]"""
-    n_rows, n = d.shape
-    parts = [np.ascontiguousarray(d).view(np.uint8)]
-    if m is not None:
-        parts.append(np.ascontiguousarray(m).view(np.uint8))
-    parts.append(pairs(qs.reshape(n_rows, n // 2, 2, -1)).reshape(n_rows, -1))
-    return np.concatenate(parts, axis=1)
+def _codes(q4: bool, qs: np.ndarray, n: int) -> np.ndarray:
+    """A group's code bytes [N, n, 16 or 32] -> [N, 16n or 32n] in the chunk layout"""
+    if q4:
+        vals = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.uint16)  # [N, n, 32]
+    else:
+        vals = qs.view(np.int8)
+    slots = vals.reshape(qs.shape[0], 32 * n)[:, LAYOUT[(2, 4, 8).index(n), :32 * n]]
+    if not q4:
+        return slots.view(np.uint8)
+    quads = slots.reshape(qs.shape[0], n // 2, 4, 16)
+    words = (quads[:, :, 0] | quads[:, :, 1] << 4 | quads[:, :, 2] << 8 | quads[:, :, 3] << 12)
+    return np.ascontiguousarray(words.astype("<u2")).view(np.uint8).reshape(qs.shape[0], -1)
 
 
 def repack(q4: bool, rows: np.ndarray) -> tuple[int, np.ndarray]:
@@ -94,23 +117,19 @@ def repack(q4: bool, rows: np.ndarray) -> tuple[int, np.ndarray]:
     blocks = rows.reshape(rows.shape[0], -1, nbytes)
     if blocks.shape[1] % 2:  # a zero block: scales 0, codes 0 (Q8_0) / 0 (Q4_1: d = m = 0)
         blocks = np.concatenate([blocks, np.zeros_like(blocks[:, :1])], axis=1)
-    scales = blocks[:, :, :4 if q4 else 2].copy().view(np.float16)
-    d, m = scales[:, :, 0], scales[:, :, 1] if q4 else None
-    qs = blocks[:, :, 4 if q4 else 2:]
-    pairs = _pairs_q4_1 if q4 else _pairs_q8_0
-    groups = [_group(d[:, g:g + GROUP], None if m is None else m[:, g:g + GROUP],
-                     qs[:, g:g + GROUP], pairs) for g in range(0, blocks.shape[1], GROUP)]
-    return (Q4_1W if q4 else Q8_0W), np.ascontiguousarray(np.concatenate(groups, axis=1))
+    parts, b = [], 0
+    for n in group_sizes(blocks.shape[1]):
+        g = blocks[:, b:b + n]
+        scales = np.ascontiguousarray(g[:, :, :4 if q4 else 2])  # [N, n, 2 or 4] bytes
+        parts.append(np.ascontiguousarray(scales[:, :, :2]).reshape(len(g), -1))  # d
+        if q4:
+            parts.append(np.ascontiguousarray(scales[:, :, 2:]).reshape(len(g), -1))  # m
+        parts.append(_codes(q4, np.ascontiguousarray(g[:, :, 4 if q4 else 2:]), n))
+        b += n
+    return (Q4_1W if q4 else Q8_0W), np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
 # ---------------------------------------------------------------- activations: one token at a time
-
-
-SUB = 16  # activations per scale: runs of SUB // 8 of a block's 4 runs of 8 share one (the
-# tiles assume 16: two scales per block)
-GROUPS = 32 // SUB  # scales per block
-assert GROUPS == 2, "the tiles read two activation scales per block (_scales, _pair)"
-_CHUNK = (0, 2, 1, 3)  # the chunk of 16 codes of its pair (chunk c at 16c) that run r goes in
 
 
 @njit(forceinline=True, cache=True)
@@ -133,76 +152,100 @@ def _amax(x, e, n):
     return m
 
 
+@njit(forceinline=True, cache=True)
+def _next_group(nb, b):
+    """Blocks in the group starting at block b of a row of nb, and its LAYOUT row"""
+    left = nb - b
+    if left >= GROUP:
+        return GROUP, 2
+    if left >= 4:
+        return 4, 1
+    return 2, 0
+
+
 @njit(cache=True)
-def _quantize_row(x, xq, xsg, xs):
-    """One token: x [Kp] (Kp a multiple of 32) -> its rows of xq, xsg, xs"""
-    for b in range(x.shape[0] // 32):
-        pair, k = b >> 1, b & 1
-        lane = 8 * GROUPS * (b // GROUP) + 4 * k + (b % GROUP >> 1)  # pair p's block k: 4k + p
-        total = np.float32(0.0)
-        for g in range(GROUPS):
-            d, inv = _scale(_amax(x, 32 * b + SUB * g, SUB))
-            codes = np.int32(0)
-            for r in range(SUB // 8 * g, SUB // 8 * (g + 1)):
-                codes += vround8_store(x, 32 * b + 8 * r, inv, xq,
-                                       64 * pair + 16 * _CHUNK[r] + 8 * k)
-            xsg[lane + 8 * g] = d
-            total += d * np.float32(codes)
-        xs[b] = total
+def _quantize_row(x, xq, xsg, xs, codes):
+    """One token: x [Kp] (Kp a multiple of 64) -> its rows of xq, xsg, xs; codes [Kp] int16
+    scratch (the codes in the values' order, then dealt into the groups' slots)"""
+    nb = x.shape[0] // 32
+    b, g = 0, 0
+    while b < nb:
+        n, k = _next_group(nb, b)
+        per = GROUP // n
+        for i in range(n):
+            total = np.float32(0.0)
+            for r in range(RUNS):
+                e = 32 * (b + i) + SUB * r
+                d, inv = _scale(_amax(x, e, SUB))
+                c = np.int32(0)
+                for h in range(0, SUB, 8):
+                    c += vround8_store(x, e + h, inv, codes, e + h)
+                total += d * np.float32(c)
+                for j in range(per):
+                    xsg[16 * g + 8 * r + per * i + j] = d
+            xs[8 * g + i] = total
+        for s in range(32 * n):
+            xq[32 * b + s] = codes[32 * b + LAYOUT[k, s]]
+        b += n
+        g += 1
 
 
 @njit(cache=True)
 def quantize(x):
-    """x [L, Kp] float32 (Kp a multiple of 32) -> (xq int16 [L, P*64], xsg float32
-    [L, G*GROUPS*8], xs float32 [L, G*8], blocks per row), each token alone (P pairs of blocks,
-    G groups: zeros after Kp)"""
+    """x [L, Kp] float32 (Kp a multiple of 32) -> (xq int16 [L, nb*32], xsg float32 [L, G*16],
+    xs float32 [L, G*8], blocks per row nb), each token alone (G groups; zeros after Kp)"""
     n, k = x.shape
-    nb = k // 32
-    n_pairs = -(-nb // 2)
-    n_groups = -(-nb // GROUP)
-    xq = np.zeros((n, n_pairs * 64), np.int16)
-    xsg = np.zeros((n, n_groups * GROUPS * 8), np.float32)
-    xs = np.zeros((n, n_groups * GROUP), np.float32)
+    nb = -(-(k // 32) // 2) * 2
+    if nb * 32 > k:  # an odd count of blocks: the zero block the weights got
+        xp = np.zeros((n, nb * 32), np.float32)
+        for t in range(n):  # loops, not a slice assignment: see matmul._padded
+            for i in range(k):
+                xp[t, i] = x[t, i]
+        x = xp
+    n_groups = nb // GROUP + 2
+    xq = np.zeros((n, nb * 32), np.int16)
+    xsg = np.zeros((n, n_groups * 16), np.float32)
+    xs = np.zeros((n, n_groups * 8), np.float32)
+    codes = np.empty(nb * 32, np.int16)
     for t in range(n):
-        _quantize_row(x[t], xq[t], xsg[t], xs[t])
-    return xq, xsg, xs, 2 * n_pairs
+        _quantize_row(x[t], xq[t], xsg[t], xs[t], codes)
+    return xq, xsg, xs, nb
 
 
-# ---------------------------------------------------------------- one pair of blocks
-# A row's group at byte o (n blocks): d at o, Q4_1's m at o + 2n, pair p's codes at
-# o + 2n (Q8_0) or o + 4n (Q4_1), 32 or 64 bytes each. Each function is specialized on q4 (a
-# constant where the unit loops call the tiles).
+# ---------------------------------------------------------------- one group
+# A row's group at byte o (n blocks): d at o, Q4_1's m at o + 2n, its codes at o + 2n (Q8_0)
+# or o + 4n (Q4_1): quad q (chunks 4q..4q+3) 32 or 64 bytes each. Each function is specialized
+# on q4 (a constant where the unit loops call the tiles).
 # The helpers are `forceinline` (numba compiles each once per signature, LLVM inlines the code),
 # not numba's `inline="always"`, which copies and re-types a helper's IR at every call site of
 # the unrolled tiles: ~22 s of numba per entry point, ~46 s of the int16 kernel's first compile.
 
 
 @njit(forceinline=True, cache=True)
-def _weights(d, o, q4):
-    """The 64 weights of a pair at byte o, as four 16 x int16 chunks in the activations' order"""
+def _quad(d, o, q4):
+    """Chunks 4q..4q+3 of a group, the quad at byte o, as four 16 x int16"""
     if q4:
         return wload_u4w(d, o)
     return wload_i8(d, o), wload_i8(d, o + 16), wload_i8(d, o + 32), wload_i8(d, o + 48)
 
 
 @njit(forceinline=True, cache=True)
-def _scales(dw, x, t, g):
-    """Group g's scale products of token t, one per run of SUB values: (weight scales dw of the
-    group, `vdeal8`-ordered) * (activation scales) -> pair p's in lanes p and 4 + p"""
-    xsg = x[1]
-    f = t * xsg.shape[1] + 8 * GROUPS * g
-    return vmul8(dw, fload(xsg, f)), vmul8(dw, fload(xsg, f + 8))
+def _dot4(w, xq, e):
+    """The lanes' integer sums of a quad w and the 4 chunks of codes at element e"""
+    return vadd32(vadd32(vmadd16(w[0], xload(xq, e)), vmadd16(w[1], xload(xq, e + 16))),
+                  vadd32(vmadd16(w[2], xload(xq, e + 32)), vmadd16(w[3], xload(xq, e + 48))))
 
 
 @njit(forceinline=True, cache=True)
-def _pair(w, s, p, xq, e, acc):
-    """acc after pair p (a constant) of a group, its codes at flat element e of xq: each run of
-    SUB values' integer dot (runs 0, 1 are chunks 0, 2; runs 2, 3 chunks 1, 3) times its
-    scale product, spread over the pair's lanes"""
-    i = vadd32(vmadd16(w[0], xload(xq, e)), vmadd16(w[2], xload(xq, e + 32)))
-    acc = vfma8(vcvt8(i), vspread(s[0], p), acc)
-    i = vadd32(vmadd16(w[1], xload(xq, e + 16)), vmadd16(w[3], xload(xq, e + 48)))
-    return vfma8(vcvt8(i), vspread(s[1], p), acc)
+def _dot2(w0, w1, xq, e):
+    return vadd32(vmadd16(w0, xload(xq, e)), vmadd16(w1, xload(xq, e + 16)))
+
+
+@njit(forceinline=True, cache=True)
+def _finish(i, dws, x, t, g, r, acc):
+    """acc after run r's lanes of integer sums i: fma(float(i), spread(d) * d_x, acc)"""
+    xsg = x[1]
+    return vfma8(vcvt8(i), vmul8(dws, fload(xsg, t * xsg.shape[1] + 16 * g + 8 * r)), acc)
 
 
 @njit(forceinline=True, cache=True)
@@ -211,27 +254,31 @@ def _minimums(d, o, n, q4, x, t, g, acc):
     if not q4:
         return acc
     xs = x[2]
-    return vfma8(hload(d, o + 2 * n, n), fload(xs, t * xs.shape[1] + GROUP * g), acc)
+    return vfma8(hload(d, o + 2 * n, n), fload(xs, t * xs.shape[1] + 8 * g), acc)
+
+
+@njit(forceinline=True, cache=True)
+def _group(d, o, n, q4, x, t, g, e, acc):
+    """acc after the group at byte o (n blocks, activations at element e of xq) of token t"""
+    xq, qb = x[0], 32 if q4 else 64
+    acc = _minimums(d, o, n, q4, x, t, g, acc)
+    dws = vspreadn(hload(d, o, n), n)
+    c = o + (4 if q4 else 2) * n
+    if n == GROUP:
+        i = vadd32(_dot4(_quad(d, c, q4), xq, e), _dot4(_quad(d, c + qb, q4), xq, e + 64))
+        acc = _finish(i, dws, x, t, g, 0, acc)
+        i = vadd32(_dot4(_quad(d, c + 2 * qb, q4), xq, e + 128),
+                   _dot4(_quad(d, c + 3 * qb, q4), xq, e + 192))
+        return _finish(i, dws, x, t, g, 1, acc)
+    if n == 4:
+        acc = _finish(_dot4(_quad(d, c, q4), xq, e), dws, x, t, g, 0, acc)
+        return _finish(_dot4(_quad(d, c + qb, q4), xq, e + 64), dws, x, t, g, 1, acc)
+    w = _quad(d, c, q4)
+    acc = _finish(_dot2(w[0], w[1], xq, e), dws, x, t, g, 0, acc)
+    return _finish(_dot2(w[2], w[3], xq, e + 32), dws, x, t, g, 1, acc)
 
 
 # ---------------------------------------------------------------- tiles
-
-
-@njit(forceinline=True, cache=True)
-def _group_geometry(nb, g, q4):
-    """(blocks n, byte offset, codes offset within the group) of group g of a row"""
-    n = min(GROUP, nb - GROUP * g)
-    per = 20 if q4 else 34
-    return n, GROUP * per * g, (4 if q4 else 2) * n
-
-
-@njit(forceinline=True, cache=True)
-def _rows_pair(d, o, c, q4, s, p, xq, e, a):
-    """4 rows' accumulators a after pair p (codes at byte c of each group at o) of one token"""
-    return (_pair(_weights(d, o[0] + c, q4), s[0], p, xq, e, a[0]),
-            _pair(_weights(d, o[1] + c, q4), s[1], p, xq, e, a[1]),
-            _pair(_weights(d, o[2] + c, q4), s[2], p, xq, e, a[2]),
-            _pair(_weights(d, o[3] + c, q4), s[3], p, xq, e, a[3]))
 
 
 @njit(forceinline=True, cache=True)
@@ -245,64 +292,84 @@ def _ahead(d, o, q4):
 @njit(forceinline=True, cache=True)
 def _rows4(d, o, q4, x, t):
     """(row at o[i] . token t for i < 4): one token, its activations loaded once for 4 rows"""
-    nb, pb, xq = x[3], 32 if q4 else 64, x[0]
+    nb, per, xq = x[3], 20 if q4 else 34, x[0]
     a = (vzero8(), vzero8(), vzero8(), vzero8())
-    for g in range(-(-nb // GROUP)):
-        n, go, co = _group_geometry(nb, g, q4)
+    b, g = 0, 0
+    while b < nb:
+        n, _ = _next_group(nb, b)
+        go, e = per * b, t * xq.shape[1] + 32 * b
         og = (o[0] + go, o[1] + go, o[2] + go, o[3] + go)
         _ahead(d, og[0], q4), _ahead(d, og[1], q4), _ahead(d, og[2], q4), _ahead(d, og[3], q4)
-        a = (_minimums(d, og[0], n, q4, x, t, g, a[0]), _minimums(d, og[1], n, q4, x, t, g, a[1]),
-             _minimums(d, og[2], n, q4, x, t, g, a[2]), _minimums(d, og[3], n, q4, x, t, g, a[3]))
-        s = (_scales(vdeal8(hload(d, og[0], n)), x, t, g),
-             _scales(vdeal8(hload(d, og[1], n)), x, t, g),
-             _scales(vdeal8(hload(d, og[2], n)), x, t, g),
-             _scales(vdeal8(hload(d, og[3], n)), x, t, g))
-        c, e = go + co, t * xq.shape[1] + 64 * (GROUP // 2) * g
-        a = _rows_pair(d, o, c, q4, s, 0, xq, e, a)
-        if n > 2:
-            a = _rows_pair(d, o, c + pb, q4, s, 1, xq, e + 64, a)
-        if n > 4:
-            a = _rows_pair(d, o, c + 2 * pb, q4, s, 2, xq, e + 128, a)
-        if n > 6:
-            a = _rows_pair(d, o, c + 3 * pb, q4, s, 3, xq, e + 192, a)
+        a = (_group(d, og[0], n, q4, x, t, g, e, a[0]), _group(d, og[1], n, q4, x, t, g, e, a[1]),
+             _group(d, og[2], n, q4, x, t, g, e, a[2]), _group(d, og[3], n, q4, x, t, g, e, a[3]))
+        b += n
+        g += 1
     return vsum8(a[0]), vsum8(a[1]), vsum8(a[2]), vsum8(a[3])
 
 
 @njit(forceinline=True, cache=True)
-def _tokens_pair(w, s, p, xq, e, a):
-    """4 tokens' accumulators a after pair p, its weights w unpacked once; e, s per token"""
-    return (_pair(w, s[0], p, xq, e[0], a[0]), _pair(w, s[1], p, xq, e[1], a[1]),
-            _pair(w, s[2], p, xq, e[2], a[2]), _pair(w, s[3], p, xq, e[3], a[3]))
+def _tokens_first(w, xq, e):
+    """4 tokens' integer sums of a quad w (unpacked once), e per token"""
+    return _dot4(w, xq, e[0]), _dot4(w, xq, e[1]), _dot4(w, xq, e[2]), _dot4(w, xq, e[3])
+
+
+@njit(forceinline=True, cache=True)
+def _tokens_dot4(w, xq, e, i):
+    """4 tokens' integer sums i after a quad w (unpacked once), e per token"""
+    return (vadd32(i[0], _dot4(w, xq, e[0])), vadd32(i[1], _dot4(w, xq, e[1])),
+            vadd32(i[2], _dot4(w, xq, e[2])), vadd32(i[3], _dot4(w, xq, e[3])))
+
+
+@njit(forceinline=True, cache=True)
+def _tokens_dot2(w0, w1, xq, e, k):
+    return (_dot2(w0, w1, xq, e[0] + k), _dot2(w0, w1, xq, e[1] + k),
+            _dot2(w0, w1, xq, e[2] + k), _dot2(w0, w1, xq, e[3] + k))
+
+
+@njit(forceinline=True, cache=True)
+def _tokens_finish(i, dws, x, t, g, r, a):
+    return (_finish(i[0], dws, x, t[0], g, r, a[0]), _finish(i[1], dws, x, t[1], g, r, a[1]),
+            _finish(i[2], dws, x, t[2], g, r, a[2]), _finish(i[3], dws, x, t[3], g, r, a[3]))
+
+
+@njit(forceinline=True, cache=True)
+def _plus(e, k):
+    return e[0] + k, e[1] + k, e[2] + k, e[3] + k
 
 
 @njit(forceinline=True, cache=True)
 def _tokens4(d, o, q4, x, t):
-    """(row at o . token t[j] for j < 4): each pair's weights unpacked once for 4 tokens"""
-    nb, pb, xq = x[3], 32 if q4 else 64, x[0]
+    """(row at o . token t[j] for j < 4): each quad of weights unpacked once for 4 tokens"""
+    nb, per, xq, qb = x[3], 20 if q4 else 34, x[0], 32 if q4 else 64
     a = (vzero8(), vzero8(), vzero8(), vzero8())
-    for g in range(-(-nb // GROUP)):
-        n, go, co = _group_geometry(nb, g, q4)
-        _ahead(d, o + go, q4)
-        a = (_minimums(d, o + go, n, q4, x, t[0], g, a[0]),
-             _minimums(d, o + go, n, q4, x, t[1], g, a[1]),
-             _minimums(d, o + go, n, q4, x, t[2], g, a[2]),
-             _minimums(d, o + go, n, q4, x, t[3], g, a[3]))
-        dw = vdeal8(hload(d, o + go, n))
-        s = (_scales(dw, x, t[0], g), _scales(dw, x, t[1], g), _scales(dw, x, t[2], g),
-             _scales(dw, x, t[3], g))
-        c, e0 = o + go + co, 64 * (GROUP // 2) * g
-        e = (t[0] * xq.shape[1] + e0, t[1] * xq.shape[1] + e0, t[2] * xq.shape[1] + e0,
-             t[3] * xq.shape[1] + e0)
-        a = _tokens_pair(_weights(d, c, q4), s, 0, xq, e, a)
-        if n > 2:
-            e = (e[0] + 64, e[1] + 64, e[2] + 64, e[3] + 64)
-            a = _tokens_pair(_weights(d, c + pb, q4), s, 1, xq, e, a)
-        if n > 4:
-            e = (e[0] + 64, e[1] + 64, e[2] + 64, e[3] + 64)
-            a = _tokens_pair(_weights(d, c + 2 * pb, q4), s, 2, xq, e, a)
-        if n > 6:
-            e = (e[0] + 64, e[1] + 64, e[2] + 64, e[3] + 64)
-            a = _tokens_pair(_weights(d, c + 3 * pb, q4), s, 3, xq, e, a)
+    b, g = 0, 0
+    while b < nb:
+        n, _ = _next_group(nb, b)
+        og = o + per * b
+        _ahead(d, og, q4)
+        a = (_minimums(d, og, n, q4, x, t[0], g, a[0]),
+             _minimums(d, og, n, q4, x, t[1], g, a[1]),
+             _minimums(d, og, n, q4, x, t[2], g, a[2]),
+             _minimums(d, og, n, q4, x, t[3], g, a[3]))
+        dws = vspreadn(hload(d, og, n), n)
+        c, w = og + (4 if q4 else 2) * n, xq.shape[1]
+        e = (t[0] * w + 32 * b, t[1] * w + 32 * b, t[2] * w + 32 * b, t[3] * w + 32 * b)
+        if n == GROUP:
+            for r in range(RUNS):
+                i = _tokens_first(_quad(d, c + 2 * r * qb, q4), xq, _plus(e, 128 * r))
+                i = _tokens_dot4(_quad(d, c + (2 * r + 1) * qb, q4), xq, _plus(e, 128 * r + 64),
+                                 i)
+                a = _tokens_finish(i, dws, x, t, g, r, a)
+        elif n == 4:
+            for r in range(RUNS):
+                i = _tokens_first(_quad(d, c + r * qb, q4), xq, _plus(e, 64 * r))
+                a = _tokens_finish(i, dws, x, t, g, r, a)
+        else:
+            w = _quad(d, c, q4)
+            a = _tokens_finish(_tokens_dot2(w[0], w[1], xq, e, 0), dws, x, t, g, 0, a)
+            a = _tokens_finish(_tokens_dot2(w[2], w[3], xq, e, 32), dws, x, t, g, 1, a)
+        b += n
+        g += 1
     return vsum8(a[0]), vsum8(a[1]), vsum8(a[2]), vsum8(a[3])
 
 

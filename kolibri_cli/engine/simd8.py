@@ -79,20 +79,6 @@ def _bytes16(builder, context, arrty, arr, i):
 
 
 @intrinsic
-def wload_u4(typingctx, arr, i):
-    """The 16 bytes at byte i of a uint8 array -> (low nibbles, high nibbles) as 16 x int16"""
-    sig = types.UniTuple(i16x16, 2)(arr, types.intp)
-
-    def codegen(context, builder, signature, args):
-        w = builder.zext(_bytes16(builder, context, arr, args[0], args[1]), _VW)
-        lo = builder.and_(w, _const(_VW, [15] * 16))
-        hi = builder.lshr(w, _const(_VW, [4] * 16))
-        return context.make_tuple(builder, signature.return_type, [lo, hi])
-
-    return sig, codegen
-
-
-@intrinsic
 def wload_i8(typingctx, arr, i):
     """The 16 bytes at byte i of a uint8 array, sign-extended to 16 x int16"""
     sig = i16x16(arr, types.intp)
@@ -202,27 +188,6 @@ def vzero8(typingctx):
     return f32x8(), lambda context, builder, signature, args: ir.Constant(_VF, [0.0] * 8)
 
 
-@intrinsic
-def vpair(typingctx, v, p):
-    """[v[2p] x 4, v[2p+1] x 4]: a pair of blocks' scales spread over their lanes"""
-    sig = f32x8(f32x8, types.intp)
-
-    def codegen(context, builder, signature, args):
-        v, p = args
-        idx = builder.add(_const(_VI, [0, 0, 0, 0, 1, 1, 1, 1]),
-                          builder.shl(_splat32(builder, builder.trunc(p, _I32)),
-                                      _const(_VI, [1] * 8)))
-        if AVX2:
-            return _call(builder, "llvm.x86.avx2.permps", _VF, [v, idx])
-        out = ir.Constant(_VF, ir.Undefined)
-        for k in range(8):
-            e = builder.extract_element(v, builder.extract_element(idx, ir.Constant(_I32, k)))
-            out = builder.insert_element(out, e, ir.Constant(_I32, k))
-        return out
-
-    return sig, codegen
-
-
 def _splat32(builder, x):
     v = builder.insert_element(ir.Constant(_VI, ir.Undefined), x, ir.Constant(_I32, 0))
     return builder.shuffle_vector(v, v, _const(_VI, [0] * 8))
@@ -290,32 +255,6 @@ def wload_u4w(typingctx, arr, i):
 
 
 @intrinsic
-def vdeal8(typingctx, v):
-    """[v0 v2 v4 v6 v1 v3 v5 v7]: a group's scales, pair p's first block in lane p, its second
-    in lane 4 + p"""
-    sig = f32x8(f32x8)
-
-    def codegen(context, builder, signature, args):
-        return builder.shuffle_vector(args[0], args[0], _const(_VI, [0, 2, 4, 6, 1, 3, 5, 7]))
-
-    return sig, codegen
-
-
-@intrinsic
-def vspread(typingctx, v, p):
-    """[v[p] x 4, v[4+p] x 4] for a constant p < 4 (within each 128-bit half: one vpermilps)"""
-    if not isinstance(p, types.IntegerLiteral):
-        return None
-    k = p.literal_value
-    sig = f32x8(f32x8, p)
-
-    def codegen(context, builder, signature, args):
-        return builder.shuffle_vector(args[0], args[0], _const(_VI, [k] * 4 + [4 + k] * 4))
-
-    return sig, codegen
-
-
-@intrinsic
 def prefetch(typingctx, arr, i):
     """Ask for the cache line holding byte i of a uint8 array (a hint: no fault, no result)"""
     sig = types.void(arr, types.intp)
@@ -325,5 +264,27 @@ def prefetch(typingctx, arr, i):
         _call(builder, "llvm.prefetch.p0", ir.VoidType(),
               [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def vspreadn(typingctx, v, n):
+    """[v[i*n/8] for lane i]: a group of n (2, 4 or 8) blocks' scales spread over its lanes,
+    block b's in lanes 8b/n..8(b+1)/n-1"""
+    sig = f32x8(f32x8, types.intp)
+
+    def codegen(context, builder, signature, args):
+        v, n = args
+        idx = builder.lshr(builder.mul(_const(_VI, list(range(8))),
+                                       _splat32(builder, builder.trunc(n, _I32))),
+                           _const(_VI, [3] * 8))
+        if AVX2:
+            return _call(builder, "llvm.x86.avx2.permps", _VF, [v, idx])
+        out = ir.Constant(_VF, ir.Undefined)
+        for k in range(8):
+            e = builder.extract_element(v, builder.extract_element(idx, ir.Constant(_I32, k)))
+            out = builder.insert_element(out, e, ir.Constant(_I32, k))
+        return out
 
     return sig, codegen
