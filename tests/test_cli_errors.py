@@ -280,7 +280,7 @@ def test_writing_commands_report_as_json(kolibri_home, tiny_llama_folder, tmp_pa
     result = _run("goldens", "import", traces, "-m", folder, "-o", out, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"output": str(out), "goldens": 1, "model": str(folder),
-                                         "sampled": 0, "no_temperature": 0,
+                                         "sampled": 0, "unseeded": 0, "no_temperature": 0,
                                          "served_elsewhere": []}
 
 
