@@ -397,7 +397,124 @@ def units_one_token(d, units, u0, u1, x, t, out):
 
 
 @njit(forceinline=True, cache=True)
-def _units_tokens(d, units, u0, u1, q4, x, t0, t4, out):
+def _trio_dot4(w, xq, e):
+    return _dot4(w, xq, e[0]), _dot4(w, xq, e[1]), _dot4(w, xq, e[2])
+
+
+@njit(forceinline=True, cache=True)
+def _trio_add(i, j):
+    return vadd32(i[0], j[0]), vadd32(i[1], j[1]), vadd32(i[2], j[2])
+
+
+@njit(forceinline=True, cache=True)
+def _trio_finish(i, dws, x, t, g, r, a):
+    return (_finish(i[0], dws, x, t[0], g, r, a[0]), _finish(i[1], dws, x, t[1], g, r, a[1]),
+            _finish(i[2], dws, x, t[2], g, r, a[2]))
+
+
+@njit(forceinline=True, cache=True)
+def _tokens3(d, o, q4, x, t):
+    """(row at o . token t[j] for j < 3): _tokens4's tile for the last 3 tokens of a call"""
+    nb, per, xq, qb = x[3], 20 if q4 else 34, x[0], 32 if q4 else 64
+    a = (vzero8(), vzero8(), vzero8())
+    b, g = 0, 0
+    while b < nb:
+        n, _ = _next_group(nb, b)
+        og = o + per * b
+        _ahead(d, og, q4)
+        a = (_minimums(d, og, n, q4, x, t[0], g, a[0]),
+             _minimums(d, og, n, q4, x, t[1], g, a[1]),
+             _minimums(d, og, n, q4, x, t[2], g, a[2]))
+        dws = vspreadn(hload(d, og, n), n)
+        c, w = og + (4 if q4 else 2) * n, xq.shape[1]
+        e = (t[0] * w + 32 * b, t[1] * w + 32 * b, t[2] * w + 32 * b)
+        if n == GROUP:
+            for r in range(RUNS):
+                k = 128 * r
+                i = _trio_dot4(_quad(d, c + 2 * r * qb, q4), xq, (e[0] + k, e[1] + k, e[2] + k))
+                k += 64
+                i = _trio_add(i, _trio_dot4(_quad(d, c + (2 * r + 1) * qb, q4), xq,
+                                            (e[0] + k, e[1] + k, e[2] + k)))
+                a = _trio_finish(i, dws, x, t, g, r, a)
+        elif n == 4:
+            for r in range(RUNS):
+                k = 64 * r
+                i = _trio_dot4(_quad(d, c + r * qb, q4), xq, (e[0] + k, e[1] + k, e[2] + k))
+                a = _trio_finish(i, dws, x, t, g, r, a)
+        else:
+            w4 = _quad(d, c, q4)
+            for r in range(RUNS):
+                k = 32 * r
+                i = (_dot2(w4[2 * r], w4[2 * r + 1], xq, e[0] + k),
+                     _dot2(w4[2 * r], w4[2 * r + 1], xq, e[1] + k),
+                     _dot2(w4[2 * r], w4[2 * r + 1], xq, e[2] + k))
+                a = _trio_finish(i, dws, x, t, g, r, a)
+        b += n
+        g += 1
+    return vsum8(a[0]), vsum8(a[1]), vsum8(a[2])
+
+
+@njit(forceinline=True, cache=True)
+def _pair_finish(i, dws, x, t, g, r, a):
+    return _finish(i[0], dws, x, t[0], g, r, a[0]), _finish(i[1], dws, x, t[1], g, r, a[1])
+
+
+@njit(forceinline=True, cache=True)
+def _tokens2(d, o, q4, x, t):
+    """(row at o . token t[j] for j < 2): _tokens4's tile for the last 2 tokens of a call"""
+    nb, per, xq, qb = x[3], 20 if q4 else 34, x[0], 32 if q4 else 64
+    a = (vzero8(), vzero8())
+    b, g = 0, 0
+    while b < nb:
+        n, _ = _next_group(nb, b)
+        og = o + per * b
+        _ahead(d, og, q4)
+        a = (_minimums(d, og, n, q4, x, t[0], g, a[0]),
+             _minimums(d, og, n, q4, x, t[1], g, a[1]))
+        dws = vspreadn(hload(d, og, n), n)
+        c, w = og + (4 if q4 else 2) * n, xq.shape[1]
+        e0, e1 = t[0] * w + 32 * b, t[1] * w + 32 * b
+        if n == GROUP:
+            for r in range(RUNS):
+                w0, k = _quad(d, c + 2 * r * qb, q4), 128 * r
+                w1 = _quad(d, c + (2 * r + 1) * qb, q4)
+                i = (vadd32(_dot4(w0, xq, e0 + k), _dot4(w1, xq, e0 + k + 64)),
+                     vadd32(_dot4(w0, xq, e1 + k), _dot4(w1, xq, e1 + k + 64)))
+                a = _pair_finish(i, dws, x, t, g, r, a)
+        elif n == 4:
+            for r in range(RUNS):
+                w0, k = _quad(d, c + r * qb, q4), 64 * r
+                a = _pair_finish((_dot4(w0, xq, e0 + k), _dot4(w0, xq, e1 + k)), dws, x, t, g,
+                                 r, a)
+        else:
+            w0 = _quad(d, c, q4)
+            for r in range(RUNS):
+                i = (_dot2(w0[2 * r], w0[2 * r + 1], xq, e0 + 32 * r),
+                     _dot2(w0[2 * r], w0[2 * r + 1], xq, e1 + 32 * r))
+                a = _pair_finish(i, dws, x, t, g, r, a)
+        b += n
+        g += 1
+    return vsum8(a[0]), vsum8(a[1])
+
+
+@njit(forceinline=True, cache=True)
+def _tokens1(d, o, q4, x, t):
+    """row at o . token t: the last token of a call, after the row's other tiles"""
+    nb, per, xq = x[3], 20 if q4 else 34, x[0]
+    a = vzero8()
+    b, g = 0, 0
+    while b < nb:
+        n, _ = _next_group(nb, b)
+        _ahead(d, o + per * b, q4)
+        a = _group(d, o + per * b, n, q4, x, t, g, t * xq.shape[1] + 32 * b, a)
+        b += n
+        g += 1
+    return vsum8(a)
+
+
+@njit(forceinline=True, cache=True)
+def _units_tokens(d, units, u0, u1, q4, x, t0, t1, out):
+    t4 = t0 + (t1 - t0) // 4 * 4
     for u in range(u0, u1):
         r0, n = units[u, 0], units[u, 1]
         offs = unit_offsets(units[u])
@@ -406,17 +523,24 @@ def _units_tokens(d, units, u0, u1, q4, x, t0, t4, out):
                 s = _tokens4(d, offs[i], q4, x, (j, j + 1, j + 2, j + 3))
                 for q in range(4):
                     out[j + q, r0 + i] = s[q]
+            if t1 - t4 == 3:
+                s3 = _tokens3(d, offs[i], q4, x, (t4, t4 + 1, t4 + 2))
+                for q in range(3):
+                    out[t4 + q, r0 + i] = s3[q]
+            elif t1 - t4 == 2:
+                s2 = _tokens2(d, offs[i], q4, x, (t4, t4 + 1))
+                out[t4, r0 + i], out[t4 + 1, r0 + i] = s2[0], s2[1]
+            elif t1 > t4:
+                out[t4, r0 + i] = _tokens1(d, offs[i], q4, x, t4)
 
 
 @njit(cache=True)
 def units_tokens(d, units, u0, u1, x, t0, t1, out):
     """out[t, r] = row r . token t for the rows of units u0..u1-1 (all of one block type),
-    t0 <= t < t1, in tiles of one row x 4 tokens; the last (t1 - t0) % 4 tokens each in the 4-row
-    tile of one token (cheaper than a 4-token tile that repeats them)"""
-    t4 = t0 + (t1 - t0) // 4 * 4
+    t0 <= t < t1: each row in tiles of 4 tokens, then one of the 1, 2 or 3 left, while the
+    row's weights are in L1 (a separate pass over the rows for each token left re-read
+    them from L3 and cost nearly a 1-token forward's matmuls each)"""
     if units[u0, 2] == Q4_1W:
-        _units_tokens(d, units, u0, u1, True, x, t0, t4, out)
+        _units_tokens(d, units, u0, u1, True, x, t0, t1, out)
     else:
-        _units_tokens(d, units, u0, u1, False, x, t0, t4, out)
-    for t in range(t4, t1):
-        units_one_token(d, units, u0, u1, x, t, out)
+        _units_tokens(d, units, u0, u1, False, x, t0, t1, out)
