@@ -16,8 +16,8 @@ DEFAULT_COST_SLOPE = 0.06  # c(n) = 1 + slope (n - 1) when nothing was measured:
 # role in CostTable), as measured: the default model (SmolLM2-135M Q4_1) on its default path,
 # 2 threads, medians of `kolibri bench` runs. Beyond the largest n, cost_model carries the last
 # slope on. The one table to re-measure whenever the kernel changes (docs/costs.md says how).
-GUESS_HOST = "Intel Xeon with AVX-512, 2 threads, the block kernel"  # where it was measured
-GUESSED_COSTS = {1: 1.0, 2: 1.32, 3: 1.47}
+GUESS_HOST = "AMD EPYC (Zen 3, AVX2), 2 threads, the int16 path"  # where it was measured
+GUESSED_COSTS = {1: 1.0, 2: 1.22, 3: 1.56, 4: 1.90, 5: 2.53, 6: 3.02, 7: 3.24, 8: 4.00}
 KEEP = 15  # samples kept per (context octave, rows) cell: the median of the latest 15
 TRUSTED = 3  # a cell is used before a nearer octave's once it holds this many
 REFERENCE = 3  # 1-token timings a multi-token pass is compared with: the median of the latest 3
