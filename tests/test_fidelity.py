@@ -18,12 +18,14 @@ from kolibri_cli.bench.fidelity import (
     float32_reference,
     measure_fidelity,
     teacher_forced,
+    tie_margin,
 )
 from kolibri_cli.cli import app
 from kolibri_cli.decode.generate import generate_plain
 from kolibri_cli.engine.kernel import Transformer
 from kolibri_cli.engine.weights import random_weights
 from kolibri_cli.goldens.chains import Golden
+from kolibri_cli.goldens.record import NEAR_TIE
 
 
 def _model(numerics: str):
@@ -78,34 +80,43 @@ def test_another_path_is_measured_not_assumed():
 
 def test_divergences_are_placed_and_classified_by_the_reference_margin():
     """A chain the path does not reproduce is reported with its step, both tokens and the
-    reference's top-2 margin there; below the law's bound it is a near-tie, at or above it (or
-    unrecorded) a fidelity failure. The JSON and the rendered table carry the same."""
+    reference's top-2 margin there; below the run's tie (here the float32 path against itself:
+    NEAR_TIE) it is a near-tie, at or above it a fidelity failure, unrecorded apart. The JSON
+    and the rendered table carry the same."""
     from kolibri_cli.cli.render import fidelity_table, out
 
     f32 = _model("float32")
     goldens = _goldens(f32, 4)
-    for g, step, margin in ((goldens[1], 5, LOGIT_LAW / 2), (goldens[2], 9, LOGIT_LAW),
+    for g, step, margin in ((goldens[1], 5, NEAR_TIE / 2), (goldens[2], 9, NEAR_TIE),
                             (goldens[3], 0, None)):
         g.output_ids[step] = (g.output_ids[step] + 1) % 64  # the reference chose otherwise
         if margin is not None:
             g.reference["top2_margins"] = [1.0] * step + [margin] + [1.0] * 30
     f = measure_fidelity(f32, f32, goldens)
-    assert (f.reproduced, f.at_near_tie, f.failures) == (1, 1, 2)
+    assert f.tie == NEAR_TIE and f.within_law
+    assert (f.reproduced, f.at_near_tie, f.failures, f.unrecorded) == (1, 1, 1, 1)
     got = [(d.golden, d.step, d.margin, d.near_tie) for d in f.divergences]
-    assert got == [("1", 5, LOGIT_LAW / 2, True), ("2", 9, LOGIT_LAW, False),
+    assert got == [("1", 5, NEAR_TIE / 2, True), ("2", 9, NEAR_TIE, False),
                    ("3", 0, None, False)]
     d = f.divergences[0]
     assert d.reference == goldens[1].output_ids[5] != d.ours
     j = json.loads(json.dumps(f.to_dict()))
-    assert (j["at_near_tie"], j["failures"]) == (1, 2)
+    assert (j["at_near_tie"], j["failures"], j["unrecorded"], j["within_law"]) == (1, 1, 1, True)
     assert [r["near_tie"] for r in j["divergences"]] == [True, False, False]
-    assert j["divergences"][1]["step"] == 9 and j["divergences"][1]["margin"] == LOGIT_LAW
+    assert j["divergences"][1]["step"] == 9 and j["divergences"][1]["margin"] == NEAR_TIE
     with out.capture() as cap:
         out.print(fidelity_table(f))
     text = " ".join(cap.get().split())
-    assert "1 at a near-tie" in text and "2 above it" in text
+    assert "1 at a near-tie" in text and "1 above it" in text and "1 with no margin" in text
     assert "step 5" in text and "(at a near-tie)" in text
-    assert text.count("a fidelity failure") == 2 and "not recorded" in text
+    assert text.count("a fidelity failure") == 1 and "not recorded" in text
+
+
+def test_the_tie_is_twice_the_largest_logit_difference_never_below_the_floor():
+    """Two logits each off by up to d move their margin by up to 2d."""
+    assert tie_margin(0.0) == NEAR_TIE
+    assert tie_margin(0.0101) == pytest.approx(0.0202)
+    assert tie_margin(NEAR_TIE / 4) == NEAR_TIE
 
 
 def test_teacher_forced_rows_are_the_chains_own_logits():

@@ -86,6 +86,39 @@ def test_wait_relays_the_running_compiles_progress_until_its_lock_is_released(nu
     assert len(notes) == 1 and "waiting" in notes[0]
 
 
+def test_wait_gives_up_after_its_bound(numba_root, monkeypatch):
+    """A background compile that never ends (stuck, stopped) does not hang a command: after
+    WAIT_S it says so and returns, and the command compiles its own part."""
+    monkeypatch.setattr(warm, "WAIT_S", 0.5)
+    hold, notes = _holder(numba_root), []
+    try:
+        waiting = threading.Thread(target=warm.wait, args=(notes.append,), daemon=True)
+        waiting.start()
+        waiting.join(WAIT_S)
+        assert not waiting.is_alive()  # returned while the lock is still held
+        assert warm._held()
+        assert len(notes) == 2 and "compiling what this command needs here" in notes[1]
+    finally:
+        hold.stdin.close()
+        hold.wait(WAIT_S)
+
+
+def test_only_a_plain_decoding_command_starts_the_background_compile(monkeypatch):
+    """A command that compiled more than plain decoding (spec, bench, serve, probe) may time
+    what it runs next: it starts no compile beside it."""
+    from kolibri_cli.cli import options
+
+    started = []
+    monkeypatch.setattr(warm, "start", lambda model: started.append(model) or False)
+    monkeypatch.setattr(warm, "wait", lambda *a: None)
+    monkeypatch.setattr("kolibri_cli.store.models.open_model", lambda *a, **k: "model")
+    options.load_model("m", drafter=None)
+    assert started == ["model"]
+    options.load_model("m")  # everything: bench, probe, serve
+    options.load_model("m", drafter=SimpleNamespace(trees=False))  # generate --spec
+    assert started == ["model"]
+
+
 def test_wait_returns_at_once_when_none_runs(numba_root):
     notes = []
     warm.wait(notes.append)

@@ -4,9 +4,12 @@ how many of their chains (the float32 transformers reference) it reproduces toke
 the largest absolute difference of any logit at any of their positions from the float32 path (the
 model's stored values decoded exactly, which transformers on the dequantized weights matches),
 and for each chain it does not reproduce, where and how: the first divergent step and the
-reference's top-2 logit margin there. A path whose logits may differ from the float32 path's
-by up to the law's bound (LOGIT_LAW) can flip a step whose margin is below it by rounding alone
-(a divergence "at a near-tie"); one at a margin at or above it is a fidelity failure.
+reference's top-2 logit margin there. Each logit of a path that differs from the float32 path's
+by up to d can move the margin between two tokens by up to 2d, so a divergence at a margin below
+max(NEAR_TIE, 2 x the largest difference measured) is "at a near-tie": rounding alone can flip
+it (NEAR_TIE, the floor `goldens check` uses, covers the float32 path against transformers). A
+divergence at a margin at or above that is a fidelity failure; one without a recorded margin is
+counted apart.
 
 Non-goals: sampled goldens (a path's greedy chains are what it changes), other models' goldens.
 """
@@ -17,7 +20,7 @@ import numpy as np
 
 from kolibri_cli.errors import KolibriError
 from kolibri_cli.goldens.chains import SHIPPED, Golden, load_goldens
-from kolibri_cli.goldens.record import check_fits, check_one
+from kolibri_cli.goldens.record import NEAR_TIE, check_fits, check_one
 
 LOGIT_LAW = 1e-2  # the largest |logit - float32 path's| a default path may have (docs/bench.md)
 
@@ -29,11 +32,7 @@ class Divergence:
     ours: int | None  # the path's token there
     reference: int | None  # the golden's token there
     margin: float | None  # the reference's top-2 logit margin there (None: not recorded)
-
-    @property
-    def near_tie(self) -> bool:
-        """At a margin below the law's bound: rounding within the law can flip it."""
-        return self.margin is not None and self.margin < LOGIT_LAW
+    near_tie: bool = False  # at a margin below the run's tie (Fidelity.tie)
 
 
 @dataclass
@@ -46,22 +45,36 @@ class Fidelity:
     max_logit_diff: float  # largest |logit - float32 path's| over every golden position
     at: str  # the golden holding it
     divergences: list[Divergence] = field(default_factory=list)  # the chains not reproduced
-    bound: float = LOGIT_LAW  # a divergence at a reference margin below it is at a near-tie
+    tie: float = NEAR_TIE  # a divergence at a reference margin below it is at a near-tie
+    bound: float = LOGIT_LAW  # the largest |logit diff| the default path's law allows
 
     @property
     def at_near_tie(self) -> int:
         return sum(d.near_tie for d in self.divergences)
 
     @property
+    def unrecorded(self) -> int:
+        """Divergences whose golden recorded no margin there: not classified"""
+        return sum(d.margin is None for d in self.divergences)
+
+    @property
     def failures(self) -> int:
-        """Divergences at a margin >= the bound (or not recorded): not explained by rounding"""
-        return len(self.divergences) - self.at_near_tie
+        """Divergences at a recorded margin >= the tie: not explained by rounding"""
+        return len(self.divergences) - self.at_near_tie - self.unrecorded
+
+    @property
+    def within_law(self) -> bool:
+        return self.max_logit_diff <= self.bound
 
     def to_dict(self) -> dict:
-        d = asdict(self) | {"at_near_tie": self.at_near_tie, "failures": self.failures}
-        for row, v in zip(d["divergences"], self.divergences, strict=True):
-            row["near_tie"] = v.near_tie
-        return d
+        return asdict(self) | {"at_near_tie": self.at_near_tie, "failures": self.failures,
+                               "unrecorded": self.unrecorded, "within_law": self.within_law}
+
+
+def tie_margin(max_logit_diff: float) -> float:
+    """The reference margin below which a path whose logits differ by up to max_logit_diff can
+    flip a step by rounding alone (never below NEAR_TIE)"""
+    return max(NEAR_TIE, 2.0 * max_logit_diff)
 
 
 def teacher_forced(model, g: Golden) -> np.ndarray:
@@ -82,17 +95,18 @@ def measure_fidelity(model, reference, goldens: list[Golden], source: str = "shi
         if reference is not model:
             diff = float(np.abs(teacher_forced(model, g) - teacher_forced(reference, g)).max())
             worst, at = max((worst, at), (diff, str(g.id)))
-    divergences = []
+    divergences, tie = [], tie_margin(worst)
     for i, g in enumerate(greedy):
         c = check_one(model, g)
         if not c.identical:
-            divergences.append(Divergence(str(g.id), c.index, c.ours, c.reference,
-                                          c.reference_margin))
+            m = c.reference_margin
+            divergences.append(Divergence(str(g.id), c.index, c.ours, c.reference, m,
+                                          m is not None and m < tie))
         if progress:
             progress(i + 1)
     engines = sorted({g.reference.get("engine", "kolibri") for g in greedy})
     return Fidelity(model.numerics, source, engines, len(greedy), len(greedy) - len(divergences),
-                    worst, at, divergences)
+                    worst, at, divergences, tie)
 
 
 def float32_reference(model, load_float32):

@@ -29,6 +29,7 @@ from kolibri_cli.engine import jitcache
 LOCK = "warm.lock"
 STATUS = "warm-status.json"
 POLL_S = 0.25
+WAIT_S = 300  # a command waits this long for a background compile, then compiles its own part
 WORDS = {  # the parts past the kernel's, as a user knows what they serve
     "drafting": "the drafters and their cost model (speculative decoding)",
     "sampling": "sampling (--temperature)",
@@ -43,12 +44,13 @@ def start(model) -> bool:
     does KOLIBRI_WARM=0."""
     if not _wanted(model) or _marker(model).exists() or _held():
         return False
-    cmd = [sys.executable, "-I", "-m", "kolibri_cli.bench.warm", str(model.path), model.name,
+    # -P: the current folder is not on its path (a user's or --user site-packages install still
+    # imports); it lowers its own priority first thing (no preexec_fn: this process has threads)
+    cmd = [sys.executable, "-P", "-m", "kolibri_cli.bench.warm", str(model.path), model.name,
            model.numerics]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True,
-                                preexec_fn=lambda: os.nice(19))
+                                stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError:
         return False  # each path compiles on its first use instead, as without this
     # reaped when it ends (a long `serve` keeps no zombie); it outlives a command that ends first
@@ -58,15 +60,21 @@ def start(model) -> bool:
 
 def wait(notify: Notify | None = None, preparing: Preparing | None = None,
          compiling: Compiling | None = None) -> None:
-    """Return when no background compile runs; while one does, say so and relay its progress
-    (the part it prepares, the functions compiled) to `preparing` and `compiling`."""
+    """Return when no background compile runs, or after WAIT_S of one (the command then
+    compiles what it needs itself); while one does, say so and relay its progress (the part it
+    prepares, the functions compiled) to `preparing` and `compiling`."""
     if jitcache.distrusted() is not None or not _held():
         return
     if notify:
         notify("an earlier run is compiling kolibri's other paths in the background; "
                "waiting for it (once per machine) ...")
-    shown = None
+    shown, since = None, time.monotonic()
     while _held():
+        if time.monotonic() - since > WAIT_S:
+            if notify:
+                notify(f"the background compile still runs after {WAIT_S} s; compiling what this "
+                       "command needs here instead")
+            return
         status = _status()
         if status and status != shown:
             shown = status
@@ -225,4 +233,5 @@ def _bench() -> None:
 
 
 if __name__ == "__main__":
+    os.nice(19)  # the command that started it keeps the CPU
     compile_all(Path(sys.argv[1]), sys.argv[2], sys.argv[3])

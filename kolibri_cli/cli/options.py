@@ -119,7 +119,9 @@ def load_model(spec: str | None, threads: int | None = None, *, weights: bool = 
         model = open_model(spec, notify=render.note, progress=bar, weights=weights,
                            numerics=quantize, compiling=bar.compiling, kernels=kernels,
                            preparing=_both(bar.preparing, preparing))
-    if weights and warm.start(model):
+    # only after plain decoding: a command that compiled more (spec, bench, serve, probe) may
+    # time what it runs, and a compile beside it would take its cores
+    if weights and kernels == ("lean",) and warm.start(model):
         render.note("note: compiling kolibri's other paths (speculative decoding, sampling, "
                     "bench) in the background, at low priority, once per machine")
     return model

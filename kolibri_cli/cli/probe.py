@@ -39,10 +39,9 @@ SIMULATE, PRICE, MEASURE, REPORT, SCALE = ("What to simulate", "Pricing: c(n)",
 
 
 def guess_text() -> str:
-    """"c(2..3) = 1.32, 1.47, then the last slope": the guess as the help gives it."""
-    top = max(GUESSED_COSTS)
-    values = ", ".join(f"{GUESSED_COSTS[n]:g}" for n in range(2, top + 1))
-    return f"c(2..{top}) = {values}, then the last slope"
+    """"c(2) = 1.08, ..., c(64) = 35.18, linear between, ...": the guess as the help gives it."""
+    values = ", ".join(f"c({n}) = {c:g}" for n, c in GUESSED_COSTS.items() if n > 1)
+    return f"{values}, linear between, then the last slope"
 
 
 # Lists and several values arrive as text ("1,2,3"), parsed with PROBE.toml's values in

@@ -14,10 +14,12 @@ from kolibri_cli.errors import KolibriError
 DEFAULT_COST_SLOPE = 0.06  # c(n) = 1 + slope (n - 1) when nothing was measured: c(6) = 1.30
 # The guess: c(n) when no measured c(n) applies (costs/pricing.py; DEFAULT_COST_SLOPE keeps its
 # role in CostTable), as measured: the default model (SmolLM2-135M Q4_1) on its default path,
-# 2 threads, medians of `kolibri bench` runs. Beyond the largest n, cost_model carries the last
+# 2 threads, the c(T) curve of `kolibri bench --profile --repeats 5 --threads 2` (T = 1..8, 16,
+# 64; linear between them). Beyond the largest n, cost_model carries the last
 # slope on. The one table to re-measure whenever the kernel changes (docs/costs.md says how).
 GUESS_HOST = "AMD EPYC (Zen 3, AVX2), 2 threads, the int16 path"  # where it was measured
-GUESSED_COSTS = {1: 1.0, 2: 1.22, 3: 1.56, 4: 1.90, 5: 2.53, 6: 3.02, 7: 3.24, 8: 4.00}
+GUESSED_COSTS = {1: 1.0, 2: 1.08, 3: 1.36, 4: 1.63, 5: 2.22, 6: 2.61, 7: 2.80, 8: 3.16, 16: 6.62,
+                 64: 35.18}
 KEEP = 15  # samples kept per (context octave, rows) cell: the median of the latest 15
 TRUSTED = 3  # a cell is used before a nearer octave's once it holds this many
 REFERENCE = 3  # 1-token timings a multi-token pass is compared with: the median of the latest 3

@@ -76,7 +76,7 @@ def under_load(cfg: ProbeConfig, runs: list, measured: dict | None, goldens: lis
         report = load_report(runs, fastest, cfg.concurrency, pricing.costs, goldens, pricing,
                              decode)
         ticks(1, 1)
-    report.pricing = pricing
+    report.pricing = None if pricing is cfg.pricing else pricing  # a server's own c(T) only
     return report
 
 

@@ -343,15 +343,20 @@ def fidelity_table(r) -> Table:
         ("goldens", f"{r.source} (recorded by {', '.join(r.references)})"),
         ("largest |logit - float32 path's|", f"{r.max_logit_diff:.3g}"
          + (f" (golden {r.at})" if r.at else "")),
-        *([("diverged", f"{r.at_near_tie} at a near-tie (reference top-2 margin < {r.bound:g}), "
-                        f"{r.failures} above it")] if r.divergences else []),
+        ("within the law", f"{'yes' if r.within_law else 'NO'} (largest |logit diff| <= "
+                           f"{r.bound:g})"),
+        *([("diverged", f"{r.at_near_tie} at a near-tie (reference top-2 margin < {r.tie:.3g}, "
+                        f"twice the largest diff), {r.failures} above it"
+                        + (f", {r.unrecorded} with no margin recorded" if r.unrecorded else ""))]
+          if r.divergences else []),
         *((f"golden {d.golden}", _divergence(d)) for d in r.divergences)])
 
 
 def _divergence(d) -> str:
     """bench.fidelity.Divergence: where a chain left the reference, at what margin"""
     margin = "not recorded" if d.margin is None else f"{d.margin:.3g}"
-    kind = "at a near-tie" if d.near_tie else "a fidelity failure"
+    kind = ("at a near-tie" if d.near_tie else "not classified" if d.margin is None
+            else "a fidelity failure")
     return (f"step {d.step}: {d.ours} for {d.reference}, reference top-2 margin {margin} "
             f"({kind})")
 
