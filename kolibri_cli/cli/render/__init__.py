@@ -345,8 +345,8 @@ def fidelity_table(r) -> Table:
          + (f" (golden {r.at})" if r.at else "")),
         ("within the law", f"{'yes' if r.within_law else 'NO'} (largest |logit diff| <= "
                            f"{r.bound:g})"),
-        *([("diverged", f"{r.at_near_tie} at a near-tie (reference top-2 margin < {r.tie:.3g}, "
-                        f"twice the largest diff), {r.failures} above it"
+        *([("diverged", f"{r.at_near_tie} at a near-tie (reference top-2 margin < {r.tie:.3g} = "
+                        f"max(1e-3, twice the largest diff)), {r.failures} above it"
                         + (f", {r.unrecorded} with no margin recorded" if r.unrecorded else ""))]
           if r.divergences else []),
         *((f"golden {d.golden}", _divergence(d)) for d in r.divergences)])
