@@ -53,6 +53,7 @@ def serve(
     from kolibri_cli.serve.requests import Limits
     from kolibri_cli.serve.run import ServeConfig, exposure_note
     from kolibri_cli.serve.run import serve as run
+    from kolibri_cli.store.models import check_runs_here
 
     if exposed := exposure_note(host, api_key):
         render.note(exposed)
@@ -75,6 +76,7 @@ def serve(
 
         return opt.load_model(model, threads, quantize=quantize, preparing=preparing)
 
+    check_runs_here(model)
     run(load, cfg, listening, ready, _log_line, _note)
 
 

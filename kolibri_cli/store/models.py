@@ -38,6 +38,15 @@ def open_tokenizer(spec: str | None = None, notify=None, progress=None) -> Model
     return open_model(spec, notify, progress, weights=False)
 
 
+def check_runs_here(spec: str | None) -> None:
+    """The error a load would end in that shows without loading: a folder given as the model
+    that holds no weights (a server says it before it opens its port)."""
+    from kolibri_cli.engine.loader import no_weights
+
+    if spec and spec not in cache.REGISTRY and Path(spec).is_dir() and not has_weights(spec):
+        raise no_weights(Path(spec))
+
+
 def _open(spec, notify, progress, weights: bool, numerics: str | None, warm: tuple) -> Model:
     ahead = _compile_ahead(spec, numerics, *warm[::2]) if weights else None
     path = cache.resolve(spec, notify, progress)
